@@ -1,0 +1,684 @@
+//! The activities of the rollout engine: each one implements an activity of
+//! [`twc_workflows::contract`] under the same name, by composing the Kubernetes ([`crate::k8s`])
+//! and Temporal ([`crate::temporal`]) operations. Expected conditions (blocked, superseded, not
+//! yet) are returned as values for the workflow to decide on; only transient failures are errors
+//! (and retried by Temporal).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use temporalio_macros::activities;
+use temporalio_sdk::activities::{ActivityContext, ActivityError};
+use twc_crds::TemporalWorkerDeployment;
+use twc_workflows::contract::{
+    BuildRequest, CleanupOutcome, CreateDeploymentOutcome, DeleteVersionOutcome,
+    DeleteVersionRequest, DeploymentRequest, EventRequest, GateOutcome, GateRequest,
+    PollerWaitOutcome, RoutingOutcome, RoutingRequest, ScaleRequest, StatusRequest,
+    WaitForPollersRequest,
+};
+use twc_workflows::model::{BlockReason, Blocked, Observation, SpecView, TemporalState, TwdRef};
+use twc_workflows::plan::spec_view::spec_view;
+
+use crate::k8s;
+use crate::temporal::{
+    self, ClientPool, PoolOptions, TaskQueueKind, TemporalClient, TemporalError,
+};
+
+/// How often `wait_for_pollers` and `run_gate` look again.
+const POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Shared state of the engine's activities: the Kubernetes client, the pool of clients for the
+/// workers' Temporal servers, and the controller identity.
+pub struct EngineActivities {
+    kube: kube::Client,
+    pool: ClientPool,
+    identity: String,
+    /// Last Ready state written per TemporalConnection, to avoid rewriting it on every observe.
+    connection_states: Mutex<HashMap<(String, String), (bool, String)>>,
+}
+
+/// A TWD resolved for work against its Temporal.
+struct Resolved {
+    resource: TemporalWorkerDeployment,
+    spec: SpecView,
+    temporal: TemporalClient,
+}
+
+impl EngineActivities {
+    /// Activities using `kube` and claiming `identity` as manager of worker deployments.
+    pub fn new(kube: kube::Client, identity: String) -> Self {
+        let pool = ClientPool::new(PoolOptions::new(identity.clone()));
+        Self {
+            kube,
+            pool,
+            identity,
+            connection_states: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The TWD, its spec view and a client of its Temporal; `Ok(None)` when the TWD is gone.
+    async fn resolve(
+        &self,
+        twd: &TwdRef,
+    ) -> Result<Option<Result<Resolved, Blocked>>, ActivityError> {
+        let Some(resource) = k8s::get_twd(&self.kube, twd).await.map_err(retryable)? else {
+            return Ok(None);
+        };
+        let spec = spec_view(&resource);
+        let config = match k8s::resolve_connection(
+            &self.kube,
+            &twd.namespace,
+            &spec.connection_name,
+            &spec.temporal_namespace,
+        )
+        .await
+        {
+            Ok((_, config)) => config,
+            Err(blocked) => {
+                self.note_connection(&twd.namespace, &spec.connection_name, Err(&blocked))
+                    .await;
+                return Ok(Some(Err(blocked)));
+            }
+        };
+        match self.pool.get(&config).await {
+            Ok(temporal) => Ok(Some(Ok(Resolved {
+                resource,
+                spec,
+                temporal,
+            }))),
+            Err(blocked) => {
+                self.note_connection(&twd.namespace, &spec.connection_name, Err(&blocked))
+                    .await;
+                Ok(Some(Err(blocked)))
+            }
+        }
+    }
+
+    /// Records the connection's Ready condition when it changed since the last write.
+    async fn note_connection(&self, namespace: &str, name: &str, state: Result<(), &Blocked>) {
+        if matches!(state, Err(b) if b.reason == BlockReason::TemporalConnectionNotFound) {
+            return;
+        }
+        let (ready, reason, message) = match state {
+            Ok(()) => (
+                true,
+                "Connected".to_owned(),
+                "Temporal is reachable with these settings".to_owned(),
+            ),
+            Err(b) => (false, b.reason.as_str().to_owned(), b.message.clone()),
+        };
+        let key = (namespace.to_owned(), name.to_owned());
+        let changed = match self.connection_states.lock() {
+            Ok(states) => states.get(&key) != Some(&(ready, reason.clone())),
+            Err(_) => true,
+        };
+        if !changed {
+            return;
+        }
+        match k8s::write_connection_status(&self.kube, namespace, name, ready, &reason, &message)
+            .await
+        {
+            Ok(_) => {
+                if let Ok(mut states) = self.connection_states.lock() {
+                    states.insert(key, (ready, reason));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(%namespace, connection = %name, "writing connection status: {e}")
+            }
+        }
+    }
+
+    /// Evicts the client of a failed call when its credentials were rejected.
+    fn after_error(&self, client: &TemporalClient, error: &TemporalError) {
+        if error.needs_eviction() {
+            self.pool.evict(client.key());
+        }
+    }
+}
+
+#[activities]
+impl EngineActivities {
+    /// Reads the TWD, its Deployments and Temporal's routing state.
+    #[activity(name = "observe")]
+    pub async fn observe(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        twd: TwdRef,
+    ) -> Result<Observation, ActivityError> {
+        let observed_at = now_millis();
+        let Some(resolved) = self.resolve(&twd).await? else {
+            return Ok(Observation {
+                spec: None,
+                deployments: Vec::new(),
+                temporal: Ok(TemporalState::default()),
+                observed_at,
+            });
+        };
+        let (spec, uid, temporal) = match resolved {
+            Ok(r) => {
+                let state = temporal::describe_worker_deployment(
+                    &r.temporal,
+                    &r.spec.temporal_namespace,
+                    &twd.key(),
+                )
+                .await;
+                if state.is_ok() {
+                    self.note_connection(&twd.namespace, &r.spec.connection_name, Ok(()))
+                        .await;
+                }
+                (
+                    r.spec,
+                    r.resource.metadata.uid.clone().unwrap_or_default(),
+                    state,
+                )
+            }
+            Err(blocked) => {
+                let resource = k8s::get_twd(&self.kube, &twd).await.map_err(retryable)?;
+                let Some(resource) = resource else {
+                    return Ok(Observation {
+                        spec: None,
+                        deployments: Vec::new(),
+                        temporal: Ok(TemporalState::default()),
+                        observed_at,
+                    });
+                };
+                let uid = resource.metadata.uid.clone().unwrap_or_default();
+                (spec_view(&resource), uid, Err(blocked))
+            }
+        };
+        let deployments = k8s::list_versioned_deployments(&self.kube, &twd, &uid)
+            .await
+            .map_err(retryable)?;
+        Ok(Observation {
+            spec: Some(spec),
+            deployments,
+            temporal,
+            observed_at,
+        })
+    }
+
+    /// Adds the delete-protection finalizers.
+    #[activity(name = "ensure_finalizers")]
+    pub async fn ensure_finalizers(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        twd: TwdRef,
+    ) -> Result<(), ActivityError> {
+        k8s::ensure_finalizers(&self.kube, &twd)
+            .await
+            .map_err(retryable)
+    }
+
+    /// Creates the build's Deployment if absent.
+    #[activity(name = "create_deployment")]
+    pub async fn create_deployment(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        request: BuildRequest,
+    ) -> Result<CreateDeploymentOutcome, ActivityError> {
+        match k8s::create_versioned_deployment(&self.kube, &request.twd, &request.build_id).await {
+            Ok(outcome) => Ok(outcome),
+            Err(e) => match e.blocked() {
+                Some(blocked) => Ok(CreateDeploymentOutcome::Blocked(blocked)),
+                None => Err(retryable(e)),
+            },
+        }
+    }
+
+    /// Scales a Deployment.
+    #[activity(name = "scale_deployment")]
+    pub async fn scale_deployment(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        request: ScaleRequest,
+    ) -> Result<(), ActivityError> {
+        k8s::scale_deployment(
+            &self.kube,
+            &request.namespace,
+            &request.name,
+            request.replicas,
+        )
+        .await
+        .map(|_| ())
+        .map_err(retryable)
+    }
+
+    /// Deletes a Deployment.
+    #[activity(name = "delete_deployment")]
+    pub async fn delete_deployment(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        request: DeploymentRequest,
+    ) -> Result<(), ActivityError> {
+        k8s::delete_deployment(&self.kube, &request.namespace, &request.name)
+            .await
+            .map(|_| ())
+            .map_err(retryable)
+    }
+
+    /// Waits for the build's pollers and its Deployment's availability (bounded).
+    #[activity(name = "wait_for_pollers")]
+    pub async fn wait_for_pollers(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        request: WaitForPollersRequest,
+    ) -> Result<PollerWaitOutcome, ActivityError> {
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0));
+        let resolved = match self.resolve(&request.twd).await? {
+            None => {
+                return Ok(not_ready(
+                    None,
+                    Some("the TemporalWorkerDeployment is gone".into()),
+                ));
+            }
+            Some(Err(blocked)) => return Ok(not_ready(Some(blocked), None)),
+            Some(Ok(r)) => r,
+        };
+        let uid = resolved.resource.metadata.uid.clone().unwrap_or_default();
+        let deployment_name = request.twd.key();
+        loop {
+            let queues = temporal::version_task_queues(
+                &resolved.temporal,
+                &resolved.spec.temporal_namespace,
+                &deployment_name,
+                &request.build_id,
+            )
+            .await;
+            let deployments = k8s::list_versioned_deployments(&self.kube, &request.twd, &uid)
+                .await
+                .map_err(retryable)?;
+            let deployment = deployments
+                .iter()
+                .find(|d| d.build_id == request.build_id && !d.deleting);
+            let available = deployment.is_some_and(|d| d.available);
+            let problem = deployment.and_then(|d| d.problem.clone());
+            let (registered, workflow_task_queues) = match &queues {
+                Ok(Some(queues)) => (
+                    true,
+                    queues
+                        .iter()
+                        .filter(|(_, kind)| *kind == TaskQueueKind::Workflow)
+                        .map(|(n, _)| n.clone())
+                        .collect(),
+                ),
+                Ok(None) | Err(_) => (false, Vec::new()),
+            };
+            let done = registered && available;
+            if done || tokio::time::Instant::now() >= deadline || ctx.is_cancelled() {
+                let blocked = queues.err();
+                return Ok(PollerWaitOutcome {
+                    registered,
+                    available,
+                    problem,
+                    workflow_task_queues,
+                    blocked,
+                });
+            }
+            heartbeat(&ctx).await;
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// Changes routing in the workers' Temporal.
+    #[activity(name = "set_routing")]
+    pub async fn set_routing(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        request: RoutingRequest,
+    ) -> Result<RoutingOutcome, ActivityError> {
+        let resolved = match self.resolve(&request.twd).await? {
+            None => return Ok(RoutingOutcome::Blocked(gone(&request.twd))),
+            Some(Err(blocked)) => return Ok(RoutingOutcome::Blocked(blocked)),
+            Some(Ok(r)) => r,
+        };
+        let result = temporal::set_routing(
+            &resolved.temporal,
+            &resolved.spec.temporal_namespace,
+            &request.twd.key(),
+            &self.identity,
+            request.change,
+            request.conflict_token.as_deref(),
+        )
+        .await;
+        match result {
+            Ok(outcome) => Ok(outcome),
+            Err(e) => {
+                self.after_error(&resolved.temporal, &e);
+                if e.is_transient() {
+                    Err(retryable(e))
+                } else {
+                    Ok(RoutingOutcome::Blocked(
+                        e.to_blocked(BlockReason::PlanExecutionFailed),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Deletes a version from the workers' Temporal.
+    #[activity(name = "delete_version")]
+    pub async fn delete_version(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        request: DeleteVersionRequest,
+    ) -> Result<DeleteVersionOutcome, ActivityError> {
+        let resolved = match self.resolve(&request.twd).await? {
+            None => {
+                return Ok(DeleteVersionOutcome::NotYet {
+                    message: "the TemporalWorkerDeployment is gone".into(),
+                });
+            }
+            Some(Err(blocked)) => {
+                return Ok(DeleteVersionOutcome::NotYet {
+                    message: blocked.message,
+                });
+            }
+            Some(Ok(r)) => r,
+        };
+        temporal::delete_version(
+            &resolved.temporal,
+            &resolved.spec.temporal_namespace,
+            &request.twd.key(),
+            &request.build_id,
+            request.skip_drainage,
+            &self.identity,
+        )
+        .await
+        .map_err(|e| {
+            self.after_error(&resolved.temporal, &e);
+            retryable(e)
+        })
+    }
+
+    /// Starts the gate workflows (idempotently) and waits a bounded time for their results.
+    #[activity(name = "run_gate")]
+    pub async fn run_gate(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        request: GateRequest,
+    ) -> Result<GateOutcome, ActivityError> {
+        let blocked_outcome = |blocked: Blocked| GateOutcome {
+            runs: Vec::new(),
+            passed: false,
+            blocked: Some(blocked),
+        };
+        let resolved = match self.resolve(&request.twd).await? {
+            None => return Ok(blocked_outcome(gone(&request.twd))),
+            Some(Err(blocked)) => return Ok(blocked_outcome(blocked)),
+            Some(Ok(r)) => r,
+        };
+        let input = match k8s::gate_input(&self.kube, &resolved.resource).await {
+            Ok(input) => input,
+            Err(blocked) => return Ok(blocked_outcome(blocked)),
+        };
+        let namespace = resolved.spec.temporal_namespace.clone();
+        let deployment_name = request.twd.key();
+        let max_wait = Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0));
+        let deadline = tokio::time::Instant::now() + max_wait;
+        // The version's workflow task queues: known once its workers polled.
+        let task_queues = loop {
+            match temporal::version_task_queues(
+                &resolved.temporal,
+                &namespace,
+                &deployment_name,
+                &request.build_id,
+            )
+            .await
+            {
+                Ok(Some(queues)) => {
+                    let workflow: Vec<String> = queues
+                        .into_iter()
+                        .filter(|(_, k)| *k == TaskQueueKind::Workflow)
+                        .map(|(n, _)| n)
+                        .collect();
+                    if !workflow.is_empty() {
+                        break workflow;
+                    }
+                }
+                Ok(None) => {}
+                Err(blocked) => return Ok(blocked_outcome(blocked)),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(GateOutcome {
+                    runs: Vec::new(),
+                    passed: false,
+                    blocked: None,
+                });
+            }
+            heartbeat(&ctx).await;
+            tokio::time::sleep(POLL_INTERVAL).await;
+        };
+        let runs = match temporal::start_gates(
+            &resolved.temporal,
+            &namespace,
+            &deployment_name,
+            &request.build_id,
+            &request.workflow_type,
+            input,
+            request.attempt,
+            &task_queues,
+        )
+        .await
+        {
+            Ok(runs) => runs,
+            Err(blocked) => return Ok(blocked_outcome(blocked)),
+        };
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let wait = temporal::wait_gates(&resolved.temporal, &namespace, runs.clone(), || {});
+        let heartbeats = async {
+            loop {
+                heartbeat(&ctx).await;
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        };
+        let waited = tokio::time::timeout(remaining, async {
+            tokio::select! {
+                result = wait => result,
+                never = heartbeats => never,
+            }
+        })
+        .await;
+        let runs = match waited {
+            Ok(Ok(runs)) => runs,
+            Ok(Err(blocked)) => return Ok(blocked_outcome(blocked)),
+            Err(_) => runs,
+        };
+        let passed = !runs.is_empty() && runs.iter().all(|r| r.status == "Completed");
+        Ok(GateOutcome {
+            runs,
+            passed,
+            blocked: None,
+        })
+    }
+
+    /// Cancels the build's running gate workflows.
+    #[activity(name = "cancel_gates")]
+    pub async fn cancel_gates(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        request: BuildRequest,
+    ) -> Result<(), ActivityError> {
+        let Some(Ok(resolved)) = self.resolve(&request.twd).await? else {
+            return Ok(());
+        };
+        temporal::cancel_build_gates(
+            &resolved.temporal,
+            &resolved.spec.temporal_namespace,
+            &request.twd.key(),
+            &request.build_id,
+        )
+        .await
+        .map(|_| ())
+        .map_err(retryable)
+    }
+
+    /// Writes the TWD's status.
+    #[activity(name = "write_status")]
+    pub async fn write_status(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        request: StatusRequest,
+    ) -> Result<(), ActivityError> {
+        k8s::write_twd_status(&self.kube, &request.twd, request.status)
+            .await
+            .map(|_| ())
+            .map_err(retryable)
+    }
+
+    /// Records an Event on the TWD.
+    #[activity(name = "emit_event")]
+    pub async fn emit_event(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        request: EventRequest,
+    ) -> Result<(), ActivityError> {
+        k8s::emit_event(
+            &self.kube,
+            &request.twd,
+            request.kind,
+            &request.reason,
+            &request.message,
+        )
+        .await
+        .map(|_| ())
+        .map_err(retryable)
+    }
+
+    /// Deletion path of a TWD.
+    #[activity(name = "cleanup_deleted")]
+    pub async fn cleanup_deleted(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        twd: TwdRef,
+    ) -> Result<CleanupOutcome, ActivityError> {
+        let resolved = match self.resolve(&twd).await? {
+            None => return Ok(CleanupOutcome::Done),
+            Some(Err(blocked)) => {
+                return Ok(CleanupOutcome::Pending {
+                    message: blocked.message,
+                });
+            }
+            Some(Ok(r)) => r,
+        };
+        let namespace = resolved.spec.temporal_namespace.clone();
+        let deployment_name = twd.key();
+        let client = &resolved.temporal;
+        // 1. New work goes to unversioned workers again.
+        match temporal::reset_to_unversioned(client, &namespace, &deployment_name, &self.identity)
+            .await
+        {
+            Ok(RoutingOutcome::Applied) => {}
+            Ok(other) => {
+                return Ok(CleanupOutcome::Pending {
+                    message: format!("resetting routing: {other:?}"),
+                });
+            }
+            Err(e) => {
+                return Ok(CleanupOutcome::Pending {
+                    message: format!("resetting routing: {e}"),
+                });
+            }
+        }
+        // 2. Stop the versioned workers (their pollers must be gone before versions can go).
+        let uid = resolved.resource.metadata.uid.clone().unwrap_or_default();
+        for deployment in k8s::list_versioned_deployments(&self.kube, &twd, &uid)
+            .await
+            .map_err(retryable)?
+        {
+            k8s::delete_deployment(&self.kube, &twd.namespace, &deployment.name)
+                .await
+                .map_err(retryable)?;
+        }
+        // 3. Versions and the worker deployment.
+        let state = match temporal::describe_worker_deployment(client, &namespace, &deployment_name)
+            .await
+        {
+            Ok(state) => state,
+            Err(blocked) => {
+                return Ok(CleanupOutcome::Pending {
+                    message: blocked.message,
+                });
+            }
+        };
+        let mut pending = Vec::new();
+        for version in &state.versions {
+            match temporal::delete_version(
+                client,
+                &namespace,
+                &deployment_name,
+                &version.build_id,
+                true,
+                &self.identity,
+            )
+            .await
+            {
+                Ok(DeleteVersionOutcome::Deleted) => {}
+                Ok(DeleteVersionOutcome::NotYet { message }) => {
+                    pending.push(format!("{}: {message}", version.build_id))
+                }
+                Err(e) => pending.push(format!("{}: {e}", version.build_id)),
+            }
+        }
+        if state.exists && pending.is_empty() {
+            match temporal::delete_worker_deployment(
+                client,
+                &namespace,
+                &deployment_name,
+                &self.identity,
+            )
+            .await
+            {
+                Ok(DeleteVersionOutcome::Deleted) => {}
+                Ok(DeleteVersionOutcome::NotYet { message }) => pending.push(message),
+                Err(e) => pending.push(e.to_string()),
+            }
+        }
+        if !pending.is_empty() {
+            return Ok(CleanupOutcome::Pending {
+                message: pending.join("; "),
+            });
+        }
+        // 4. Let the TWD (and, if unused, its connection) go.
+        k8s::release_finalizers(&self.kube, &twd)
+            .await
+            .map_err(retryable)?;
+        Ok(CleanupOutcome::Done)
+    }
+}
+
+fn not_ready(blocked: Option<Blocked>, problem: Option<String>) -> PollerWaitOutcome {
+    PollerWaitOutcome {
+        registered: false,
+        available: false,
+        problem,
+        workflow_task_queues: Vec::new(),
+        blocked,
+    }
+}
+
+fn gone(twd: &TwdRef) -> Blocked {
+    Blocked {
+        reason: BlockReason::PlanExecutionFailed,
+        message: format!("TemporalWorkerDeployment {} is gone", twd.key()),
+    }
+}
+
+async fn heartbeat(ctx: &ActivityContext) {
+    if let Err(e) = ctx.record_heartbeat(()).await {
+        tracing::debug!("heartbeat not recorded: {e}");
+    }
+}
+
+/// A transient failure: Temporal retries the activity.
+fn retryable(error: impl std::error::Error + Send + Sync + 'static) -> ActivityError {
+    ActivityError::from(anyhow::Error::new(error))
+}
+
+fn now_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}

@@ -1,0 +1,405 @@
+//! Checks credential Secrets before anything connects with them: mutual-TLS certificates must
+//! parse and stay valid for a few more minutes, API keys must be there. Messages name the Secret
+//! and the key and never contain secret material.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use sha2::{Digest, Sha256};
+use twc_crds::connection::{AuthMode, TemporalConnectionSpec};
+use x509_cert::Certificate;
+use x509_cert::der::{Decode, pem};
+
+use crate::connection::ConnectionAuth;
+
+/// A client certificate must stay valid at least this long to be used.
+pub const MIN_CERT_VALIDITY: Duration = Duration::from_secs(5 * 60);
+
+const TLS_SECRET_TYPES: &[&str] = &["Opaque", "kubernetes.io/tls"];
+
+/// Reads and checks a mutual-TLS Secret (`tls.crt`, `tls.key`, optional `ca.crt`) at `now`.
+pub fn mutual_tls_auth(secret: &Secret, now: Timestamp) -> Result<ConnectionAuth, String> {
+    let what = describe(secret);
+    check_type(secret, TLS_SECRET_TYPES, &what)?;
+    let cert_pem = required(secret, "tls.crt", &what)?;
+    let key_pem = required(secret, "tls.key", &what)?;
+    let chain = certificates(&cert_pem).map_err(|e| format!("{what}: tls.crt {e}"))?;
+    for certificate in &chain {
+        check_validity(certificate, now)
+            .map_err(|e| format!("{what}: certificate in tls.crt {e}"))?;
+    }
+    check_private_key(&key_pem).map_err(|e| format!("{what}: tls.key {e}"))?;
+    let ca_pem = match data(secret, "ca.crt").filter(|ca| !ca.iter().all(u8::is_ascii_whitespace)) {
+        Some(ca) => {
+            certificates(ca).map_err(|e| format!("{what}: ca.crt {e}"))?;
+            Some(ca.to_vec())
+        }
+        None => None,
+    };
+    Ok(ConnectionAuth::MutualTls {
+        cert_pem,
+        key_pem,
+        ca_pem,
+    })
+}
+
+/// Reads an API key from a Secret key (surrounding whitespace, e.g. a trailing newline from
+/// `echo`, is dropped).
+pub fn api_key_auth(secret: &Secret, key: &str) -> Result<ConnectionAuth, String> {
+    let what = describe(secret);
+    check_type(secret, &["Opaque"], &what)?;
+    let bytes = data(secret, key).ok_or_else(|| format!("{what} has no key {key:?}"))?;
+    let api_key = std::str::from_utf8(bytes)
+        .map_err(|_| format!("{what}: key {key:?} is not UTF-8 text"))?
+        .trim();
+    if api_key.is_empty() {
+        return Err(format!("{what}: key {key:?} is empty"));
+    }
+    Ok(ConnectionAuth::ApiKey {
+        key: api_key.to_owned(),
+    })
+}
+
+/// Identifies a resolved connection for the client pool: every spec field that matters plus
+/// the Secret's uid and resourceVersion (so a rotated Secret yields a new key), never its bytes.
+pub fn cache_key(
+    connection: &TemporalConnectionSpec,
+    temporal_namespace: &str,
+    secret: Option<&Secret>,
+) -> String {
+    let (mode, secret_name, key) = match connection.auth_mode() {
+        AuthMode::None => ("none", String::new(), String::new()),
+        AuthMode::MutualTls { secret_name } => ("mtls", secret_name, String::new()),
+        AuthMode::ApiKey { secret_name, key } => ("apikey", secret_name, key),
+    };
+    let uid = secret
+        .and_then(|s| s.metadata.uid.clone())
+        .unwrap_or_default();
+    let version = secret
+        .and_then(ResourceExt::resource_version)
+        .unwrap_or_default();
+    let fields = [
+        connection.host_port.as_str(),
+        connection.server_name().unwrap_or(""),
+        temporal_namespace,
+        mode,
+        &secret_name,
+        &key,
+        &uid,
+        &version,
+    ];
+    let mut hasher = Sha256::new();
+    for field in fields {
+        hasher.update(field.as_bytes());
+        hasher.update([0]);
+    }
+    hex::encode(hasher.finalize())
+}
+
+fn describe(secret: &Secret) -> String {
+    format!(
+        "Secret {}/{}",
+        secret.namespace().unwrap_or_default(),
+        secret.name_any()
+    )
+}
+
+fn check_type(secret: &Secret, allowed: &[&str], what: &str) -> Result<(), String> {
+    let type_ = secret.type_.as_deref().unwrap_or("Opaque");
+    if allowed.contains(&type_) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} has type {type_:?}; use {}",
+            allowed.join(" or ")
+        ))
+    }
+}
+
+fn data<'a>(secret: &'a Secret, key: &str) -> Option<&'a [u8]> {
+    secret.data.as_ref()?.get(key).map(|b| b.0.as_slice())
+}
+
+fn required(secret: &Secret, key: &str, what: &str) -> Result<Vec<u8>, String> {
+    match data(secret, key) {
+        Some(bytes) if !bytes.is_empty() => Ok(bytes.to_vec()),
+        _ => Err(format!("{what} has no {key:?}")),
+    }
+}
+
+/// The PEM blocks of a file as (label, DER) pairs; text between blocks is ignored.
+fn pem_blocks(input: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let text = std::str::from_utf8(input).map_err(|_| "is not PEM text".to_owned())?;
+    let mut blocks = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("-----BEGIN ") {
+        let block = &rest[start..];
+        let label_end = block["-----BEGIN ".len()..]
+            .find("-----")
+            .ok_or("has a malformed PEM header")?;
+        let label = &block["-----BEGIN ".len().."-----BEGIN ".len() + label_end];
+        let footer = format!("-----END {label}-----");
+        let end = block
+            .find(&footer)
+            .ok_or_else(|| format!("has a {label} block without its END line"))?
+            + footer.len();
+        let (_, der) = pem::decode_vec(&block.as_bytes()[..end])
+            .map_err(|_| format!("has an unreadable {label} block"))?;
+        blocks.push((label.to_owned(), der));
+        rest = &block[end..];
+    }
+    Ok(blocks)
+}
+
+fn certificates(input: &[u8]) -> Result<Vec<Certificate>, String> {
+    let certificates: Vec<Certificate> = pem_blocks(input)?
+        .into_iter()
+        .filter(|(label, _)| label == "CERTIFICATE")
+        .map(|(_, der)| {
+            Certificate::from_der(&der)
+                .map_err(|_| "holds a certificate that does not parse".to_owned())
+        })
+        .collect::<Result<_, _>>()?;
+    if certificates.is_empty() {
+        return Err("holds no PEM certificate".into());
+    }
+    Ok(certificates)
+}
+
+fn check_validity(certificate: &Certificate, now: Timestamp) -> Result<(), String> {
+    let not_after_secs = certificate
+        .tbs_certificate()
+        .validity()
+        .not_after
+        .to_unix_duration()
+        .as_secs();
+    let not_after = i64::try_from(not_after_secs)
+        .ok()
+        .and_then(|s| Timestamp::from_second(s).ok())
+        .ok_or("has an out-of-range expiry")?;
+    let remaining = not_after.as_second() - now.as_second();
+    if remaining <= 0 {
+        Err(format!("expired at {not_after}; renew the certificate"))
+    } else if remaining < MIN_CERT_VALIDITY.as_secs() as i64 {
+        Err(format!(
+            "expires at {not_after}, in less than 5 minutes; renew the certificate"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+fn check_private_key(input: &[u8]) -> Result<(), String> {
+    let blocks = pem_blocks(input)?;
+    if blocks
+        .iter()
+        .any(|(label, _)| label == "ENCRYPTED PRIVATE KEY")
+    {
+        return Err(
+            "holds an encrypted private key, which cannot be used; store it unencrypted".into(),
+        );
+    }
+    if blocks
+        .iter()
+        .any(|(label, der)| label.ends_with("PRIVATE KEY") && !der.is_empty())
+    {
+        Ok(())
+    } else {
+        Err("holds no PEM private key".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::ByteString;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use twc_crds::connection::SecretReference;
+
+    use super::*;
+
+    /// A public self-signed test certificate (its key was discarded).
+    const CERT: &[u8] = include_bytes!("testdata/client.crt");
+    /// `notAfter` of [`CERT`].
+    const CERT_NOT_AFTER: i64 = 2_110_655_977;
+    /// A syntactically valid PEM key block (not a real key).
+    const KEY: &[u8] = b"-----BEGIN PRIVATE KEY-----\nAAECAwQFBgcI\n-----END PRIVATE KEY-----\n";
+
+    fn secret(type_: Option<&str>, entries: &[(&str, &[u8])]) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some("client-cert".into()),
+                namespace: Some("demo".into()),
+                uid: Some("uid-s".into()),
+                resource_version: Some("41".into()),
+                ..Default::default()
+            },
+            type_: type_.map(str::to_owned),
+            data: Some(
+                entries
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), ByteString(v.to_vec())))
+                    .collect::<BTreeMap<_, _>>(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(seconds).expect("in range")
+    }
+
+    fn well_before_expiry() -> Timestamp {
+        at(CERT_NOT_AFTER - 86_400)
+    }
+
+    #[test]
+    fn a_valid_tls_secret_yields_cert_key_and_ca() {
+        let s = secret(
+            Some("kubernetes.io/tls"),
+            &[("tls.crt", CERT), ("tls.key", KEY), ("ca.crt", CERT)],
+        );
+        match mutual_tls_auth(&s, well_before_expiry()) {
+            Ok(ConnectionAuth::MutualTls {
+                cert_pem,
+                key_pem,
+                ca_pem,
+            }) => {
+                assert_eq!((cert_pem.as_slice(), key_pem.as_slice()), (CERT, KEY));
+                assert_eq!(ca_pem.as_deref(), Some(CERT));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        let without_ca = secret(None, &[("tls.crt", CERT), ("tls.key", KEY)]);
+        assert!(matches!(
+            mutual_tls_auth(&without_ca, well_before_expiry()),
+            Ok(ConnectionAuth::MutualTls { ca_pem: None, .. })
+        ));
+    }
+
+    #[test]
+    fn leading_text_and_ec_parameter_blocks_are_tolerated() {
+        let mut cert = b"Bag Attributes\n  friendlyName: client\n".to_vec();
+        cert.extend_from_slice(CERT);
+        let mut key =
+            b"-----BEGIN EC PARAMETERS-----\nBggqhkjOPQMBBw==\n-----END EC PARAMETERS-----\n"
+                .to_vec();
+        key.extend_from_slice(KEY);
+        let s = secret(None, &[("tls.crt", &cert), ("tls.key", &key)]);
+        assert!(mutual_tls_auth(&s, well_before_expiry()).is_ok());
+    }
+
+    #[test]
+    fn certificates_expiring_within_five_minutes_are_refused() {
+        let s = secret(None, &[("tls.crt", CERT), ("tls.key", KEY)]);
+        assert!(mutual_tls_auth(&s, at(CERT_NOT_AFTER - 301)).is_ok());
+        let soon = mutual_tls_auth(&s, at(CERT_NOT_AFTER - 299)).expect_err("expiring");
+        assert!(
+            soon.contains("less than 5 minutes") && soon.contains("Secret demo/client-cert"),
+            "{soon}"
+        );
+        let expired = mutual_tls_auth(&s, at(CERT_NOT_AFTER + 1)).expect_err("expired");
+        assert!(
+            expired.contains("expired at 2036-11-18T21:19:37Z"),
+            "{expired}"
+        );
+    }
+
+    #[test]
+    fn broken_tls_secrets_say_what_is_wrong_without_the_bytes() {
+        let garbage: &[u8] = b"-----BEGIN CERTIFICATE-----\nc2VjcmV0\n-----END CERTIFICATE-----\n";
+        let cases: [(Secret, &str); 7] = [
+            (
+                secret(
+                    Some("kubernetes.io/basic-auth"),
+                    &[("tls.crt", CERT), ("tls.key", KEY)],
+                ),
+                "has type",
+            ),
+            (secret(None, &[("tls.key", KEY)]), "no \"tls.crt\""),
+            (secret(None, &[("tls.crt", CERT)]), "no \"tls.key\""),
+            (
+                secret(None, &[("tls.crt", b"not pem"), ("tls.key", KEY)]),
+                "tls.crt holds no PEM certificate",
+            ),
+            (
+                secret(None, &[("tls.crt", garbage), ("tls.key", KEY)]),
+                "does not parse",
+            ),
+            (
+                secret(None, &[("tls.crt", CERT), ("tls.key", CERT)]),
+                "tls.key holds no PEM private key",
+            ),
+            (
+                secret(
+                    None,
+                    &[("tls.crt", CERT), ("tls.key", KEY), ("ca.crt", b"junk")],
+                ),
+                "ca.crt holds no PEM",
+            ),
+        ];
+        for (s, expected) in cases {
+            let message = mutual_tls_auth(&s, well_before_expiry()).expect_err(expected);
+            assert!(
+                message.contains(expected),
+                "{message:?} should contain {expected:?}"
+            );
+            assert!(
+                !message.contains("c2VjcmV0") && !message.contains("AAECAwQFBgcI"),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn api_keys_are_read_trimmed_and_must_exist() {
+        let s = secret(None, &[("key", b"sk-123\n")]);
+        assert_eq!(
+            api_key_auth(&s, "key"),
+            Ok(ConnectionAuth::ApiKey {
+                key: "sk-123".into()
+            })
+        );
+        assert!(
+            api_key_auth(&s, "other")
+                .expect_err("missing")
+                .contains("has no key \"other\"")
+        );
+        let empty = secret(None, &[("key", b" \n")]);
+        assert!(
+            api_key_auth(&empty, "key")
+                .expect_err("empty")
+                .contains("is empty")
+        );
+        let tls = secret(Some("kubernetes.io/tls"), &[("key", b"sk")]);
+        assert!(api_key_auth(&tls, "key").is_err());
+    }
+
+    #[test]
+    fn cache_key_follows_spec_and_secret_version_but_not_secret_bytes() {
+        let spec = TemporalConnectionSpec {
+            host_port: "ns.tmprl.cloud:7233".into(),
+            tls: None,
+            mutual_tls_secret_ref: Some(SecretReference {
+                name: "client-cert".into(),
+            }),
+            api_key_secret_ref: None,
+        };
+        let s = secret(None, &[("tls.crt", CERT)]);
+        let base = cache_key(&spec, "ns", Some(&s));
+        let mut other_bytes = secret(None, &[("tls.crt", b"different")]);
+        other_bytes.metadata.resource_version = s.metadata.resource_version.clone();
+        assert_eq!(base, cache_key(&spec, "ns", Some(&other_bytes)));
+        let mut rotated = s.clone();
+        rotated.metadata.resource_version = Some("42".into());
+        assert_ne!(base, cache_key(&spec, "ns", Some(&rotated)));
+        assert_ne!(base, cache_key(&spec, "other-ns", Some(&s)));
+        let mut moved = spec.clone();
+        moved.host_port = "elsewhere:7233".into();
+        assert_ne!(base, cache_key(&moved, "ns", Some(&s)));
+        assert!(!base.contains("different"));
+    }
+}

@@ -1,0 +1,635 @@
+//! What the controller adds to worker pods so they reach Temporal as the right version: env vars
+//! in every container (a user's own variable of the same name is replaced in place, never
+//! duplicated) and, for mutual TLS, the client certificate Secret mounted at
+//! `/etc/temporal/tls`.
+//!
+//! Variable names follow the Go controller and the Temporal SDKs' `envconfig` loader, plus the
+//! older `TEMPORAL_HOST_PORT` / `WORKER_BUILD_ID` names and `TEMPORAL_TLS_CA_CERT_PATH`.
+
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, EnvVarSource, PodSpec, SecretKeySelector, SecretVolumeSource, Volume,
+    VolumeMount,
+};
+use sha2::{Digest, Sha256};
+use twc_crds::connection::{AuthMode, TemporalConnectionSpec};
+
+use crate::connection::{ConnectionAuth, ConnectionConfig};
+
+/// Name of the pod volume holding the mutual-TLS Secret.
+pub const TLS_VOLUME: &str = "temporal-tls";
+/// Where the mutual-TLS Secret is mounted in every container.
+pub const TLS_MOUNT_PATH: &str = "/etc/temporal/tls";
+
+/// Env vars derived from the connection: set, replaced or removed when the connection changes.
+pub const CONNECTION_ENV: &[&str] = &[
+    "TEMPORAL_ADDRESS",
+    "TEMPORAL_HOST_PORT",
+    "TEMPORAL_TLS_SERVER_NAME",
+    "TEMPORAL_TLS",
+    "TEMPORAL_TLS_CLIENT_CERT_PATH",
+    "TEMPORAL_TLS_CLIENT_KEY_PATH",
+    "TEMPORAL_TLS_CA_CERT_PATH",
+    "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
+    "TEMPORAL_API_KEY",
+];
+
+/// Whether a mutual-TLS Secret carries the server's CA (`ca.crt`), so pods are pointed at it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerCa {
+    /// The Secret has `ca.crt`: `TEMPORAL_TLS_CA_CERT_PATH` points at it.
+    InSecret,
+    /// No `ca.crt` (or no mutual TLS): workers trust their system roots.
+    SystemRoots,
+}
+
+impl ServerCa {
+    /// Reads it off a resolved connection.
+    pub fn of(config: &ConnectionConfig) -> Self {
+        match &config.auth {
+            ConnectionAuth::MutualTls {
+                ca_pem: Some(_), ..
+            } => Self::InSecret,
+            _ => Self::SystemRoots,
+        }
+    }
+}
+
+/// Who the workers are in Temporal: from the TWD and the build, not the connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerIdentity {
+    /// Temporal namespace the workers poll.
+    pub temporal_namespace: String,
+    /// Temporal worker deployment name, `<k8s-namespace>/<twd-name>`.
+    pub deployment_name: String,
+    /// Build ID of the version.
+    pub build_id: String,
+}
+
+/// Hex SHA-256 of everything the connection injects into pods (address, TLS name, auth mode,
+/// Secret name and key, CA presence); pods are rebuilt when it changes. No secret material.
+pub fn connection_spec_hash(connection: &TemporalConnectionSpec, ca: ServerCa) -> String {
+    let (mode, secret, key) = match connection.auth_mode() {
+        AuthMode::None => ("none", String::new(), String::new()),
+        AuthMode::MutualTls { secret_name } => ("mtls", secret_name, String::new()),
+        AuthMode::ApiKey { secret_name, key } => ("apikey", secret_name, key),
+    };
+    let ca = match ca {
+        ServerCa::InSecret => "ca",
+        ServerCa::SystemRoots => "",
+    };
+    let fields = [
+        connection.host_port.as_str(),
+        connection.server_name().unwrap_or(""),
+        mode,
+        &secret,
+        &key,
+        ca,
+    ];
+    let mut hasher = Sha256::new();
+    for field in fields {
+        hasher.update(field.as_bytes());
+        hasher.update([0]);
+    }
+    hex::encode(hasher.finalize())
+}
+
+/// Adds the identity and connection env vars to every container (not init containers) and the
+/// mutual-TLS volume and mounts when the connection uses a client certificate.
+pub fn inject(
+    pod: &mut PodSpec,
+    identity: &WorkerIdentity,
+    connection: &TemporalConnectionSpec,
+    ca: ServerCa,
+) {
+    let mut env = connection_env(connection, ca);
+    env.extend(identity_env(identity));
+    for container in &mut pod.containers {
+        for var in &env {
+            set_env(container, var.clone());
+        }
+    }
+    apply_tls_volume(pod, connection, false);
+}
+
+/// Brings the connection part of a built pod spec up to date with `connection`: connection env
+/// vars are set in place, those the connection no longer calls for are removed, and the
+/// mutual-TLS volume is added, repointed or removed. Identity env vars are left alone.
+pub fn reinject_connection(pod: &mut PodSpec, connection: &TemporalConnectionSpec, ca: ServerCa) {
+    let env = connection_env(connection, ca);
+    for container in &mut pod.containers {
+        if let Some(vars) = container.env.as_mut() {
+            vars.retain(|v| {
+                !CONNECTION_ENV.contains(&v.name.as_str()) || env.iter().any(|e| e.name == v.name)
+            });
+        }
+        for var in &env {
+            set_env(container, var.clone());
+        }
+    }
+    apply_tls_volume(pod, connection, true);
+}
+
+fn identity_env(identity: &WorkerIdentity) -> Vec<EnvVar> {
+    vec![
+        value("TEMPORAL_NAMESPACE", &identity.temporal_namespace),
+        value("TEMPORAL_DEPLOYMENT_NAME", &identity.deployment_name),
+        value("TEMPORAL_WORKER_BUILD_ID", &identity.build_id),
+        value("WORKER_BUILD_ID", &identity.build_id),
+    ]
+}
+
+fn connection_env(connection: &TemporalConnectionSpec, ca: ServerCa) -> Vec<EnvVar> {
+    let mut env = vec![
+        value("TEMPORAL_ADDRESS", &connection.host_port),
+        value("TEMPORAL_HOST_PORT", &connection.host_port),
+    ];
+    let server_name = connection.server_name();
+    if let Some(name) = server_name {
+        env.push(value("TEMPORAL_TLS_SERVER_NAME", name));
+    }
+    match connection.auth_mode() {
+        AuthMode::MutualTls { .. } => {
+            env.push(value("TEMPORAL_TLS", "true"));
+            env.push(value(
+                "TEMPORAL_TLS_CLIENT_CERT_PATH",
+                &format!("{TLS_MOUNT_PATH}/tls.crt"),
+            ));
+            env.push(value(
+                "TEMPORAL_TLS_CLIENT_KEY_PATH",
+                &format!("{TLS_MOUNT_PATH}/tls.key"),
+            ));
+            if ca == ServerCa::InSecret {
+                let ca_path = format!("{TLS_MOUNT_PATH}/ca.crt");
+                env.push(value("TEMPORAL_TLS_CA_CERT_PATH", &ca_path));
+                env.push(value("TEMPORAL_TLS_SERVER_CA_CERT_PATH", &ca_path));
+            }
+        }
+        AuthMode::ApiKey { secret_name, key } => {
+            env.push(value("TEMPORAL_TLS", "true"));
+            env.push(EnvVar {
+                name: "TEMPORAL_API_KEY".into(),
+                value: None,
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: secret_name,
+                        key,
+                        optional: None,
+                    }),
+                    ..Default::default()
+                }),
+            });
+        }
+        // A server name alone turns TLS on, as it does for the controller's own client.
+        AuthMode::None if server_name.is_some() => env.push(value("TEMPORAL_TLS", "true")),
+        AuthMode::None => {}
+    }
+    env
+}
+
+fn value(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value.to_owned()),
+        value_from: None,
+    }
+}
+
+/// Sets `var` at the position of the first variable of the same name (dropping any later
+/// duplicates), or appends it.
+fn set_env(container: &mut Container, var: EnvVar) {
+    let vars = container.env.get_or_insert_default();
+    match vars.iter().position(|v| v.name == var.name) {
+        Some(first) => {
+            let mut index = 0;
+            vars.retain(|v| {
+                let keep = index <= first || v.name != var.name;
+                index += 1;
+                keep
+            });
+            vars[first] = var;
+        }
+        None => vars.push(var),
+    }
+}
+
+/// Adds (or repoints) the `temporal-tls` volume and its mounts for mutual TLS, replacing any
+/// volume or mount in its way; without mutual TLS, removes them only when `remove_unused`.
+fn apply_tls_volume(pod: &mut PodSpec, connection: &TemporalConnectionSpec, remove_unused: bool) {
+    let secret_name = match connection.auth_mode() {
+        AuthMode::MutualTls { secret_name } => Some(secret_name),
+        _ => None,
+    };
+    if secret_name.is_none() && !remove_unused {
+        return;
+    }
+    if let Some(volumes) = pod.volumes.as_mut() {
+        volumes.retain(|v| v.name != TLS_VOLUME);
+    }
+    for container in &mut pod.containers {
+        if let Some(mounts) = container.volume_mounts.as_mut() {
+            mounts.retain(|m| m.name != TLS_VOLUME && m.mount_path != TLS_MOUNT_PATH);
+        }
+    }
+    if pod.volumes.as_ref().is_some_and(Vec::is_empty) {
+        pod.volumes = None;
+    }
+    let Some(secret_name) = secret_name else {
+        return;
+    };
+    pod.volumes.get_or_insert_default().push(Volume {
+        name: TLS_VOLUME.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret_name),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    for container in &mut pod.containers {
+        container
+            .volume_mounts
+            .get_or_insert_default()
+            .push(VolumeMount {
+                name: TLS_VOLUME.into(),
+                mount_path: TLS_MOUNT_PATH.into(),
+                read_only: Some(true),
+                ..Default::default()
+            });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use twc_crds::connection::{SecretReference, TlsSpec};
+
+    use super::*;
+
+    fn plain(host_port: &str) -> TemporalConnectionSpec {
+        TemporalConnectionSpec {
+            host_port: host_port.into(),
+            tls: None,
+            mutual_tls_secret_ref: None,
+            api_key_secret_ref: None,
+        }
+    }
+
+    fn mtls(secret: &str) -> TemporalConnectionSpec {
+        TemporalConnectionSpec {
+            mutual_tls_secret_ref: Some(SecretReference {
+                name: secret.into(),
+            }),
+            ..plain("ns.tmprl.cloud:7233")
+        }
+    }
+
+    fn api_key(secret: &str, key: &str) -> TemporalConnectionSpec {
+        TemporalConnectionSpec {
+            api_key_secret_ref: Some(SecretKeySelector {
+                name: secret.into(),
+                key: key.into(),
+                optional: None,
+            }),
+            ..plain("ns.tmprl.cloud:7233")
+        }
+    }
+
+    fn identity() -> WorkerIdentity {
+        WorkerIdentity {
+            temporal_namespace: "default".into(),
+            deployment_name: "demo/worker".into(),
+            build_id: "v1-abc".into(),
+        }
+    }
+
+    fn pod(containers: &[&str]) -> PodSpec {
+        PodSpec {
+            containers: containers
+                .iter()
+                .map(|n| Container {
+                    name: (*n).into(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn env_value<'a>(container: &'a Container, name: &str) -> Option<&'a str> {
+        let vars: Vec<&EnvVar> = container
+            .env
+            .iter()
+            .flatten()
+            .filter(|v| v.name == name)
+            .collect();
+        assert!(vars.len() <= 1, "{name} appears {} times", vars.len());
+        vars.first().and_then(|v| v.value.as_deref())
+    }
+
+    #[test]
+    fn every_container_gets_address_namespace_deployment_and_build_id() {
+        let mut spec = pod(&["worker", "sidecar"]);
+        inject(
+            &mut spec,
+            &identity(),
+            &plain("temporal:7233"),
+            ServerCa::SystemRoots,
+        );
+        for c in &spec.containers {
+            assert_eq!(env_value(c, "TEMPORAL_ADDRESS"), Some("temporal:7233"));
+            assert_eq!(env_value(c, "TEMPORAL_HOST_PORT"), Some("temporal:7233"));
+            assert_eq!(env_value(c, "TEMPORAL_NAMESPACE"), Some("default"));
+            assert_eq!(
+                env_value(c, "TEMPORAL_DEPLOYMENT_NAME"),
+                Some("demo/worker")
+            );
+            assert_eq!(env_value(c, "TEMPORAL_WORKER_BUILD_ID"), Some("v1-abc"));
+            assert_eq!(env_value(c, "WORKER_BUILD_ID"), Some("v1-abc"));
+            assert_eq!(env_value(c, "TEMPORAL_TLS"), None);
+            assert_eq!(env_value(c, "TEMPORAL_TLS_SERVER_NAME"), None);
+        }
+        assert!(spec.volumes.is_none());
+    }
+
+    #[test]
+    fn init_containers_are_left_alone() {
+        let mut spec = pod(&["worker"]);
+        spec.init_containers = Some(vec![Container {
+            name: "init".into(),
+            ..Default::default()
+        }]);
+        inject(
+            &mut spec,
+            &identity(),
+            &mtls("client-cert"),
+            ServerCa::SystemRoots,
+        );
+        let init = &spec.init_containers.as_ref().expect("kept")[0];
+        assert!(init.env.is_none() && init.volume_mounts.is_none());
+    }
+
+    #[test]
+    fn a_users_own_value_is_replaced_in_place_not_duplicated() {
+        let mut spec = pod(&["worker"]);
+        spec.containers[0].env = Some(vec![
+            value("FIRST", "1"),
+            value("TEMPORAL_ADDRESS", "mine:1"),
+            value("MIDDLE", "2"),
+            value("TEMPORAL_ADDRESS", "again:2"),
+            EnvVar {
+                name: "TEMPORAL_NAMESPACE".into(),
+                value: None,
+                value_from: Some(EnvVarSource::default()),
+            },
+        ]);
+        inject(
+            &mut spec,
+            &identity(),
+            &plain("temporal:7233"),
+            ServerCa::SystemRoots,
+        );
+        let c = &spec.containers[0];
+        let names: Vec<&str> = c.env.iter().flatten().map(|v| v.name.as_str()).collect();
+        assert_eq!(
+            &names[..4],
+            ["FIRST", "TEMPORAL_ADDRESS", "MIDDLE", "TEMPORAL_NAMESPACE"]
+        );
+        assert_eq!(env_value(c, "TEMPORAL_ADDRESS"), Some("temporal:7233"));
+        let namespace = c
+            .env
+            .iter()
+            .flatten()
+            .find(|v| v.name == "TEMPORAL_NAMESPACE")
+            .expect("set");
+        assert_eq!(
+            (namespace.value.as_deref(), namespace.value_from.is_none()),
+            (Some("default"), true)
+        );
+    }
+
+    #[test]
+    fn server_name_is_injected_and_turns_tls_on() {
+        let mut connection = plain("temporal:7233");
+        connection.tls = Some(TlsSpec {
+            server_name: Some("temporal.example".into()),
+        });
+        let mut spec = pod(&["worker"]);
+        inject(&mut spec, &identity(), &connection, ServerCa::SystemRoots);
+        assert_eq!(
+            env_value(&spec.containers[0], "TEMPORAL_TLS_SERVER_NAME"),
+            Some("temporal.example")
+        );
+        assert_eq!(env_value(&spec.containers[0], "TEMPORAL_TLS"), Some("true"));
+    }
+
+    #[test]
+    fn mutual_tls_mounts_the_secret_in_every_container() {
+        let mut spec = pod(&["worker", "sidecar"]);
+        inject(
+            &mut spec,
+            &identity(),
+            &mtls("client-cert"),
+            ServerCa::InSecret,
+        );
+        let volumes = spec.volumes.as_ref().expect("volume added");
+        assert_eq!(volumes.len(), 1);
+        assert_eq!(volumes[0].name, TLS_VOLUME);
+        let secret = volumes[0]
+            .secret
+            .as_ref()
+            .and_then(|s| s.secret_name.as_deref());
+        assert_eq!(secret, Some("client-cert"));
+        for c in &spec.containers {
+            assert_eq!(env_value(c, "TEMPORAL_TLS"), Some("true"));
+            assert_eq!(
+                env_value(c, "TEMPORAL_TLS_CLIENT_CERT_PATH"),
+                Some("/etc/temporal/tls/tls.crt")
+            );
+            assert_eq!(
+                env_value(c, "TEMPORAL_TLS_CLIENT_KEY_PATH"),
+                Some("/etc/temporal/tls/tls.key")
+            );
+            assert_eq!(
+                env_value(c, "TEMPORAL_TLS_CA_CERT_PATH"),
+                Some("/etc/temporal/tls/ca.crt")
+            );
+            assert_eq!(
+                env_value(c, "TEMPORAL_TLS_SERVER_CA_CERT_PATH"),
+                Some("/etc/temporal/tls/ca.crt")
+            );
+            let mounts = c.volume_mounts.as_ref().expect("mounted");
+            assert_eq!(
+                (mounts.len(), mounts[0].mount_path.as_str()),
+                (1, TLS_MOUNT_PATH)
+            );
+            assert_eq!(mounts[0].read_only, Some(true));
+        }
+    }
+
+    #[test]
+    fn mutual_tls_without_a_ca_does_not_point_at_a_missing_file() {
+        let mut spec = pod(&["worker"]);
+        inject(
+            &mut spec,
+            &identity(),
+            &mtls("client-cert"),
+            ServerCa::SystemRoots,
+        );
+        assert_eq!(
+            env_value(&spec.containers[0], "TEMPORAL_TLS_CA_CERT_PATH"),
+            None
+        );
+        assert_eq!(
+            env_value(&spec.containers[0], "TEMPORAL_TLS_SERVER_CA_CERT_PATH"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_users_own_tls_volume_is_replaced() {
+        let mut spec = pod(&["worker"]);
+        spec.volumes = Some(vec![Volume {
+            name: TLS_VOLUME.into(),
+            ..Default::default()
+        }]);
+        spec.containers[0].volume_mounts = Some(vec![VolumeMount {
+            name: "other".into(),
+            mount_path: TLS_MOUNT_PATH.into(),
+            ..Default::default()
+        }]);
+        inject(
+            &mut spec,
+            &identity(),
+            &mtls("client-cert"),
+            ServerCa::SystemRoots,
+        );
+        assert_eq!(spec.volumes.as_ref().map(Vec::len), Some(1));
+        assert_eq!(
+            spec.containers[0].volume_mounts.as_ref().map(Vec::len),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn a_users_own_volume_at_the_tls_path_is_kept_without_mutual_tls() {
+        let mut spec = pod(&["worker"]);
+        spec.volumes = Some(vec![Volume {
+            name: TLS_VOLUME.into(),
+            ..Default::default()
+        }]);
+        inject(
+            &mut spec,
+            &identity(),
+            &plain("temporal:7233"),
+            ServerCa::SystemRoots,
+        );
+        assert_eq!(spec.volumes.as_ref().map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn api_key_comes_from_the_secret_key_and_turns_tls_on() {
+        let mut spec = pod(&["worker"]);
+        inject(
+            &mut spec,
+            &identity(),
+            &api_key("cloud", "api-key"),
+            ServerCa::SystemRoots,
+        );
+        let c = &spec.containers[0];
+        assert_eq!(env_value(c, "TEMPORAL_TLS"), Some("true"));
+        let key = c
+            .env
+            .iter()
+            .flatten()
+            .find(|v| v.name == "TEMPORAL_API_KEY")
+            .expect("api key");
+        assert_eq!(key.value, None);
+        let selector = key
+            .value_from
+            .as_ref()
+            .and_then(|s| s.secret_key_ref.as_ref())
+            .expect("secret ref");
+        assert_eq!(
+            (selector.name.as_str(), selector.key.as_str()),
+            ("cloud", "api-key")
+        );
+        assert!(spec.volumes.is_none());
+    }
+
+    #[test]
+    fn switching_from_mutual_tls_to_api_key_rewrites_env_and_volumes() {
+        let mut spec = pod(&["worker"]);
+        spec.containers[0].env = Some(vec![value("USER_VAR", "x")]);
+        inject(
+            &mut spec,
+            &identity(),
+            &mtls("client-cert"),
+            ServerCa::InSecret,
+        );
+        reinject_connection(&mut spec, &api_key("cloud", "key"), ServerCa::SystemRoots);
+        let c = &spec.containers[0];
+        for gone in [
+            "TEMPORAL_TLS_CLIENT_CERT_PATH",
+            "TEMPORAL_TLS_CLIENT_KEY_PATH",
+            "TEMPORAL_TLS_CA_CERT_PATH",
+        ] {
+            assert!(
+                c.env.iter().flatten().all(|v| v.name != gone),
+                "{gone} left behind"
+            );
+        }
+        assert!(c.env.iter().flatten().any(|v| v.name == "TEMPORAL_API_KEY"));
+        assert_eq!(env_value(c, "USER_VAR"), Some("x"));
+        assert_eq!(env_value(c, "TEMPORAL_WORKER_BUILD_ID"), Some("v1-abc"));
+        assert!(spec.volumes.is_none());
+        assert!(c.volume_mounts.as_ref().is_none_or(Vec::is_empty));
+    }
+
+    #[test]
+    fn reinjecting_updates_address_and_secret_in_place() {
+        let mut spec = pod(&["worker"]);
+        inject(
+            &mut spec,
+            &identity(),
+            &mtls("old-cert"),
+            ServerCa::SystemRoots,
+        );
+        let order_before: Vec<String> = spec.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .map(|v| v.name.clone())
+            .collect();
+        let mut moved = mtls("new-cert");
+        moved.host_port = "other:7233".into();
+        reinject_connection(&mut spec, &moved, ServerCa::SystemRoots);
+        let c = &spec.containers[0];
+        let order_after: Vec<String> = c.env.iter().flatten().map(|v| v.name.clone()).collect();
+        assert_eq!(order_before, order_after);
+        assert_eq!(env_value(c, "TEMPORAL_ADDRESS"), Some("other:7233"));
+        let secret = spec
+            .volumes
+            .as_ref()
+            .and_then(|v| v[0].secret.as_ref())
+            .and_then(|s| s.secret_name.as_deref());
+        assert_eq!(secret, Some("new-cert"));
+    }
+
+    #[test]
+    fn connection_hash_is_stable_and_sees_auth_mode_secret_key_and_ca() {
+        let base = connection_spec_hash(&mtls("x"), ServerCa::SystemRoots);
+        assert_eq!(
+            base,
+            connection_spec_hash(&mtls("x"), ServerCa::SystemRoots)
+        );
+        assert_eq!(base.len(), 64);
+        let others = [
+            connection_spec_hash(&mtls("x"), ServerCa::InSecret),
+            connection_spec_hash(&mtls("y"), ServerCa::SystemRoots),
+            connection_spec_hash(&api_key("x", "k"), ServerCa::SystemRoots),
+            connection_spec_hash(&api_key("x", "other"), ServerCa::SystemRoots),
+            connection_spec_hash(&plain("ns.tmprl.cloud:7233"), ServerCa::SystemRoots),
+        ];
+        for (i, other) in others.iter().enumerate() {
+            assert_ne!(&base, other, "case {i}");
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! Kubernetes operations as plain async functions over a [`kube::Client`]: building, listing,
+//! creating, scaling and deleting versioned Deployments, resolving TemporalConnections and their
+//! Secrets, TWD and connection status, Events, finalizers, and gate input.
+//!
+//! Every write is idempotent (create-if-absent by deterministic name, scale-to, delete-if-present,
+//! conflict-retried patches guarded by resourceVersion), so a retried activity converges.
+//! Secret values are never logged or returned in errors.
+
+pub mod conditions;
+pub mod connection;
+pub mod create_version;
+pub mod credentials;
+pub mod deployment_builder;
+pub mod deployment_view;
+pub mod deployments;
+pub mod error;
+pub mod events;
+pub mod finalizers;
+pub mod gate_input;
+pub mod injection;
+pub mod retry;
+pub mod status;
+pub mod twd;
+
+pub use connection::resolve_connection;
+pub use create_version::create_versioned_deployment;
+pub use deployment_builder::build_deployment;
+pub use deployments::{
+    CreateOutcome, create_deployment_if_absent, delete_deployment, list_versioned_deployments,
+    scale_deployment, update_deployment_connection,
+};
+pub use error::{K8sError, ObjectName};
+pub use events::emit_event;
+pub use finalizers::{ensure_finalizers, release_finalizers};
+pub use gate_input::gate_input;
+pub use injection::ServerCa;
+pub use status::{StatusWrite, write_connection_status, write_twd_status};
+pub use twd::get_twd;

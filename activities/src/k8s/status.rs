@@ -1,0 +1,156 @@
+//! Status writes through the status subresource: merge patches guarded by the resourceVersion
+//! just read (retried on conflict), skipped when nothing but timestamps would change.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use twc_crds::TemporalConnection;
+use twc_crds::TemporalWorkerDeployment;
+use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
+use twc_workflows::model::TwdRef;
+
+use super::conditions::{carry_transition_times, merge_patch, status_changed, upsert_condition};
+use super::error::{K8sError, ObjectName};
+use super::retry::retry_on_conflict;
+
+/// Condition type on a TemporalConnection.
+pub const CONNECTION_READY: &str = "Ready";
+
+/// What a status write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusWrite {
+    /// The status was patched.
+    Written,
+    /// Nothing but timestamps would have changed; no request was sent.
+    Unchanged,
+    /// The object does not exist.
+    NotFound,
+}
+
+/// Makes the TWD's status `status`, keeping each condition's `lastTransitionTime` when its
+/// status did not change, and skipping the write when only `rollout.updatedAt` or transition
+/// times differ.
+pub async fn write_twd_status(
+    client: &Client,
+    twd: &TwdRef,
+    status: TemporalWorkerDeploymentStatus,
+) -> Result<StatusWrite, K8sError> {
+    let object = ObjectName::new("TemporalWorkerDeployment", &twd.namespace, &twd.name);
+    let api: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), &twd.namespace);
+    retry_on_conflict("write status of", &object, || async {
+        let Some(current) = api
+            .get_opt(&twd.name)
+            .await
+            .map_err(K8sError::api("get", &object))?
+        else {
+            return Ok(StatusWrite::NotFound);
+        };
+        let mut desired = status.clone();
+        let current_conditions = current
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default();
+        carry_transition_times(&mut desired.conditions, current_conditions);
+        if !status_changed(current.status.as_ref(), &desired) {
+            tracing::debug!(%object, "status unchanged; not writing");
+            return Ok(StatusWrite::Unchanged);
+        }
+        patch_status(
+            &api,
+            &object,
+            current.resource_version(),
+            current.status.as_ref(),
+            &desired,
+        )
+        .await?;
+        tracing::debug!(%object, "wrote status");
+        Ok(StatusWrite::Written)
+    })
+    .await
+}
+
+/// Sets the TemporalConnection's `Ready` condition (reasons `Connected`, `AuthSecretInvalid`,
+/// `TemporalClientCreationFailed`), keeping its transition time when `ready` did not change.
+pub async fn write_connection_status(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    ready: bool,
+    reason: &str,
+    message: &str,
+) -> Result<StatusWrite, K8sError> {
+    let object = ObjectName::new("TemporalConnection", namespace, name);
+    let api: Api<TemporalConnection> = Api::namespaced(client.clone(), namespace);
+    retry_on_conflict("write status of", &object, || async {
+        let Some(current) = api
+            .get_opt(name)
+            .await
+            .map_err(K8sError::api("get", &object))?
+        else {
+            return Ok(StatusWrite::NotFound);
+        };
+        let generation = current.metadata.generation;
+        let mut desired = current.status.clone().unwrap_or_default();
+        desired.observed_generation = generation;
+        upsert_condition(
+            &mut desired.conditions,
+            Condition {
+                type_: CONNECTION_READY.into(),
+                status: if ready { "True" } else { "False" }.into(),
+                reason: reason.into(),
+                message: message.into(),
+                observed_generation: generation,
+                last_transition_time: Time(Timestamp::now()),
+            },
+        );
+        if current.status.as_ref() == Some(&desired) {
+            return Ok(StatusWrite::Unchanged);
+        }
+        patch_status(
+            &api,
+            &object,
+            current.resource_version(),
+            current.status.as_ref(),
+            &desired,
+        )
+        .await?;
+        tracing::debug!(%object, ready, reason, "wrote connection status");
+        Ok(StatusWrite::Written)
+    })
+    .await
+}
+
+/// Merge-patches `status` from `current` to `desired`, guarded by `resource_version`.
+async fn patch_status<K, S>(
+    api: &Api<K>,
+    object: &ObjectName,
+    resource_version: Option<String>,
+    current: Option<&S>,
+    desired: &S,
+) -> Result<(), K8sError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    S: serde::Serialize,
+{
+    let encode = |source| K8sError::Encode {
+        object: object.clone(),
+        source,
+    };
+    let desired = serde_json::to_value(desired).map_err(encode)?;
+    let status = match current
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(encode)?
+    {
+        Some(current @ Value::Object(_)) => merge_patch(&current, &desired),
+        _ => desired,
+    };
+    let patch = json!({ "metadata": { "resourceVersion": resource_version }, "status": status });
+    api.patch_status(&object.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(K8sError::api("patch status of", object))?;
+    Ok(())
+}

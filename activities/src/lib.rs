@@ -1,0 +1,7 @@
+//! All side effects of the engine: Kubernetes objects, the workers' Temporal (routing, versions,
+//! gate workflows). Every operation is idempotent and safe to retry.
+
+pub mod connection;
+pub mod engine;
+pub mod k8s;
+pub mod temporal;

@@ -1,0 +1,441 @@
+//! Reading a worker deployment and its versions (`DescribeWorkerDeployment`,
+//! `DescribeWorkerDeploymentVersion`), each read paid from the namespace's read budget.
+
+use serde::{Deserialize, Serialize};
+use temporalio_client::grpc::WorkflowService;
+use temporalio_common::protos::temporal::api::{
+    deployment::v1::{
+        RoutingConfig, WorkerDeploymentInfo, worker_deployment_info::WorkerDeploymentVersionSummary,
+    },
+    enums::v1::{
+        RoutingConfigUpdateState, TaskQueueType, VersionDrainageStatus,
+        WorkerDeploymentVersionStatus,
+    },
+    workflowservice::v1::{
+        DescribeWorkerDeploymentRequest, DescribeWorkerDeploymentResponse,
+        DescribeWorkerDeploymentVersionRequest,
+    },
+};
+use tracing::debug;
+use twc_crds::worker_deployment::VersionState;
+use twc_workflows::model::{BlockReason, Blocked, TemporalState, TemporalVersion};
+
+use crate::temporal::{
+    convert::{encode_token, millis, read_request, version_ref},
+    error::{StatusClass, TemporalError},
+    pool::TemporalClient,
+};
+
+/// Kind of a task queue a version polls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum TaskQueueKind {
+    /// Workflow tasks.
+    Workflow,
+    /// Activity tasks.
+    Activity,
+    /// Nexus tasks.
+    Nexus,
+}
+
+/// Temporal's view of a worker deployment. NotFound is not an error: it gives
+/// `TemporalState { exists: false, .. }`. A rate limit gives `TemporalStateFetchFailed` with
+/// "Rate limited by Temporal server: ..."; every other failure `TemporalStateFetchFailed` too.
+/// Rejected credentials also evict the client from its pool.
+pub async fn describe_worker_deployment(
+    client: &TemporalClient,
+    namespace: &str,
+    deployment_name: &str,
+) -> Result<TemporalState, Blocked> {
+    match fetch_worker_deployment(client, namespace, deployment_name).await {
+        Ok(Some(state)) => Ok(state),
+        Ok(None) => Ok(TemporalState::default()),
+        Err(err) => Err(fetch_blocked(&err, namespace, deployment_name)),
+    }
+}
+
+/// The `Blocked` of a failed read.
+pub(crate) fn fetch_blocked(
+    err: &TemporalError,
+    namespace: &str,
+    deployment_name: &str,
+) -> Blocked {
+    let message = if err.is_rate_limited() {
+        format!("Rate limited by Temporal server: {}", err.server_message())
+    } else {
+        format!(
+            "cannot read worker deployment '{deployment_name}' in Temporal namespace '{namespace}': {err}"
+        )
+    };
+    Blocked {
+        reason: BlockReason::TemporalStateFetchFailed,
+        message,
+    }
+}
+
+/// Reads a worker deployment; `None` when it does not exist.
+pub(crate) async fn fetch_worker_deployment(
+    client: &TemporalClient,
+    namespace: &str,
+    deployment_name: &str,
+) -> Result<Option<TemporalState>, TemporalError> {
+    client.acquire_read().await;
+    let request = read_request(DescribeWorkerDeploymentRequest {
+        namespace: namespace.to_owned(),
+        deployment_name: deployment_name.to_owned(),
+    });
+    let mut raw = client.raw().clone();
+    match WorkflowService::describe_worker_deployment(&mut raw, request).await {
+        Ok(response) => Ok(Some(state_from_response(response.into_inner()))),
+        Err(status) => {
+            let err = client.rpc_error("DescribeWorkerDeployment", deployment_name, &status);
+            if err.class() == StatusClass::NotFound {
+                debug!(%namespace, %deployment_name, "worker deployment not found");
+                Ok(None)
+            } else {
+                Err(err)
+            }
+        }
+    }
+}
+
+/// The task queues a version has polled (every kind), or `None` when Temporal does not know the
+/// version (or the deployment).
+pub async fn version_task_queues(
+    client: &TemporalClient,
+    namespace: &str,
+    deployment_name: &str,
+    build_id: &str,
+) -> Result<Option<Vec<(String, TaskQueueKind)>>, Blocked> {
+    fetch_version_task_queues(client, namespace, deployment_name, build_id)
+        .await
+        .map_err(|err| fetch_blocked(&err, namespace, deployment_name))
+}
+
+/// [`version_task_queues`] with the typed error.
+pub async fn fetch_version_task_queues(
+    client: &TemporalClient,
+    namespace: &str,
+    deployment_name: &str,
+    build_id: &str,
+) -> Result<Option<Vec<(String, TaskQueueKind)>>, TemporalError> {
+    client.acquire_read().await;
+    let request = read_request(DescribeWorkerDeploymentVersionRequest {
+        namespace: namespace.to_owned(),
+        deployment_version: Some(version_ref(deployment_name, build_id)),
+        report_task_queue_stats: false,
+        ..Default::default()
+    });
+    let mut raw = client.raw().clone();
+    let response =
+        match WorkflowService::describe_worker_deployment_version(&mut raw, request).await {
+            Ok(response) => response.into_inner(),
+            Err(status) => {
+                let err = client.rpc_error(
+                    "DescribeWorkerDeploymentVersion",
+                    format!("{deployment_name}:{build_id}"),
+                    &status,
+                );
+                return if err.class() == StatusClass::NotFound {
+                    Ok(None)
+                } else {
+                    Err(err)
+                };
+            }
+        };
+    let mut queues: Vec<(String, TaskQueueKind)> = response
+        .version_task_queues
+        .iter()
+        .filter_map(|q| Some((q.name.clone(), task_queue_kind(q.r#type)?)))
+        .collect();
+    if queues.is_empty() {
+        // Older servers only fill the info's list.
+        queues = response
+            .worker_deployment_version_info
+            .iter()
+            .flat_map(|info| &info.task_queue_infos)
+            .filter_map(|q| Some((q.name.clone(), task_queue_kind(q.r#type)?)))
+            .collect();
+    }
+    queues.sort();
+    queues.dedup();
+    Ok(Some(queues))
+}
+
+fn task_queue_kind(raw: i32) -> Option<TaskQueueKind> {
+    match TaskQueueType::try_from(raw).ok()? {
+        TaskQueueType::Workflow => Some(TaskQueueKind::Workflow),
+        TaskQueueType::Activity => Some(TaskQueueKind::Activity),
+        TaskQueueType::Nexus => Some(TaskQueueKind::Nexus),
+        TaskQueueType::Unspecified => None,
+    }
+}
+
+/// Maps a describe response (exposed for unit tests of the mapping).
+pub(crate) fn state_from_response(response: DescribeWorkerDeploymentResponse) -> TemporalState {
+    let conflict_token = encode_token(&response.conflict_token);
+    let Some(info) = response.worker_deployment_info else {
+        return TemporalState {
+            exists: true,
+            conflict_token,
+            ..TemporalState::default()
+        };
+    };
+    state_from_info(info, conflict_token)
+}
+
+fn state_from_info(info: WorkerDeploymentInfo, conflict_token: String) -> TemporalState {
+    let routing = info.routing_config.unwrap_or_default();
+    let current_build_id = current_build(&routing);
+    let ramping_build_id = ramping_build(&routing);
+    let (ramp_percentage, ramping_since, ramp_changed_at) = if ramping_build_id.is_some() {
+        (
+            Some(routing.ramping_version_percentage),
+            millis(routing.ramping_version_changed_time.as_ref()),
+            millis(routing.ramping_version_percentage_changed_time.as_ref()),
+        )
+    } else {
+        (None, None, None)
+    };
+    let versions = info
+        .version_summaries
+        .iter()
+        .filter_map(|s| {
+            version_from_summary(s, current_build_id.as_deref(), ramping_build_id.as_deref())
+        })
+        .collect();
+    TemporalState {
+        exists: true,
+        current_build_id,
+        ramping_build_id,
+        ramp_percentage,
+        ramping_since,
+        ramp_changed_at,
+        versions,
+        manager_identity: info.manager_identity,
+        last_modifier_identity: info.last_modifier_identity,
+        conflict_token,
+        routing_update_in_progress: info.routing_config_update_state
+            == RoutingConfigUpdateState::InProgress as i32,
+    }
+}
+
+fn current_build(routing: &RoutingConfig) -> Option<String> {
+    routing
+        .current_deployment_version
+        .as_ref()
+        .map(|v| v.build_id.clone())
+        .filter(|b| !b.is_empty())
+}
+
+fn ramping_build(routing: &RoutingConfig) -> Option<String> {
+    routing
+        .ramping_deployment_version
+        .as_ref()
+        .map(|v| v.build_id.clone())
+        .filter(|b| !b.is_empty())
+}
+
+fn version_from_summary(
+    summary: &WorkerDeploymentVersionSummary,
+    current: Option<&str>,
+    ramping: Option<&str>,
+) -> Option<TemporalVersion> {
+    let build_id = summary
+        .deployment_version
+        .as_ref()
+        .map(|v| v.build_id.clone())
+        .filter(|b| !b.is_empty())?;
+    let drainage = summary.drainage_info.as_ref();
+    let drainage_status = drainage.map_or(summary.drainage_status, |d| d.status);
+    let drainage_status = VersionDrainageStatus::try_from(drainage_status)
+        .unwrap_or(VersionDrainageStatus::Unspecified);
+    let state = match WorkerDeploymentVersionStatus::try_from(summary.status)
+        .unwrap_or(WorkerDeploymentVersionStatus::Unspecified)
+    {
+        WorkerDeploymentVersionStatus::Current => VersionState::Current,
+        WorkerDeploymentVersionStatus::Ramping => VersionState::Ramping,
+        WorkerDeploymentVersionStatus::Draining => VersionState::Draining,
+        WorkerDeploymentVersionStatus::Drained => VersionState::Drained,
+        WorkerDeploymentVersionStatus::Inactive => VersionState::Inactive,
+        // Pre-registered with CreateWorkerDeploymentVersion; no worker has polled yet.
+        WorkerDeploymentVersionStatus::Created => VersionState::NotRegistered,
+        // Servers without the status field: derive it like the Go controller.
+        WorkerDeploymentVersionStatus::Unspecified => {
+            if current == Some(build_id.as_str()) {
+                VersionState::Current
+            } else if ramping == Some(build_id.as_str()) {
+                VersionState::Ramping
+            } else {
+                match drainage_status {
+                    VersionDrainageStatus::Draining => VersionState::Draining,
+                    VersionDrainageStatus::Drained => VersionState::Drained,
+                    VersionDrainageStatus::Unspecified => VersionState::Inactive,
+                }
+            }
+        }
+    };
+    let deactivated_at = millis(summary.last_deactivation_time.as_ref());
+    let last_checked = drainage.and_then(|d| millis(d.last_checked_time.as_ref()));
+    // Known when the server checked drainage after the version last left routing. Right after
+    // SetCurrent/ClearRamp the server already reports Draining, before any check.
+    let drainage_known = match deactivated_at {
+        // Never left routing: there is nothing to drain.
+        None => true,
+        Some(deactivated) => match last_checked {
+            Some(checked) => checked >= deactivated,
+            None => state == VersionState::Drained,
+        },
+    };
+    let drained_since = if state == VersionState::Drained {
+        drainage.and_then(|d| millis(d.last_changed_time.as_ref()))
+    } else {
+        None
+    };
+    Some(TemporalVersion {
+        build_id,
+        state,
+        drained_since,
+        drainage_known,
+        last_current_at: millis(summary.last_current_time.as_ref()),
+        deactivated_at,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use temporalio_common::protos::temporal::api::deployment::v1::VersionDrainageInfo;
+
+    use super::*;
+
+    fn ts(seconds: i64) -> Option<prost_wkt_types::Timestamp> {
+        Some(prost_wkt_types::Timestamp { seconds, nanos: 0 })
+    }
+
+    fn summary(
+        build: &str,
+        status: WorkerDeploymentVersionStatus,
+    ) -> WorkerDeploymentVersionSummary {
+        WorkerDeploymentVersionSummary {
+            deployment_version: Some(version_ref("d", build)),
+            status: status as i32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn maps_routing_and_versions() {
+        let mut drained = summary("v0", WorkerDeploymentVersionStatus::Drained);
+        drained.last_deactivation_time = ts(100);
+        drained.last_current_time = ts(90);
+        drained.drainage_info = Some(VersionDrainageInfo {
+            status: VersionDrainageStatus::Drained as i32,
+            last_changed_time: ts(200),
+            last_checked_time: ts(210),
+        });
+        let mut draining = summary("v1", WorkerDeploymentVersionStatus::Draining);
+        draining.last_deactivation_time = ts(300);
+        draining.drainage_info = Some(VersionDrainageInfo {
+            status: VersionDrainageStatus::Draining as i32,
+            last_changed_time: ts(300),
+            last_checked_time: ts(250),
+        });
+        let mut demoted = summary("v5", WorkerDeploymentVersionStatus::Draining);
+        demoted.last_deactivation_time = ts(500);
+        let info = WorkerDeploymentInfo {
+            version_summaries: vec![
+                drained,
+                draining,
+                summary("v2", WorkerDeploymentVersionStatus::Current),
+                summary("v3", WorkerDeploymentVersionStatus::Ramping),
+                summary("v4", WorkerDeploymentVersionStatus::Created),
+                demoted,
+            ],
+            routing_config: Some(RoutingConfig {
+                current_deployment_version: Some(version_ref("d", "v2")),
+                ramping_deployment_version: Some(version_ref("d", "v3")),
+                ramping_version_percentage: 25.0,
+                ramping_version_changed_time: ts(350),
+                ramping_version_percentage_changed_time: ts(400),
+                ..Default::default()
+            }),
+            manager_identity: "me".to_owned(),
+            last_modifier_identity: "me".to_owned(),
+            routing_config_update_state: RoutingConfigUpdateState::InProgress as i32,
+            ..Default::default()
+        };
+        let state = state_from_response(DescribeWorkerDeploymentResponse {
+            conflict_token: vec![1, 2, 3],
+            worker_deployment_info: Some(info),
+        });
+        assert!(state.exists);
+        assert_eq!(state.current_build_id.as_deref(), Some("v2"));
+        assert_eq!(state.ramping_build_id.as_deref(), Some("v3"));
+        assert_eq!(state.ramp_percentage, Some(25.0));
+        assert_eq!(state.ramping_since, Some(350_000));
+        assert_eq!(state.ramp_changed_at, Some(400_000));
+        assert_eq!(state.conflict_token, "AQID");
+        assert!(state.routing_update_in_progress);
+        assert_eq!(state.manager_identity, "me");
+
+        let v0 = state.version("v0").expect("v0");
+        assert_eq!(v0.state, VersionState::Drained);
+        assert_eq!(v0.drained_since, Some(200_000));
+        assert!(v0.drainage_known);
+        assert_eq!(v0.last_current_at, Some(90_000));
+        assert_eq!(v0.deactivated_at, Some(100_000));
+
+        let v1 = state.version("v1").expect("v1");
+        assert_eq!(v1.state, VersionState::Draining);
+        assert!(!v1.drainage_known, "no check since deactivation");
+        assert_eq!(v1.drained_since, None);
+
+        assert_eq!(
+            state.version("v2").map(|v| v.state),
+            Some(VersionState::Current)
+        );
+        assert_eq!(
+            state.version("v3").map(|v| v.state),
+            Some(VersionState::Ramping)
+        );
+        assert_eq!(
+            state.version("v4").map(|v| v.state),
+            Some(VersionState::NotRegistered)
+        );
+        assert!(state.version("v2").is_some_and(|v| v.drainage_known));
+        let v5 = state.version("v5").expect("v5");
+        assert!(!v5.drainage_known, "demoted, never checked: {v5:?}");
+    }
+
+    #[test]
+    fn unspecified_status_falls_back_to_routing_and_drainage() {
+        let mut old = summary("a", WorkerDeploymentVersionStatus::Unspecified);
+        old.drainage_status = VersionDrainageStatus::Draining as i32;
+        let info = WorkerDeploymentInfo {
+            version_summaries: vec![
+                summary("c", WorkerDeploymentVersionStatus::Unspecified),
+                old,
+                summary("i", WorkerDeploymentVersionStatus::Unspecified),
+            ],
+            routing_config: Some(RoutingConfig {
+                current_deployment_version: Some(version_ref("d", "c")),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let state = state_from_info(info, String::new());
+        assert_eq!(
+            state.version("c").map(|v| v.state),
+            Some(VersionState::Current)
+        );
+        assert_eq!(
+            state.version("a").map(|v| v.state),
+            Some(VersionState::Draining)
+        );
+        assert_eq!(
+            state.version("i").map(|v| v.state),
+            Some(VersionState::Inactive)
+        );
+        assert_eq!(state.ramping_build_id, None);
+        assert_eq!(state.ramp_percentage, None);
+    }
+}

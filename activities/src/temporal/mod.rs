@@ -1,0 +1,60 @@
+//! Operations on the workers' Temporal (the one a TemporalConnection points at), as plain async
+//! functions for the activities: a client pool, reading a worker deployment, routing changes,
+//! version deletion and gate workflows.
+//!
+//! Every call sets the request's `namespace` itself; worker-deployment reads are paid from a
+//! per-namespace token bucket ([`budget`]); rejected credentials evict the client from its pool.
+//! Writes never send `allow_no_pollers = true`.
+
+pub mod budget;
+mod convert;
+pub mod describe;
+pub mod error;
+pub mod gate;
+pub mod pool;
+pub mod routing;
+pub mod versions;
+
+pub use budget::TokenBucket;
+pub use describe::{
+    TaskQueueKind, describe_worker_deployment, fetch_version_task_queues, version_task_queues,
+};
+pub use error::{StatusClass, TemporalError, classify};
+pub use gate::{
+    cancel_build_gates, cancel_gates, gate_workflow_id, gate_workflow_id_prefix, start_gates,
+    wait_gates,
+};
+pub use pool::{ClientPool, PoolKey, PoolOptions, TemporalClient};
+pub use routing::{reset_to_unversioned, set_routing};
+pub use versions::{delete_version, delete_worker_deployment};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::connection::ConnectionConfig;
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    /// Activities need `Send` futures: this only has to compile.
+    #[allow(dead_code)]
+    fn futures_are_send(pool: &ClientPool, config: &ConnectionConfig, client: &TemporalClient) {
+        assert_send(&pool.get(config));
+        assert_send(&describe_worker_deployment(client, "", ""));
+        assert_send(&version_task_queues(client, "", "", ""));
+        assert_send(&set_routing(
+            client,
+            "",
+            "",
+            "",
+            twc_workflows::contract::RoutingChange::ClearRamp,
+            None,
+        ));
+        assert_send(&reset_to_unversioned(client, "", "", ""));
+        assert_send(&delete_version(client, "", "", "", false, ""));
+        assert_send(&delete_worker_deployment(client, "", "", ""));
+        assert_send(&start_gates(client, "", "", "", "", None, 1, &[]));
+        assert_send(&wait_gates(client, "", Vec::new(), || {}));
+        assert_send(&cancel_gates(client, "", &[]));
+        assert_send(&cancel_build_gates(client, "", "", ""));
+    }
+}

@@ -1,0 +1,23 @@
+//! The controller's API: the `TemporalWorkerDeployment` and `TemporalConnection` custom resources
+//! (group `temporal.io`, version `v1alpha1`), the rules that turn a pod template into a build ID
+//! and a Deployment name, and the generated CRD manifests.
+//!
+//! The Rust types here are the source of truth; `crds/*.yaml` is generated from them
+//! ([`crd_yaml`]) and a test fails when the checked-in files drift.
+
+pub mod build_id;
+pub mod connection;
+pub mod crd_yaml;
+pub mod duration;
+pub mod labels;
+pub mod naming;
+pub mod worker_deployment;
+
+pub use build_id::BuildId;
+pub use connection::{TemporalConnection, TemporalConnectionSpec};
+pub use worker_deployment::{TemporalWorkerDeployment, TemporalWorkerDeploymentSpec};
+
+/// API group of both resources.
+pub const GROUP: &str = "temporal.io";
+/// API version of both resources.
+pub const VERSION: &str = "v1alpha1";

@@ -1,0 +1,431 @@
+//! `TemporalWorkerDeployment`: one Temporal worker, rolled out version by version.
+//!
+//! Field names and defaults match the Go controller's resource so its manifests apply
+//! unchanged; `rollout.paused`, `rollout.rollbackWindow` and `status.rollout` are ours.
+
+use k8s_openapi::api::core::v1::{ConfigMapKeySelector, ObjectReference, PodTemplateSpec, SecretKeySelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Go-style duration such as `30s`, `5m` or `1h30m` (what CEL's `duration()` accepts).
+pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$";
+
+/// Desired state of a Temporal worker: its pods, how new versions are rolled out and how old
+/// ones are retired.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "temporal.io",
+    version = "v1alpha1",
+    kind = "TemporalWorkerDeployment",
+    plural = "temporalworkerdeployments",
+    singular = "temporalworkerdeployment",
+    shortname = "twd",
+    namespaced,
+    status = "TemporalWorkerDeploymentStatus",
+    derive = "PartialEq",
+    doc = "A Temporal worker rolled out version by version with Worker Versioning.",
+    printcolumn(name = "Current", type_ = "string", json_path = ".status.currentVersion.buildID"),
+    printcolumn(name = "Target", type_ = "string", json_path = ".status.targetVersion.buildID"),
+    printcolumn(name = "Ramp %", type_ = "number", json_path = ".status.targetVersion.rampPercentage"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.rollout.phase"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("size(self.metadata.name) <= 63").message("name cannot be more than 63 characters"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TemporalWorkerDeploymentSpec {
+    /// Pods per active version (target and current). Unset: left to an autoscaler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// Pod template of the worker; each distinct template is a new version (build ID).
+    pub template: PodTemplateSpec,
+    /// Seconds a new pod must be ready before it counts as available.
+    #[serde(default)]
+    pub min_ready_seconds: i32,
+    /// Seconds a new version has to register its pollers and become available before the
+    /// rollout stops with `ProgressDeadlineExceeded`.
+    #[serde(default = "default_progress_deadline_seconds")]
+    #[schemars(range(min = 1))]
+    pub progress_deadline_seconds: i32,
+    /// Where and as what the workers connect to Temporal.
+    pub worker_options: WorkerOptions,
+    /// How a new version receives traffic.
+    pub rollout: RolloutSpec,
+    /// How versions that lost their traffic are retired.
+    #[serde(default)]
+    pub sunset: SunsetSpec,
+}
+
+fn default_progress_deadline_seconds() -> i32 {
+    600
+}
+
+/// Temporal connection settings of the worker.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerOptions {
+    /// The TemporalConnection (same namespace) the workers use.
+    pub connection_ref: ConnectionReference,
+    /// Temporal namespace the workers poll.
+    #[schemars(length(min = 1))]
+    pub temporal_namespace: String,
+    /// Overrides the computed build ID. Template edits then update that version in place.
+    #[serde(rename = "unsafeCustomBuildID", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63), regex(pattern = r"^[a-zA-Z0-9]([a-zA-Z0-9._-]*[a-zA-Z0-9])?$"))]
+    pub unsafe_custom_build_id: Option<String>,
+}
+
+/// Name of a TemporalConnection in the same namespace.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct ConnectionReference {
+    /// Name of the TemporalConnection.
+    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+}
+
+/// Rollout strategy of new versions.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.strategy != 'Progressive' || (has(self.steps) && size(self.steps) > 0)")
+        .message("steps are required for Progressive rollout"),
+    validation = Rule::new("self.strategy != 'Progressive' || !has(self.steps) || (self.steps.map(s, s.rampPercentage).isSorted() && self.steps.all(s, self.steps.filter(t, t.rampPercentage == s.rampPercentage).size() == 1))")
+        .message("rampPercentage must increase between each step"),
+)]
+pub struct RolloutSpec {
+    /// `Manual` never changes routing; `AllAtOnce` makes a new version Current once it is
+    /// ready; `Progressive` ramps through `steps` first.
+    pub strategy: RolloutStrategy,
+    /// Ramp steps of a Progressive rollout, each held for its pause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 20))]
+    pub steps: Option<Vec<RolloutStep>>,
+    /// Workflow that must succeed on the new version before it gets any traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<GateSpec>,
+    /// Holds the rollout in flight where it is until set back to false.
+    #[serde(default)]
+    pub paused: bool,
+    /// A version that was Current within this window is promoted again at once (rollback);
+    /// `0s` disables it.
+    #[serde(default = "default_rollback_window")]
+    #[schemars(length(max = 32), regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    pub rollback_window: String,
+}
+
+fn default_rollback_window() -> String {
+    "1h".to_owned()
+}
+
+/// How routing moves to a new version.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RolloutStrategy {
+    /// Register the version; promotion is left to a person.
+    Manual,
+    /// Make the version Current as soon as it is ready.
+    AllAtOnce,
+    /// Ramp the version through `steps`, then make it Current.
+    Progressive,
+}
+
+/// One ramp step of a Progressive rollout.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStep {
+    /// Percentage of new workflows routed to the new version during this step.
+    #[schemars(range(min = 1, max = 99))]
+    pub ramp_percentage: i32,
+    /// How long the step is held, from when its ramp was set (`30s`, `5m`, `1h30m`; at least `1s`).
+    #[schemars(length(max = 32))]
+    #[x_kube(
+        validation = Rule::new(r"self.matches('^([0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$')")
+            .message("pauseDuration must be a duration such as 30s, 5m or 1h30m"),
+        validation = Rule::new(r"!self.matches('^([0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$') || duration(self) >= duration('1s')")
+            .message("pauseDuration must be at least 1s"),
+    )]
+    pub pause_duration: String,
+}
+
+/// A workflow run on the new version (pinned to it) that must succeed before promotion.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.input) || !has(self.inputFrom)")
+        .message("only one of input or inputFrom may be set"),
+)]
+pub struct GateSpec {
+    /// Workflow type to start, one per workflow task queue of the new version.
+    #[schemars(length(min = 1))]
+    pub workflow_type: String,
+    /// JSON object passed as the gate workflow's first argument.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::crd_yaml::preserve_unknown_fields")]
+    pub input: Option<serde_json::Value>,
+    /// Reads the input from a ConfigMap or Secret key instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_from: Option<GateInputSource>,
+}
+
+/// Where gate input is read from: exactly one of the two keys.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.configMapKeyRef) != has(self.secretKeyRef)")
+        .message("exactly one of configMapKeyRef or secretKeyRef must be set"),
+)]
+pub struct GateInputSource {
+    /// A key of a ConfigMap in the TWD's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<ConfigMapKeySelector>,
+    /// A key of a Secret in the TWD's namespace (never logged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<SecretKeySelector>,
+}
+
+/// Delays applied to versions that no longer receive new work.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SunsetSpec {
+    /// Time after a version is Drained before its Deployment is scaled to zero.
+    #[serde(default = "default_scaledown_delay")]
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    pub scaledown_delay: String,
+    /// Time after the scale-down before the Deployment and the Temporal version are deleted.
+    #[serde(default = "default_delete_delay")]
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    pub delete_delay: String,
+}
+
+impl Default for SunsetSpec {
+    fn default() -> Self {
+        Self { scaledown_delay: default_scaledown_delay(), delete_delay: default_delete_delay() }
+    }
+}
+
+fn default_scaledown_delay() -> String {
+    "1h".to_owned()
+}
+
+fn default_delete_delay() -> String {
+    "24h".to_owned()
+}
+
+/// Observed state, written only by the controller (status subresource).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TemporalWorkerDeploymentStatus {
+    /// The version computed from the current spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_version: Option<TargetVersion>,
+    /// The version Temporal routes new work to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<VersionStatus>,
+    /// Versions with a Deployment that are neither target nor current, sorted by build ID.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deprecated_versions: Vec<DeprecatedVersion>,
+    /// Conflict token of the last routing read (base64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_conflict_token: Option<String>,
+    /// Identity that last changed the routing config in Temporal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_modifier_identity: Option<String>,
+    /// Identity allowed to change the routing config in Temporal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manager_identity: Option<String>,
+    /// Number of versions Temporal knows for this worker deployment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub version_count: Option<i32>,
+    /// `Ready` and `Progressing`, with reasons usable by kubectl wait, Helm, Flux and Argo CD.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".to_owned()]))]
+    pub conditions: Vec<Condition>,
+    /// Generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The rollout workflow driving this resource, for jumping to the Temporal Web UI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+}
+
+/// Lifecycle state of a version, from Temporal's point of view.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum VersionState {
+    /// No worker of this build has polled yet.
+    NotRegistered,
+    /// Registered, not in routing.
+    Inactive,
+    /// Receives a percentage of new workflows.
+    Ramping,
+    /// Receives all other new workflows.
+    Current,
+    /// Out of routing, pinned workflows still open.
+    Draining,
+    /// Out of routing, no open pinned workflows.
+    Drained,
+}
+
+/// Common fields of every version entry.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionStatus {
+    /// Build ID of the version.
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    /// Temporal state of the version.
+    pub status: VersionState,
+    /// When the version's Deployment last became Available.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy_since: Option<Time>,
+    /// The version's Deployment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<ObjectReference>,
+    /// Workflow task queues the version polls (target only, while it is not current).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub task_queues: Vec<TaskQueue>,
+}
+
+/// A task queue name.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct TaskQueue {
+    /// Task queue name.
+    pub name: String,
+}
+
+/// The version the spec asks for, with its rollout progress.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetVersion {
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub version: VersionStatus,
+    /// Gate workflow runs on this version.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub test_workflows: Vec<GateWorkflowStatus>,
+    /// Percentage of new workflows routed here while ramping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub ramp_percentage: Option<f32>,
+    /// When this version became the ramping version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ramping_since: Option<Time>,
+    /// When the ramp percentage last changed (the clock of Progressive steps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ramp_last_modified_at: Option<Time>,
+}
+
+/// A gate workflow execution.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct GateWorkflowStatus {
+    /// Workflow ID.
+    #[serde(rename = "workflowID")]
+    pub workflow_id: String,
+    /// Run ID.
+    #[serde(rename = "runID")]
+    pub run_id: String,
+    /// `Running`, `Completed`, `Failed`, `Canceled`, `Terminated` or `TimedOut`.
+    pub status: String,
+    /// Task queue it ran on.
+    #[serde(rename = "taskQueue")]
+    pub task_queue: String,
+}
+
+/// A version that is neither target nor current, on its way out.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DeprecatedVersion {
+    #[serde(flatten)]
+    #[allow(missing_docs)]
+    pub version: VersionStatus,
+    /// When Temporal reported the version Drained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained_since: Option<Time>,
+    /// Drained and scaled to zero: may be deleted.
+    #[serde(default)]
+    pub eligible_for_deletion: bool,
+}
+
+/// Where the rollout workflow is, for people and tools.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// Workflow ID of the rollout in the engine namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow_id: Option<String>,
+    /// Run ID of that workflow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// `Rolling`, `Paused`, `Complete` or `Blocked`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<RolloutPhase>,
+    /// Index of the Progressive step in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<i32>,
+    /// Whether the rollout is held.
+    #[serde(default)]
+    pub paused: bool,
+    /// What the rollout is doing or waiting for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When this rollout started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    /// When this status was last written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<Time>,
+}
+
+/// Coarse phase of a rollout (the Phase printer column).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RolloutPhase {
+    /// Moving toward the target version.
+    Rolling,
+    /// Held by an operator or `spec.rollout.paused`.
+    Paused,
+    /// The target version is Current.
+    Complete,
+    /// Stopped by an error that needs attention.
+    Blocked,
+}
+
+/// Small specs for unit tests of this and other crates.
+#[doc(hidden)]
+pub mod test_support {
+    use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+
+    use super::*;
+
+    /// A minimal valid spec whose only container runs `image`.
+    pub fn spec_with_image(image: &str) -> TemporalWorkerDeploymentSpec {
+        TemporalWorkerDeploymentSpec {
+            replicas: Some(1),
+            template: PodTemplateSpec {
+                metadata: None,
+                spec: Some(PodSpec {
+                    containers: vec![Container {
+                        name: "worker".into(),
+                        image: (!image.is_empty()).then(|| image.to_owned()),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+            },
+            min_ready_seconds: 0,
+            progress_deadline_seconds: 600,
+            worker_options: WorkerOptions {
+                connection_ref: ConnectionReference { name: "dev".into() },
+                temporal_namespace: "default".into(),
+                unsafe_custom_build_id: None,
+            },
+            rollout: RolloutSpec {
+                strategy: RolloutStrategy::AllAtOnce,
+                steps: None,
+                gate: None,
+                paused: false,
+                rollback_window: "1h".into(),
+            },
+            sunset: SunsetSpec::default(),
+        }
+    }
+}

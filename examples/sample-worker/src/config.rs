@@ -1,0 +1,306 @@
+//! Configuration read from the environment.
+//!
+//! Every problem found here is a configuration error: `main` reports it and exits with code 2.
+
+use std::{env, fmt, fs};
+
+use temporalio_common::worker::VersioningBehavior;
+
+/// Task queue used when `SAMPLE_TASK_QUEUE` is not set.
+pub const DEFAULT_TASK_QUEUE: &str = "hello-world";
+/// Namespace used when `TEMPORAL_NAMESPACE` is not set.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// A configuration error, reported before anything connects.
+#[derive(Debug)]
+pub struct ConfigError(String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn config_err(msg: impl Into<String>) -> ConfigError {
+    ConfigError(msg.into())
+}
+
+/// Client certificate and key, already read from disk (PEM).
+#[derive(Clone)]
+pub struct ClientCert {
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+/// TLS settings; present only when TLS is on.
+#[derive(Clone)]
+pub struct TlsConfig {
+    pub server_ca_pem: Option<Vec<u8>>,
+    pub server_name: Option<String>,
+    pub client_cert: Option<ClientCert>,
+}
+
+/// Everything the worker needs to know before it connects.
+#[derive(Clone)]
+pub struct Config {
+    /// `host:port` as given (a leading `http://`/`https://` is stripped).
+    pub address: String,
+    pub namespace: String,
+    pub deployment_name: String,
+    pub build_id: String,
+    /// The main task queue first, then the extra ones (no duplicates).
+    pub task_queues: Vec<String>,
+    pub versioning_behavior: VersioningBehavior,
+    pub tls: Option<TlsConfig>,
+    pub api_key: Option<String>,
+    pub fail_gate: bool,
+    pub never_poll: bool,
+}
+
+impl Config {
+    /// Reads the configuration from the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|key| env::var(key).ok())
+    }
+
+    /// Reads the configuration through `lookup` (the environment in production, a map in tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        // Empty or blank values count as unset.
+        let get = |key: &str| {
+            lookup(key)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+
+        let mut missing = Vec::new();
+        let address = get("TEMPORAL_ADDRESS").or_else(|| get("TEMPORAL_HOST_PORT"));
+        if address.is_none() {
+            missing.push("TEMPORAL_ADDRESS (or TEMPORAL_HOST_PORT)");
+        }
+        let deployment_name = get("TEMPORAL_DEPLOYMENT_NAME");
+        if deployment_name.is_none() {
+            missing.push("TEMPORAL_DEPLOYMENT_NAME");
+        }
+        let build_id = get("TEMPORAL_WORKER_BUILD_ID").or_else(|| get("WORKER_BUILD_ID"));
+        if build_id.is_none() {
+            missing.push("TEMPORAL_WORKER_BUILD_ID (or WORKER_BUILD_ID)");
+        }
+        let (Some(address), Some(deployment_name), Some(build_id)) =
+            (address, deployment_name, build_id)
+        else {
+            return Err(config_err(format!(
+                "missing required environment variable(s): {}",
+                missing.join(", ")
+            )));
+        };
+
+        let address = normalize_address(&address)?;
+        let namespace = get("TEMPORAL_NAMESPACE").unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
+
+        let main_queue = get("SAMPLE_TASK_QUEUE").unwrap_or_else(|| DEFAULT_TASK_QUEUE.to_owned());
+        let mut task_queues = vec![main_queue];
+        if let Some(extra) = get("SAMPLE_EXTRA_TASK_QUEUES") {
+            for queue in extra.split(',').map(str::trim).filter(|q| !q.is_empty()) {
+                if !task_queues.iter().any(|q| q == queue) {
+                    task_queues.push(queue.to_owned());
+                }
+            }
+        }
+
+        let versioning_behavior = match get("SAMPLE_VERSIONING_BEHAVIOR")
+            .map(|v| v.to_ascii_lowercase())
+            .as_deref()
+        {
+            None | Some("pinned") => VersioningBehavior::Pinned,
+            Some("auto-upgrade" | "auto_upgrade" | "autoupgrade") => {
+                VersioningBehavior::AutoUpgrade
+            }
+            Some(other) => {
+                return Err(config_err(format!(
+                    "SAMPLE_VERSIONING_BEHAVIOR must be 'pinned' or 'auto-upgrade', got '{other}'"
+                )));
+            }
+        };
+
+        let api_key = get("TEMPORAL_API_KEY");
+        let cert_path = get("TEMPORAL_TLS_CLIENT_CERT_PATH");
+        let key_path = get("TEMPORAL_TLS_CLIENT_KEY_PATH");
+        let client_cert = match (cert_path, key_path) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some(ClientCert {
+                cert_pem: read_file("TEMPORAL_TLS_CLIENT_CERT_PATH", &cert)?,
+                key_pem: read_file("TEMPORAL_TLS_CLIENT_KEY_PATH", &key)?,
+            }),
+            (Some(_), None) => {
+                return Err(config_err(
+                    "TEMPORAL_TLS_CLIENT_CERT_PATH is set but TEMPORAL_TLS_CLIENT_KEY_PATH is not",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(config_err(
+                    "TEMPORAL_TLS_CLIENT_KEY_PATH is set but TEMPORAL_TLS_CLIENT_CERT_PATH is not",
+                ));
+            }
+        };
+        let server_ca_pem = get("TEMPORAL_TLS_CA_CERT_PATH")
+            .map(|path| read_file("TEMPORAL_TLS_CA_CERT_PATH", &path))
+            .transpose()?;
+        let server_name = get("TEMPORAL_TLS_SERVER_NAME");
+
+        // An explicit TEMPORAL_TLS wins; otherwise an API key or a client certificate turns TLS on.
+        let tls_on = match get("TEMPORAL_TLS") {
+            Some(v) => parse_bool("TEMPORAL_TLS", &v)?,
+            None => api_key.is_some() || client_cert.is_some(),
+        };
+        let tls = tls_on.then_some(TlsConfig {
+            server_ca_pem,
+            server_name,
+            client_cert,
+        });
+
+        let fail_gate = flag(&get, "SAMPLE_FAIL_GATE")?;
+        let never_poll = flag(&get, "SAMPLE_NEVER_POLL")?;
+
+        Ok(Self {
+            address,
+            namespace,
+            deployment_name,
+            build_id,
+            task_queues,
+            versioning_behavior,
+            tls,
+            api_key,
+            fail_gate,
+            never_poll,
+        })
+    }
+
+    /// The URL the client connects to (`https` when TLS is on).
+    pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.address)
+    }
+}
+
+/// Whether a flag such as `SAMPLE_CRASH_AT_START` is on, looked up in the process environment.
+pub fn env_flag(key: &str) -> Result<bool, ConfigError> {
+    flag(
+        &|k: &str| env::var(k).ok().filter(|v| !v.trim().is_empty()),
+        key,
+    )
+}
+
+fn flag(get: &dyn Fn(&str) -> Option<String>, key: &str) -> Result<bool, ConfigError> {
+    get(key).map_or(Ok(false), |v| parse_bool(key, &v))
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        other => Err(config_err(format!(
+            "{key} must be a boolean (1/0, true/false), got '{other}'"
+        ))),
+    }
+}
+
+fn normalize_address(raw: &str) -> Result<String, ConfigError> {
+    let host_port = raw
+        .strip_prefix("http://")
+        .or_else(|| raw.strip_prefix("https://"))
+        .unwrap_or(raw)
+        .trim_end_matches('/');
+    let valid = host_port
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if valid {
+        Ok(host_port.to_owned())
+    } else {
+        Err(config_err(format!(
+            "TEMPORAL_ADDRESS must be host:port, got '{raw}'"
+        )))
+    }
+}
+
+fn read_file(key: &str, path: &str) -> Result<Vec<u8>, ConfigError> {
+    fs::read(path).map_err(|e| config_err(format!("{key}: cannot read '{path}': {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    const BASE: [(&str, &str); 3] = [
+        ("TEMPORAL_ADDRESS", "127.0.0.1:7233"),
+        ("TEMPORAL_DEPLOYMENT_NAME", "dep"),
+        ("TEMPORAL_WORKER_BUILD_ID", "v1"),
+    ];
+
+    #[test]
+    fn defaults() {
+        let c = cfg(&BASE).expect("base config parses");
+        assert_eq!(c.namespace, "default");
+        assert_eq!(c.task_queues, vec!["hello-world".to_owned()]);
+        assert_eq!(c.versioning_behavior, VersioningBehavior::Pinned);
+        assert!(c.tls.is_none());
+        assert_eq!(c.url(), "http://127.0.0.1:7233");
+    }
+
+    #[test]
+    fn missing_required_lists_all() {
+        let err = cfg(&[]).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("TEMPORAL_ADDRESS"), "{err}");
+        assert!(err.contains("TEMPORAL_DEPLOYMENT_NAME"), "{err}");
+        assert!(err.contains("TEMPORAL_WORKER_BUILD_ID"), "{err}");
+    }
+
+    #[test]
+    fn fallbacks_extra_queues_and_api_key() {
+        let c = cfg(&[
+            ("TEMPORAL_HOST_PORT", "temporal:7233"),
+            ("TEMPORAL_DEPLOYMENT_NAME", "dep"),
+            ("WORKER_BUILD_ID", "v2"),
+            ("SAMPLE_EXTRA_TASK_QUEUES", " a, ,b,hello-world,a "),
+            ("SAMPLE_VERSIONING_BEHAVIOR", "auto-upgrade"),
+            ("TEMPORAL_API_KEY", "k"),
+        ]);
+        let c = c.expect("config parses");
+        assert_eq!(c.build_id, "v2");
+        assert_eq!(c.task_queues, vec!["hello-world", "a", "b"]);
+        assert_eq!(c.versioning_behavior, VersioningBehavior::AutoUpgrade);
+        assert!(c.tls.is_some());
+        assert_eq!(c.url(), "https://temporal:7233");
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        let mut bad_tls = BASE.to_vec();
+        bad_tls.push(("TEMPORAL_TLS", "maybe"));
+        assert!(cfg(&bad_tls).is_err());
+        let mut bad_behavior = BASE.to_vec();
+        bad_behavior.push(("SAMPLE_VERSIONING_BEHAVIOR", "sometimes"));
+        assert!(cfg(&bad_behavior).is_err());
+        let mut half_mtls = BASE.to_vec();
+        half_mtls.push(("TEMPORAL_TLS_CLIENT_CERT_PATH", "/nonexistent"));
+        assert!(cfg(&half_mtls).is_err());
+        assert!(
+            cfg(&[
+                ("TEMPORAL_ADDRESS", "no-port"),
+                ("TEMPORAL_DEPLOYMENT_NAME", "dep"),
+                ("TEMPORAL_WORKER_BUILD_ID", "v1"),
+            ])
+            .is_err()
+        );
+    }
+}

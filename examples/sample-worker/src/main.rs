@@ -1,0 +1,277 @@
+//! Sample Temporal worker, versioned with Worker Versioning, used to exercise the controller.
+//!
+//! See README.md for the environment variables and workflow types.
+
+mod config;
+mod workflows;
+
+use std::{process::ExitCode, sync::Arc, time::Duration};
+
+use anyhow::{Context, Result};
+use temporalio_client::{
+    Client, ClientOptions, ClientTlsOptions, Connection, ConnectionOptions, TlsOptions, Url,
+};
+use temporalio_common::worker::{WorkerDeploymentOptions, WorkerDeploymentVersion};
+use temporalio_sdk::{Runtime, Worker, WorkerOptions};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::mpsc,
+};
+use tracing::{error, info, warn};
+use tracing_subscriber::EnvFilter;
+
+use crate::{
+    config::{Config, env_flag},
+    workflows::{GateFail, GatePass, Greeter, HelloWorld, RolloutGate, Sleeper},
+};
+
+/// Exit code for configuration errors.
+const EXIT_CONFIG: u8 = 2;
+/// Exit code for runtime failures (and `SAMPLE_CRASH_AT_START`).
+const EXIT_FAILURE: u8 = 1;
+/// How long to wait for the server connection before giving up.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    init_logging();
+
+    match env_flag("SAMPLE_CRASH_AT_START") {
+        Ok(true) => {
+            error!("SAMPLE_CRASH_AT_START is set: exiting with code 1 on purpose");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+        Ok(false) => {}
+        Err(e) => {
+            error!("configuration error: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    }
+
+    let config = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            error!("configuration error: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+
+    info!(
+        address = %config.address,
+        namespace = %config.namespace,
+        deployment_name = %config.deployment_name,
+        build_id = %config.build_id,
+        task_queues = %config.task_queues.join(","),
+        versioning_behavior = ?config.versioning_behavior,
+        tls = config.tls.is_some(),
+        api_key = config.api_key.is_some(),
+        fail_gate = config.fail_gate,
+        "starting sample worker"
+    );
+
+    match run(config).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("sample worker failed: {e:#}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
+/// Resolves when SIGTERM or SIGINT arrives.
+struct ShutdownSignal {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignal {
+    fn install() -> Result<Self> {
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
+        })
+    }
+
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+}
+
+async fn run(config: Config) -> Result<()> {
+    let mut shutdown = ShutdownSignal::install()?;
+
+    if config.never_poll {
+        warn!("SAMPLE_NEVER_POLL is set: not connecting to Temporal, idling until SIGTERM/SIGINT");
+        let sig = shutdown.recv().await;
+        info!("received {sig}, exiting");
+        return Ok(());
+    }
+
+    let client = tokio::select! {
+        client = connect(&config) => client?,
+        sig = shutdown.recv() => {
+            info!("received {sig} while connecting, exiting");
+            return Ok(());
+        }
+    };
+    info!(url = %config.url(), "connected to Temporal");
+
+    let runtime = Runtime::from_current_tokio(Default::default())
+        .context("creating the Temporal SDK runtime")?;
+
+    let mut workers = Vec::with_capacity(config.task_queues.len());
+    for task_queue in &config.task_queues {
+        let options = worker_options(&config, task_queue)
+            .with_context(|| format!("building worker options for task queue '{task_queue}'"))?;
+        let worker = Worker::new(&runtime, client.clone(), options)
+            .with_context(|| format!("creating worker for task queue '{task_queue}'"))?;
+        workers.push(worker);
+    }
+
+    // `Worker::run` is not `Send`, so all workers run as local tasks on this thread.
+    tokio::task::LocalSet::new()
+        .run_until(run_workers(workers, shutdown))
+        .await
+}
+
+async fn connect(config: &Config) -> Result<Client> {
+    let url = Url::parse(&config.url()).with_context(|| format!("invalid URL {}", config.url()))?;
+    let tls = config.tls.as_ref().map(|tls| {
+        TlsOptions::builder()
+            .maybe_server_root_ca_cert(tls.server_ca_pem.clone())
+            .maybe_domain(tls.server_name.clone())
+            .maybe_client_tls_options(tls.client_cert.as_ref().map(|c| {
+                ClientTlsOptions::builder()
+                    .client_cert(c.cert_pem.clone())
+                    .client_private_key(c.key_pem.clone())
+                    .build()
+            }))
+            .build()
+    });
+    let connection_options = ConnectionOptions::new(url)
+        .identity(format!("sample-worker/{}@{}", config.build_id, hostname()))
+        .maybe_tls_options(tls)
+        .maybe_api_key(config.api_key.clone())
+        .connect_timeout(CONNECT_TIMEOUT)
+        .build();
+    let connection = Connection::connect(connection_options)
+        .await
+        .with_context(|| format!("connecting to Temporal at {}", config.address))?;
+    Client::new(
+        connection,
+        ClientOptions::new(config.namespace.clone()).build(),
+    )
+    .context("creating the Temporal client")
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+fn worker_options(config: &Config, task_queue: &str) -> Result<WorkerOptions> {
+    let version = WorkerDeploymentVersion::builder()
+        .deployment_name(config.deployment_name.clone())
+        .build_id(config.build_id.clone())
+        .build();
+    // A versioned worker must always have a default versioning behavior: this SDK cannot set one
+    // per workflow, and without it the server loops on empty workflow tasks.
+    let deployment = WorkerDeploymentOptions::new(version)
+        .use_worker_versioning(true)
+        .default_versioning_behavior(config.versioning_behavior)
+        .build();
+    let fail_gate = config.fail_gate;
+    let options = WorkerOptions::new(task_queue)
+        .deployment_options(deployment)
+        .graceful_shutdown_period(Duration::from_secs(10))
+        .register_activities(Greeter {
+            build_id: config.build_id.clone(),
+        })
+        .register_workflow::<HelloWorld>()?
+        .register_workflow_with_factory::<RolloutGate, _>(move || RolloutGate::new(fail_gate))?
+        .register_workflow::<GatePass>()?
+        .register_workflow::<GateFail>()?
+        .register_workflow::<Sleeper>()?
+        .build();
+    Ok(options)
+}
+
+/// Runs every worker until a shutdown signal arrives or one of them stops, then shuts all of them
+/// down and waits for them to finish.
+async fn run_workers(workers: Vec<Worker>, mut shutdown: ShutdownSignal) -> Result<()> {
+    let count = workers.len();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+    let mut stop_handles: Vec<Arc<dyn Fn()>> = Vec::with_capacity(count);
+    for mut worker in workers {
+        stop_handles.push(Arc::new(worker.shutdown_handle()));
+        let done_tx = done_tx.clone();
+        tokio::task::spawn_local(async move {
+            let task_queue = worker.task_queue().to_owned();
+            info!(%task_queue, "worker polling");
+            let result = worker.run().await;
+            // The receiver outlives every worker task; a failed send only means main is gone.
+            let _ = done_tx.send((task_queue, result));
+        });
+    }
+    drop(done_tx);
+
+    let mut failures = Vec::new();
+    let mut finished = 0usize;
+    tokio::select! {
+        sig = shutdown.recv() => info!("received {sig}, shutting down workers"),
+        Some((task_queue, result)) = done_rx.recv() => {
+            finished += 1;
+            match result {
+                Ok(()) => {
+                    error!(%task_queue, "worker stopped unexpectedly, shutting down the others");
+                    failures.push(format!("{task_queue}: worker stopped unexpectedly"));
+                }
+                Err(e) => {
+                    error!(%task_queue, "worker failed: {e}");
+                    failures.push(format!("{task_queue}: {e}"));
+                }
+            }
+        }
+    }
+    for stop in &stop_handles {
+        stop();
+    }
+    while finished < count {
+        let Some((task_queue, result)) = done_rx.recv().await else {
+            break;
+        };
+        finished += 1;
+        match result {
+            Ok(()) => info!(%task_queue, "worker shut down"),
+            Err(e) => {
+                error!(%task_queue, "worker failed during shutdown: {e}");
+                failures.push(format!("{task_queue}: {e}"));
+            }
+        }
+    }
+    if failures.is_empty() {
+        info!("all workers stopped, exiting");
+        Ok(())
+    } else {
+        anyhow::bail!("worker(s) failed: {}", failures.join("; "))
+    }
+}

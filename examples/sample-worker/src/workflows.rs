@@ -1,0 +1,191 @@
+//! Workflows and activities of the sample worker.
+//!
+//! Workflow type names are fixed with `#[run(name = "...")]` and the activity name with
+//! `#[activity(name = "...")]`, so tests and the `temporal` CLI can address them by name.
+
+use std::{sync::Arc, time::Duration};
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use temporalio_common::data_converters::RawValue;
+use temporalio_macros::{activities, workflow, workflow_methods};
+use temporalio_sdk::{
+    ActivityOptions, ApplicationFailure, TimerResult, WorkflowContext, WorkflowResult,
+    WorkflowTermination,
+    activities::{ActivityContext, ActivityError},
+};
+
+/// Encoding of JSON payloads (what the `temporal` CLI sends for `--input`).
+const JSON_ENCODING: &[u8] = b"json/plain";
+/// Encoding of a `null` payload.
+const NULL_ENCODING: &[u8] = b"binary/null";
+
+/// A non-retryable application failure with a type name tests can match on.
+fn app_failure(type_name: &str, message: impl Into<String>) -> WorkflowTermination {
+    ApplicationFailure::builder(message.into())
+        .type_name(type_name.to_owned())
+        .non_retryable(true)
+        .build()
+        .into()
+}
+
+/// Decodes an optional single argument.
+///
+/// Inputs are taken as [`RawValue`] because the SDK's serde converter rejects zero payloads, and a
+/// workflow started without `--input` has none. No payload or a `null` payload gives `None`.
+fn decode_optional<T: DeserializeOwned>(input: &RawValue) -> WorkflowResult<Option<T>> {
+    let Some(payload) = input.payloads.first() else {
+        return Ok(None);
+    };
+    let encoding = payload.metadata.get("encoding").map(Vec::as_slice);
+    if encoding == Some(NULL_ENCODING) || (encoding.is_none() && payload.data.is_empty()) {
+        return Ok(None);
+    }
+    if encoding != Some(JSON_ENCODING) {
+        let shown = encoding.map_or_else(
+            || "<none>".to_owned(),
+            |e| String::from_utf8_lossy(e).into_owned(),
+        );
+        return Err(app_failure(
+            "InvalidInput",
+            format!("unsupported input encoding '{shown}', expected json/plain"),
+        ));
+    }
+    serde_json::from_slice::<Option<T>>(&payload.data)
+        .map_err(|e| app_failure("InvalidInput", format!("cannot decode input: {e}")))
+}
+
+/// A short label for the deployment version this workflow task runs on.
+fn build_label(ctx: &WorkflowContext<impl Sized>) -> String {
+    ctx.current_deployment_version()
+        .map_or_else(|| "unversioned".to_owned(), |v| v.build_id)
+}
+
+/// Activities; the struct carries the worker's build ID.
+pub struct Greeter {
+    pub build_id: String,
+}
+
+#[activities]
+impl Greeter {
+    /// Returns `"Hello, <name>!"`. Logs which build ran it.
+    #[activity(name = "greet")]
+    pub async fn greet(
+        self: Arc<Self>,
+        _ctx: ActivityContext,
+        name: String,
+    ) -> Result<String, ActivityError> {
+        tracing::info!(build_id = %self.build_id, %name, "greet activity");
+        Ok(format!("Hello, {name}!"))
+    }
+}
+
+/// `HelloWorld`: greets the input name (default `World`) through the `greet` activity and returns
+/// `"Hello, <name>! (build <build id>)"`.
+#[workflow]
+#[derive(Default)]
+pub struct HelloWorld;
+
+#[workflow_methods]
+impl HelloWorld {
+    #[run(name = "HelloWorld")]
+    pub async fn run(ctx: &mut WorkflowContext<Self>, input: RawValue) -> WorkflowResult<String> {
+        let name = decode_optional::<String>(&input)?
+            .filter(|n| !n.trim().is_empty())
+            .unwrap_or_else(|| "World".to_owned());
+        let greeting = ctx
+            .execute_activity(
+                Greeter::greet,
+                name,
+                ActivityOptions::start_to_close_timeout(Duration::from_secs(10)),
+            )
+            .await?;
+        Ok(format!("{greeting} (build {})", build_label(ctx)))
+    }
+}
+
+/// `RolloutGate`: returns its input unchanged, unless the input is an object with `"fail": true`
+/// or the worker runs with `SAMPLE_FAIL_GATE=1`.
+#[workflow]
+pub struct RolloutGate {
+    fail_gate: bool,
+}
+
+impl RolloutGate {
+    /// The worker registers this workflow with a factory so the flag comes from its config.
+    pub fn new(fail_gate: bool) -> Self {
+        Self { fail_gate }
+    }
+}
+
+#[workflow_methods(factory_only)]
+impl RolloutGate {
+    #[run(name = "RolloutGate")]
+    pub async fn run(ctx: &mut WorkflowContext<Self>, input: RawValue) -> WorkflowResult<Value> {
+        let input = decode_optional::<Value>(&input)?.unwrap_or(Value::Null);
+        let build = build_label(ctx);
+        if input.get("fail").and_then(Value::as_bool) == Some(true) {
+            return Err(app_failure(
+                "GateFailed",
+                format!("rollout gate failed: input asked for failure (build {build})"),
+            ));
+        }
+        if ctx.state(|s| s.fail_gate) {
+            return Err(app_failure(
+                "GateFailed",
+                format!("rollout gate failed: worker has SAMPLE_FAIL_GATE set (build {build})"),
+            ));
+        }
+        Ok(input)
+    }
+}
+
+/// `GatePass`: always succeeds and returns its input (or null).
+#[workflow]
+#[derive(Default)]
+pub struct GatePass;
+
+#[workflow_methods]
+impl GatePass {
+    #[run(name = "GatePass")]
+    pub async fn run(_ctx: &mut WorkflowContext<Self>, input: RawValue) -> WorkflowResult<Value> {
+        Ok(decode_optional::<Value>(&input)?.unwrap_or(Value::Null))
+    }
+}
+
+/// `GateFail`: always fails with a non-retryable `GateFailed` application error.
+#[workflow]
+#[derive(Default)]
+pub struct GateFail;
+
+#[workflow_methods]
+impl GateFail {
+    #[run(name = "GateFail")]
+    pub async fn run(ctx: &mut WorkflowContext<Self>, _input: RawValue) -> WorkflowResult<Value> {
+        Err(app_failure(
+            "GateFailed",
+            format!(
+                "GateFail always fails (build {}): this gate exists to block a rollout",
+                build_label(ctx)
+            ),
+        ))
+    }
+}
+
+/// `Sleeper`: waits on a durable timer for the given number of seconds, then returns
+/// `"slept <n>s (build <build id>)"`.
+#[workflow]
+#[derive(Default)]
+pub struct Sleeper;
+
+#[workflow_methods]
+impl Sleeper {
+    #[run(name = "Sleeper")]
+    pub async fn run(ctx: &mut WorkflowContext<Self>, seconds: u64) -> WorkflowResult<String> {
+        // A zero-length timer is rejected by the server, so skip it.
+        if seconds > 0 && ctx.timer(Duration::from_secs(seconds)).await == TimerResult::Cancelled {
+            return Err(WorkflowTermination::cancelled());
+        }
+        Ok(format!("slept {seconds}s (build {})", build_label(ctx)))
+    }
+}

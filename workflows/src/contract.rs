@@ -1,0 +1,312 @@
+//! The activities the workflows call: names, inputs and outputs. The `activities` crate
+//! implements each with `#[activity(name = ...)]` under the same name; this crate only needs
+//! the definitions, so workflow code never links I/O.
+
+use serde::{Deserialize, Serialize};
+use temporalio_common::ActivityDefinition;
+use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
+
+use crate::model::{Blocked, Observation, TwdRef};
+
+macro_rules! activity {
+    ($(#[$doc:meta])* $marker:ident, $name:literal, $input:ty => $output:ty) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, Default)]
+        pub struct $marker;
+
+        impl $marker {
+            /// Activity type name.
+            pub const NAME: &'static str = $name;
+        }
+
+        impl ActivityDefinition for $marker {
+            type Input = $input;
+            type Output = $output;
+
+            fn name(&self) -> &str {
+                $name
+            }
+        }
+    };
+}
+
+activity!(
+    /// Reads the TWD, its Deployments and Temporal's routing state.
+    Observe, "observe", TwdRef => Observation
+);
+activity!(
+    /// Adds the delete-protection finalizer to the TWD and its TemporalConnection.
+    EnsureFinalizers, "ensure_finalizers", TwdRef => ()
+);
+activity!(
+    /// Creates the versioned Deployment of a build if it does not exist (checks the build is
+    /// still the TWD's target first).
+    CreateDeployment, "create_deployment", BuildRequest => CreateDeploymentOutcome
+);
+activity!(
+    /// Sets a Deployment's replicas through the scale subresource.
+    ScaleDeployment, "scale_deployment", ScaleRequest => ()
+);
+activity!(
+    /// Deletes a Deployment if present.
+    DeleteDeployment, "delete_deployment", DeploymentRequest => ()
+);
+activity!(
+    /// Waits (polling, heartbeating) until the build has registered pollers in Temporal and its
+    /// Deployment is Available, or `max_wait_ms` passes.
+    WaitForPollers, "wait_for_pollers", WaitForPollersRequest => PollerWaitOutcome
+);
+activity!(
+    /// Changes routing in the worker's Temporal: claims the manager identity when free, uses the
+    /// conflict token, stamps version metadata.
+    SetRouting, "set_routing", RoutingRequest => RoutingOutcome
+);
+activity!(
+    /// Deletes a version from Temporal.
+    DeleteVersion, "delete_version", DeleteVersionRequest => DeleteVersionOutcome
+);
+activity!(
+    /// Starts the gate workflows (one per workflow task queue, pinned to the build) and waits
+    /// for their results.
+    RunGate, "run_gate", GateRequest => GateOutcome
+);
+activity!(
+    /// Cancels running gate workflows of a build.
+    CancelGates, "cancel_gates", BuildRequest => ()
+);
+activity!(
+    /// Writes TWD status through the status subresource (keeps condition transition times
+    /// when a condition did not change).
+    WriteStatus, "write_status", StatusRequest => ()
+);
+activity!(
+    /// Records a Kubernetes Event on the TWD.
+    EmitEvent, "emit_event", EventRequest => ()
+);
+activity!(
+    /// Deletion path: routing back to unversioned, Deployments scaled away, versions and the
+    /// worker deployment deleted in Temporal, finalizers removed.
+    CleanupDeleted, "cleanup_deleted", TwdRef => CleanupOutcome
+);
+
+/// A build of a TWD.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuildRequest {
+    /// The TWD.
+    pub twd: TwdRef,
+    /// The build ID.
+    pub build_id: String,
+}
+
+/// Result of `create_deployment`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CreateDeploymentOutcome {
+    /// Created now.
+    Created {
+        /// Deployment name.
+        name: String,
+    },
+    /// It was already there (a retried activity, or a rollback to an existing version).
+    Exists {
+        /// Deployment name.
+        name: String,
+    },
+    /// The TWD now asks for another build (or is gone): nothing was created.
+    Superseded,
+    /// Cannot create (connection missing, version limit, ...).
+    Blocked(Blocked),
+}
+
+/// Scale a Deployment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScaleRequest {
+    /// Namespace.
+    pub namespace: String,
+    /// Deployment name.
+    pub name: String,
+    /// Desired replicas.
+    pub replicas: i32,
+}
+
+/// A Deployment by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeploymentRequest {
+    /// Namespace.
+    pub namespace: String,
+    /// Deployment name.
+    pub name: String,
+}
+
+/// Input of `wait_for_pollers`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitForPollersRequest {
+    /// The TWD.
+    pub twd: TwdRef,
+    /// The build.
+    pub build_id: String,
+    /// Longest time to wait in this call (the workflow calls again while within its deadline).
+    pub max_wait_ms: i64,
+}
+
+/// Result of `wait_for_pollers`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PollerWaitOutcome {
+    /// Temporal lists the build as a version of the worker deployment.
+    pub registered: bool,
+    /// The Deployment is Available.
+    pub available: bool,
+    /// Why not, in words (e.g. the Deployment's own failure message).
+    pub problem: Option<String>,
+    /// Workflow task queues the version polls (known once registered).
+    pub workflow_task_queues: Vec<String>,
+    /// Connection-level failure that makes waiting pointless until fixed.
+    pub blocked: Option<Blocked>,
+}
+
+/// A routing change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum RoutingChange {
+    /// Make a build Current (clears its ramp).
+    SetCurrent {
+        /// Build ID.
+        build_id: String,
+    },
+    /// Ramp a build to a percentage.
+    SetRamping {
+        /// Build ID.
+        build_id: String,
+        /// Percentage 1..=99.
+        percentage: u8,
+    },
+    /// Remove any ramping version.
+    ClearRamp,
+}
+
+/// Input of `set_routing`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoutingRequest {
+    /// The TWD.
+    pub twd: TwdRef,
+    /// What to change.
+    pub change: RoutingChange,
+    /// Conflict token from the observation the decision was made on (base64); the write fails
+    /// if routing changed since.
+    pub conflict_token: Option<String>,
+}
+
+/// Result of `set_routing`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RoutingOutcome {
+    /// Applied.
+    Applied,
+    /// Routing changed since the observation; observe again.
+    Conflict,
+    /// Refused (manager identity held by someone else, pollers missing, ...).
+    Blocked(Blocked),
+}
+
+/// Input of `delete_version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteVersionRequest {
+    /// The TWD.
+    pub twd: TwdRef,
+    /// Build ID.
+    pub build_id: String,
+    /// Delete even if pinned workflows are open (deletion of the TWD only).
+    pub skip_drainage: bool,
+}
+
+/// Result of `delete_version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeleteVersionOutcome {
+    /// Deleted, or it was not there.
+    Deleted,
+    /// Not yet possible (pollers still seen, still draining); try again later.
+    NotYet {
+        /// Server message.
+        message: String,
+    },
+}
+
+/// Input of `run_gate`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateRequest {
+    /// The TWD.
+    pub twd: TwdRef,
+    /// Build under test.
+    pub build_id: String,
+    /// Gate workflow type.
+    pub workflow_type: String,
+    /// Attempt number (1 first; a `retry` increments it and it becomes part of the IDs).
+    pub attempt: u32,
+    /// Longest time to wait for results in this call; the runs keep going and the next call
+    /// attaches to them (IDs are deterministic).
+    pub max_wait_ms: i64,
+}
+
+/// One gate workflow execution.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateRun {
+    /// Workflow ID.
+    pub workflow_id: String,
+    /// Run ID.
+    pub run_id: String,
+    /// Task queue.
+    pub task_queue: String,
+    /// `Running`, `Completed`, `Failed`, `Canceled`, `Terminated` or `TimedOut`.
+    pub status: String,
+}
+
+/// Result of `run_gate`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateOutcome {
+    /// Every gate run of this attempt.
+    pub runs: Vec<GateRun>,
+    /// All completed successfully.
+    pub passed: bool,
+    /// Could not run (input source missing, not a JSON object, connection problems).
+    pub blocked: Option<Blocked>,
+}
+
+/// Input of `write_status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusRequest {
+    /// The TWD.
+    pub twd: TwdRef,
+    /// The full status to write.
+    pub status: TemporalWorkerDeploymentStatus,
+}
+
+/// Event type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventKind {
+    /// Something happened as planned.
+    Normal,
+    /// Something failed.
+    Warning,
+}
+
+/// Input of `emit_event`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventRequest {
+    /// The TWD.
+    pub twd: TwdRef,
+    /// Normal or Warning.
+    pub kind: EventKind,
+    /// Event reason (CamelCase).
+    pub reason: String,
+    /// Human message.
+    pub message: String,
+}
+
+/// Result of `cleanup_deleted`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CleanupOutcome {
+    /// Everything removed, finalizers released.
+    Done,
+    /// Still waiting (e.g. versions with lingering pollers); try again later.
+    Pending {
+        /// What is left.
+        message: String,
+    },
+}

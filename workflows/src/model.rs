@@ -1,0 +1,302 @@
+//! Plain data exchanged between workflows and activities: what activities observe and what
+//! workflows ask them to do. Everything here is recorded in workflow histories, so it is kept
+//! small and never carries secret values or whole pod templates.
+//!
+//! Times are Unix milliseconds (`i64`) so they serialize the same everywhere.
+
+use serde::{Deserialize, Serialize};
+use twc_crds::worker_deployment::{RolloutStrategy, VersionState};
+
+/// Unix time in milliseconds.
+pub type UnixMillis = i64;
+
+/// A TemporalWorkerDeployment by namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TwdRef {
+    /// Kubernetes namespace.
+    pub namespace: String,
+    /// Resource name.
+    pub name: String,
+}
+
+impl TwdRef {
+    /// `<namespace>/<name>`, also the Temporal worker deployment name.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Workflow ID of the per-TWD workflow.
+    pub fn twd_workflow_id(&self) -> String {
+        format!("twd/{}/{}", self.namespace, self.name)
+    }
+
+    /// Workflow ID of the rollout of one build.
+    pub fn rollout_workflow_id(&self, build_id: &str) -> String {
+        format!("rollout/{}/{}/{}", self.namespace, self.name, build_id)
+    }
+}
+
+/// The parts of a TWD spec the engine decides on (no pod template, no gate input values).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpecView {
+    /// `metadata.generation`.
+    pub generation: i64,
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.namespace` (for object references in status).
+    #[serde(default)]
+    pub namespace: String,
+    /// Whether `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// Build ID computed from the spec.
+    pub target_build_id: String,
+    /// Name of the versioned Deployment of the target build.
+    pub target_deployment_name: String,
+    /// Rollout strategy.
+    pub strategy: RolloutStrategy,
+    /// Progressive steps (ramp percent, pause in milliseconds).
+    pub steps: Vec<StepView>,
+    /// Gate workflow type, if a gate is configured.
+    pub gate_workflow_type: Option<String>,
+    /// `spec.rollout.paused`.
+    pub paused: bool,
+    /// Rollback window in milliseconds (0 disables).
+    pub rollback_window_ms: i64,
+    /// `spec.progressDeadlineSeconds` in milliseconds.
+    pub progress_deadline_ms: i64,
+    /// `spec.replicas`.
+    pub replicas: Option<i32>,
+    /// `spec.sunset.scaledownDelay` in milliseconds.
+    pub scaledown_delay_ms: i64,
+    /// `spec.sunset.deleteDelay` in milliseconds.
+    pub delete_delay_ms: i64,
+    /// Name of the referenced TemporalConnection.
+    pub connection_name: String,
+    /// Temporal namespace of the workers.
+    pub temporal_namespace: String,
+    /// Problems the schema cannot catch (`InvalidSpec`); empty when valid.
+    pub invalid: Vec<String>,
+}
+
+/// One Progressive step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepView {
+    /// Ramp percentage (1..=99).
+    pub ramp_percentage: u8,
+    /// Pause in milliseconds.
+    pub pause_ms: i64,
+}
+
+/// A versioned Deployment owned by the TWD.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeploymentView {
+    /// Deployment name.
+    pub name: String,
+    /// Value of its `temporal.io/build-id` label.
+    pub build_id: String,
+    /// `spec.replicas` (None = unset).
+    pub replicas: Option<i32>,
+    /// `status.replicas` as observed.
+    pub status_replicas: i32,
+    /// `status.readyReplicas`.
+    pub ready_replicas: i32,
+    /// `Available` condition is True and the status is for the current generation.
+    pub available: bool,
+    /// When `Available` last became True.
+    pub available_since: Option<UnixMillis>,
+    /// Message of a failing `Progressing` condition (e.g. crashing pods), if any.
+    pub problem: Option<String>,
+    /// Whether the Deployment is being deleted.
+    pub deleting: bool,
+}
+
+/// Temporal's view of the worker deployment (one DescribeWorkerDeployment).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TemporalState {
+    /// Whether the worker deployment exists in Temporal at all.
+    pub exists: bool,
+    /// Current build ID (None = unversioned).
+    pub current_build_id: Option<String>,
+    /// Ramping build ID, if any.
+    pub ramping_build_id: Option<String>,
+    /// Ramp percentage of the ramping build.
+    pub ramp_percentage: Option<f32>,
+    /// When the ramping build became the ramping version (server time).
+    #[serde(default)]
+    pub ramping_since: Option<UnixMillis>,
+    /// When the ramp percentage last changed (server time).
+    pub ramp_changed_at: Option<UnixMillis>,
+    /// Every version Temporal knows.
+    pub versions: Vec<TemporalVersion>,
+    /// Who may change routing ("" = nobody claimed it).
+    pub manager_identity: String,
+    /// Who changed routing last.
+    pub last_modifier_identity: String,
+    /// Conflict token of this read (base64).
+    pub conflict_token: String,
+    /// Routing changes are still propagating to task queues.
+    pub routing_update_in_progress: bool,
+}
+
+impl TemporalState {
+    /// The version entry for a build ID.
+    pub fn version(&self, build_id: &str) -> Option<&TemporalVersion> {
+        self.versions.iter().find(|v| v.build_id == build_id)
+    }
+}
+
+/// One version as Temporal reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemporalVersion {
+    /// Build ID.
+    pub build_id: String,
+    /// State (Inactive, Ramping, Current, Draining, Drained).
+    pub state: VersionState,
+    /// When drainage status last changed to Drained.
+    pub drained_since: Option<UnixMillis>,
+    /// Whether a drainage check has happened since the version left routing.
+    pub drainage_known: bool,
+    /// When the version was last Current (for rollback).
+    pub last_current_at: Option<UnixMillis>,
+    /// When the version left routing.
+    pub deactivated_at: Option<UnixMillis>,
+}
+
+/// Why the engine cannot make progress; the names are condition reasons (a public contract).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BlockReason {
+    /// The spec is invalid in a way the schema cannot catch.
+    InvalidSpec,
+    /// The referenced TemporalConnection does not exist.
+    TemporalConnectionNotFound,
+    /// A credential Secret is missing, malformed or expired.
+    AuthSecretInvalid,
+    /// Temporal could not be reached.
+    TemporalClientCreationFailed,
+    /// Temporal was reached but the worker deployment could not be read (incl. rate limits).
+    TemporalStateFetchFailed,
+    /// A decision could not be made (e.g. gate input source missing).
+    PlanGenerationFailed,
+    /// A Kubernetes or Temporal write failed (e.g. manager identity held by someone else).
+    PlanExecutionFailed,
+    /// The gate workflow did not succeed.
+    GateFailed,
+    /// The new version did not register or become available in time.
+    ProgressDeadlineExceeded,
+    /// Too many versions are not yet eligible for deletion.
+    VersionLimitReached,
+}
+
+impl BlockReason {
+    /// The condition reason string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidSpec => "InvalidSpec",
+            Self::TemporalConnectionNotFound => "TemporalConnectionNotFound",
+            Self::AuthSecretInvalid => "AuthSecretInvalid",
+            Self::TemporalClientCreationFailed => "TemporalClientCreationFailed",
+            Self::TemporalStateFetchFailed => "TemporalStateFetchFailed",
+            Self::PlanGenerationFailed => "PlanGenerationFailed",
+            Self::PlanExecutionFailed => "PlanExecutionFailed",
+            Self::GateFailed => "GateFailed",
+            Self::ProgressDeadlineExceeded => "ProgressDeadlineExceeded",
+            Self::VersionLimitReached => "VersionLimitReached",
+        }
+    }
+}
+
+/// A reason with a human message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Blocked {
+    /// Condition reason.
+    pub reason: BlockReason,
+    /// What went wrong and what to do.
+    pub message: String,
+}
+
+/// Everything the engine reads about one TWD in one activity call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    /// The spec, or None when the TWD no longer exists.
+    pub spec: Option<SpecView>,
+    /// The TWD's versioned Deployments.
+    pub deployments: Vec<DeploymentView>,
+    /// Temporal's state, or why it could not be read (connection problems included).
+    pub temporal: Result<TemporalState, Blocked>,
+    /// Server-side "now" of the observation (the activity's clock), for information only.
+    pub observed_at: UnixMillis,
+}
+
+impl Observation {
+    /// The Deployment of a build, if any.
+    pub fn deployment(&self, build_id: &str) -> Option<&DeploymentView> {
+        self.deployments.iter().find(|d| d.build_id == build_id && !d.deleting)
+    }
+}
+
+/// A rollout's progress as the TWD workflow shows it in status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RolloutProgress {
+    /// Creating the Deployment / waiting for workers to register and become available.
+    WaitingForPollers,
+    /// Registered; gate running or waiting for promotion (Manual).
+    WaitingForPromotion,
+    /// Ramping at a step.
+    Ramping,
+    /// Target is Current.
+    Complete,
+    /// Stopped by an error (see the reason).
+    Blocked,
+    /// Held by `paused`.
+    Paused,
+    /// A newer build took over.
+    Superseded,
+    /// An operator aborted the rollout: routing went back, the build is being retired.
+    Aborted,
+}
+
+/// Operator controls (signal `control` on the TWD workflow, forwarded to the rollout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ControlAction {
+    /// Hold the rollout where it is.
+    Pause,
+    /// Release a hold.
+    Resume,
+    /// Skip remaining steps and pauses: make the build Current now.
+    Promote,
+    /// Stop promoting, route back to the previous Current, retire the build.
+    Abort,
+    /// Re-run a failed gate, or restart the progress deadline.
+    Retry,
+}
+
+/// What a rollout workflow tells the TWD workflow (signal `rollout_update`), which turns it into
+/// status and events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutReport {
+    /// Build being rolled out.
+    pub build_id: String,
+    /// Rollout workflow ID.
+    pub workflow_id: String,
+    /// Rollout workflow run ID.
+    pub run_id: String,
+    /// Where it is.
+    pub progress: RolloutProgress,
+    /// Progressive step index in force, if ramping.
+    pub step: Option<u32>,
+    /// Ramp percentage in force, if ramping.
+    pub ramp_percentage: Option<u8>,
+    /// When the current step's pause ends, if holding a step.
+    pub next_step_at: Option<UnixMillis>,
+    /// Why it is blocked, if it is.
+    pub blocked: Option<Blocked>,
+    /// What it is doing, in words.
+    pub message: String,
+    /// When the rollout started.
+    pub started_at: UnixMillis,
+    /// Gate workflow runs of the latest attempt.
+    pub gate_runs: Vec<crate::contract::GateRun>,
+    /// Monotonic counter, so a stale report (delivered late) never overwrites a newer one.
+    pub sequence: u64,
+}

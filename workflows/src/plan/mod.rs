@@ -1,0 +1,11 @@
+//! Pure decisions: given what was observed, the spec and the workflow's own memory, what should
+//! happen next. No I/O, no clocks (`now` is passed in), no randomness; table-tested.
+
+pub mod conditions;
+pub mod rollout;
+pub mod spec_view;
+pub mod status;
+pub mod sunset;
+
+#[cfg(test)]
+mod fixtures;

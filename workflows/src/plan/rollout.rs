@@ -1,0 +1,1269 @@
+//! The rollout state machine of one build: the next step toward making it Current.
+//!
+//! Mirrors the Go controller's routing decision (reference §3.6) and Progressive algorithm
+//! (§3.7), with our additions: progress deadline, gate failure handling, configurable rollback
+//! window, declarative pause, manual promotion.
+
+use serde::{Deserialize, Serialize};
+use twc_crds::worker_deployment::{RolloutStrategy, VersionState};
+
+use crate::model::{
+    BlockReason, Blocked, DeploymentView, Observation, SpecView, StepView, TemporalVersion,
+    UnixMillis,
+};
+
+/// What the rollout workflow remembers between decisions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutMemory {
+    /// The build being rolled out.
+    pub build_id: String,
+    /// When the rollout started (workflow time).
+    pub started_at: UnixMillis,
+    /// Gate progress.
+    pub gate: GateState,
+    /// Operator asked to promote now (skip remaining steps and pauses).
+    pub promote_requested: bool,
+    /// Operator hold (signal), in addition to `spec.rollout.paused`.
+    pub pause_requested: bool,
+}
+
+/// Where the gate stands for this build.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GateState {
+    /// Not run yet (or no gate configured).
+    NotRun,
+    /// All gate workflows completed successfully.
+    Passed,
+    /// A gate workflow did not complete successfully.
+    Failed {
+        /// What failed.
+        message: String,
+    },
+}
+
+/// The next step of a rollout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum RolloutDecision {
+    /// The TWD is gone, being deleted, or targets another build: stop without touching routing.
+    Superseded,
+    /// Cannot proceed for now; report and wait for a change (signal) or retry later.
+    Blocked(Blocked),
+    /// Create the versioned Deployment.
+    CreateDeployment,
+    /// Set the target Deployment's replicas (spec.replicas changed, or revive 0 -> 1).
+    ScaleTarget {
+        /// Desired replicas.
+        replicas: i32,
+    },
+    /// Wait until the build's workers registered and its Deployment is Available.
+    WaitForPollers {
+        /// Give up with ProgressDeadlineExceeded at this time.
+        deadline_at: UnixMillis,
+    },
+    /// The progress deadline passed before the build registered or became available.
+    DeadlineExceeded(Blocked),
+    /// Run the gate workflows.
+    RunGate,
+    /// The gate failed: scale the build to zero and stop (until retry or a new build).
+    GateFailed(Blocked),
+    /// Held by `spec.rollout.paused` or a pause signal.
+    Paused,
+    /// Manual strategy: registered, waiting for a person to promote.
+    WaitForManualPromotion,
+    /// Make the build Current.
+    SetCurrent,
+    /// Ramp the build to a step's percentage.
+    SetRamping {
+        /// Percentage.
+        percentage: u8,
+        /// Step index.
+        step: usize,
+    },
+    /// The build is Current but another build still ramps: clear the ramp.
+    ClearRamp,
+    /// Hold the current step until `until`.
+    HoldStep {
+        /// Step index.
+        step: usize,
+        /// When the step's pause ends.
+        until: UnixMillis,
+    },
+    /// The build is Current and nothing else ramps: the rollout is done.
+    Complete,
+}
+
+/// Ramp percentages closer than this are the same step (Temporal stores the ramp as a float).
+const RAMP_TOLERANCE: f32 = 0.01;
+
+/// The GateFailed block for a build.
+fn gate_failed(build: &str, message: &str) -> Blocked {
+    Blocked {
+        reason: BlockReason::GateFailed,
+        message: format!(
+            "Gate workflow for buildID {build} did not succeed: {message}. Send `retry` to run it again, or push a new version."
+        ),
+    }
+}
+
+/// Decides the next step of the rollout of `memory.build_id` from an observation at `now`.
+///
+/// Checks, first match wins: superseded; invalid spec; Temporal unreadable; no Deployment;
+/// failed gate; replicas; already Current (clear a stale ramp, else complete); not registered or not
+/// Available (wait, bounded by the progress deadline); rollback (promote at once); gate; pause;
+/// manual promotion; Manual strategy; no Current version yet; AllAtOnce; Progressive steps.
+///
+/// Two consequences of that order: a paused rollout still runs its gate (the gate routes no
+/// traffic) and still completes a rollback (a rollback is one jump back to a known version).
+/// The Go controller's unversioned-poller probe (reference §3.3, §3.6 item 6) is not
+/// implemented: with no Current version the build is always made Current directly, because
+/// ramping against unversioned workers would need per-task-queue reads on every decision.
+pub fn decide(
+    observation: &Observation,
+    memory: &RolloutMemory,
+    now: UnixMillis,
+) -> RolloutDecision {
+    let build = memory.build_id.as_str();
+    let Some(spec) = observation
+        .spec
+        .as_ref()
+        .filter(|s| !s.deleting && s.target_build_id == build)
+    else {
+        return RolloutDecision::Superseded;
+    };
+    if !spec.invalid.is_empty() {
+        return RolloutDecision::Blocked(Blocked {
+            reason: BlockReason::InvalidSpec,
+            message: spec.invalid.join("; "),
+        });
+    }
+    let temporal = match &observation.temporal {
+        Ok(temporal) => temporal,
+        Err(blocked) => return RolloutDecision::Blocked(blocked.clone()),
+    };
+    let Some(deployment) = observation.deployment(build) else {
+        if crate::plan::sunset::version_limit_reached(
+            observation,
+            crate::plan::sunset::DEFAULT_MAX_VERSIONS_INELIGIBLE_FOR_DELETION,
+        ) {
+            return RolloutDecision::Blocked(Blocked {
+                reason: BlockReason::VersionLimitReached,
+                message: format!(
+                    "Not creating a Deployment for buildID {build}: {} or more retired versions are not yet eligible for deletion; \
+                     they must drain and be scaled down first",
+                    crate::plan::sunset::DEFAULT_MAX_VERSIONS_INELIGIBLE_FOR_DELETION
+                ),
+            });
+        }
+        return RolloutDecision::CreateDeployment;
+    };
+    // A failed gate keeps the build scaled to zero until `retry` or a new build: checked before
+    // the replica rule, which would otherwise scale it straight back up.
+    if spec.gate_workflow_type.is_some()
+        && let GateState::Failed { message } = &memory.gate
+    {
+        return RolloutDecision::GateFailed(gate_failed(build, message));
+    }
+    if let Some(replicas) = target_replicas(spec, deployment) {
+        return RolloutDecision::ScaleTarget { replicas };
+    }
+
+    let current = non_empty(temporal.current_build_id.as_ref());
+    let ramping = non_empty(temporal.ramping_build_id.as_ref());
+    if current == Some(build) {
+        let stale_ramp = ramping.is_some_and(|r| r != build);
+        return if stale_ramp && spec.strategy != RolloutStrategy::Manual {
+            RolloutDecision::ClearRamp
+        } else {
+            RolloutDecision::Complete
+        };
+    }
+
+    let version = temporal
+        .version(build)
+        .filter(|v| v.state != VersionState::NotRegistered);
+    if version.is_none() || !deployment.available {
+        let deadline_at = memory.started_at.saturating_add(spec.progress_deadline_ms);
+        if now > deadline_at {
+            return RolloutDecision::DeadlineExceeded(deadline_blocked(
+                spec,
+                deployment,
+                version.is_some(),
+            ));
+        }
+        return RolloutDecision::WaitForPollers { deadline_at };
+    }
+    if is_rollback(spec, version, now) {
+        return RolloutDecision::SetCurrent;
+    }
+
+    if spec.gate_workflow_type.is_some() {
+        match &memory.gate {
+            GateState::Passed => {}
+            GateState::NotRun => return RolloutDecision::RunGate,
+            GateState::Failed { message } => return RolloutDecision::GateFailed(gate_failed(build, message)),
+        }
+    }
+    if spec.paused || memory.pause_requested {
+        return RolloutDecision::Paused;
+    }
+    if memory.promote_requested {
+        return RolloutDecision::SetCurrent;
+    }
+    match spec.strategy {
+        RolloutStrategy::Manual => RolloutDecision::WaitForManualPromotion,
+        _ if current.is_none() => RolloutDecision::SetCurrent,
+        RolloutStrategy::AllAtOnce => RolloutDecision::SetCurrent,
+        RolloutStrategy::Progressive => {
+            let live_ramp = if ramping == Some(build) {
+                temporal.ramp_percentage
+            } else {
+                None
+            };
+            progressive(&spec.steps, live_ramp, temporal.ramp_changed_at, now)
+        }
+    }
+}
+
+/// Replicas the target Deployment must be scaled to, if any (reference §2.6).
+fn target_replicas(spec: &SpecView, deployment: &DeploymentView) -> Option<i32> {
+    match spec.replicas {
+        Some(wanted) if deployment.replicas != Some(wanted) => Some(wanted),
+        None if deployment.replicas == Some(0) => Some(1),
+        _ => None,
+    }
+}
+
+/// The target was Current within the rollback window (reference §3.9, window configurable).
+fn is_rollback(spec: &SpecView, version: Option<&TemporalVersion>, now: UnixMillis) -> bool {
+    spec.strategy != RolloutStrategy::Manual
+        && spec.rollback_window_ms > 0
+        && version
+            .and_then(|v| v.last_current_at)
+            .is_some_and(|at| now.saturating_sub(at) <= spec.rollback_window_ms)
+}
+
+/// Reference §3.7: snap to the last step at or below the live ramp, hold it for its pause, then
+/// move to the next step or, after the last one, to Current.
+fn progressive(
+    steps: &[StepView],
+    ramp: Option<f32>,
+    ramp_changed_at: Option<UnixMillis>,
+    now: UnixMillis,
+) -> RolloutDecision {
+    let Some(first) = steps.first() else {
+        return RolloutDecision::Blocked(Blocked {
+            reason: BlockReason::InvalidSpec,
+            message: "spec.rollout.steps: steps are required for Progressive rollout".to_owned(),
+        });
+    };
+    let Some(ramp) = ramp else {
+        return RolloutDecision::SetRamping {
+            percentage: first.ramp_percentage,
+            step: 0,
+        };
+    };
+    let index = steps
+        .iter()
+        .rposition(|s| f32::from(s.ramp_percentage) <= ramp + RAMP_TOLERANCE)
+        .unwrap_or(0);
+    let step = steps.get(index).unwrap_or(first);
+    if (ramp - f32::from(step.ramp_percentage)).abs() > RAMP_TOLERANCE {
+        return RolloutDecision::SetRamping {
+            percentage: step.ramp_percentage,
+            step: index,
+        };
+    }
+    let until = ramp_changed_at.unwrap_or(now).saturating_add(step.pause_ms);
+    if ramp_changed_at.is_none() || until > now {
+        return RolloutDecision::HoldStep { step: index, until };
+    }
+    match steps.get(index + 1) {
+        Some(next) => RolloutDecision::SetRamping {
+            percentage: next.ramp_percentage,
+            step: index + 1,
+        },
+        None => RolloutDecision::SetCurrent,
+    }
+}
+
+fn deadline_blocked(spec: &SpecView, deployment: &DeploymentView, registered: bool) -> Blocked {
+    let build = &spec.target_build_id;
+    let missing = match (registered, deployment.available) {
+        (false, false) => format!(
+            "no worker of buildID {build} polled Temporal and Deployment {} is not Available",
+            deployment.name
+        ),
+        (false, true) => format!("no worker of buildID {build} polled Temporal"),
+        (true, _) => format!("Deployment {} is not Available", deployment.name),
+    };
+    let problem = deployment
+        .problem
+        .as_deref()
+        .map(|p| format!(" ({p})"))
+        .unwrap_or_default();
+    Blocked {
+        reason: BlockReason::ProgressDeadlineExceeded,
+        message: format!(
+            "Progress deadline of {}s exceeded: {missing}{problem}. Fix the workers, then send `retry` or push a new version.",
+            spec.progress_deadline_ms / 1000
+        ),
+    }
+}
+
+fn non_empty(value: Option<&String>) -> Option<&str> {
+    value.map(String::as_str).filter(|v| !v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use twc_crds::worker_deployment::RolloutStrategy::{AllAtOnce, Manual, Progressive};
+
+    use super::*;
+    use crate::model::TemporalState;
+    use crate::plan::fixtures::*;
+
+    fn memory() -> RolloutMemory {
+        RolloutMemory {
+            build_id: NEW.into(),
+            started_at: 0,
+            gate: GateState::NotRun,
+            promote_requested: false,
+            pause_requested: false,
+        }
+    }
+
+    fn spec_for(strategy: RolloutStrategy) -> SpecView {
+        let mut spec = spec(strategy);
+        if strategy == Progressive {
+            spec.steps = steps(&[(25, 5), (50, 10), (75, 30)]);
+        }
+        spec
+    }
+
+    /// NEW registered (Inactive) and Available, OLD Current.
+    fn ready(strategy: RolloutStrategy) -> Observation {
+        let mut temporal = temporal_with_old_current();
+        temporal.versions.push(version(NEW, VersionState::Inactive));
+        observation(
+            spec_for(strategy),
+            vec![deployment(OLD), deployment(NEW)],
+            temporal,
+        )
+    }
+
+    /// NEW registered and Available, no Current version in Temporal (the first rollout).
+    fn first_version(strategy: RolloutStrategy) -> Observation {
+        let temporal = TemporalState {
+            exists: true,
+            versions: vec![version(NEW, VersionState::Inactive)],
+            ..TemporalState::default()
+        };
+        observation(spec_for(strategy), vec![deployment(NEW)], temporal)
+    }
+
+    /// NEW was Current `ago` milliseconds before now and is Drained; OLD is Current.
+    fn previously_current(strategy: RolloutStrategy, ago: i64, now: UnixMillis) -> Observation {
+        let mut obs = ready(strategy);
+        if let Ok(t) = obs.temporal.as_mut() {
+            t.versions[1] = TemporalVersion {
+                last_current_at: Some(now - ago),
+                ..version(NEW, VersionState::Drained)
+            };
+        }
+        obs
+    }
+
+    /// NEW Current and OLD still ramping.
+    fn current_with_stale_ramp(strategy: RolloutStrategy) -> Observation {
+        let temporal = TemporalState {
+            exists: true,
+            current_build_id: Some(NEW.into()),
+            ramping_build_id: Some(OLD.into()),
+            ramp_percentage: Some(10.0),
+            ramp_changed_at: Some(0),
+            versions: vec![
+                version(NEW, VersionState::Current),
+                version(OLD, VersionState::Ramping),
+            ],
+            ..TemporalState::default()
+        };
+        observation(
+            spec_for(strategy),
+            vec![deployment(OLD), deployment(NEW)],
+            temporal,
+        )
+    }
+
+    /// NEW ramping at `percent`, the percentage set at `changed_at`.
+    fn ramping(spec: SpecView, percent: f32, changed_at: Option<UnixMillis>) -> Observation {
+        let mut temporal = temporal_with_old_current();
+        temporal.ramping_build_id = Some(NEW.into());
+        temporal.ramp_percentage = Some(percent);
+        temporal.ramp_changed_at = changed_at;
+        temporal.versions.push(version(NEW, VersionState::Ramping));
+        observation(spec, vec![deployment(OLD), deployment(NEW)], temporal)
+    }
+
+    fn edit(mut obs: Observation, f: impl FnOnce(&mut Observation)) -> Observation {
+        f(&mut obs);
+        obs
+    }
+
+    fn temporal_mut(obs: &mut Observation) -> &mut TemporalState {
+        obs.temporal.as_mut().expect("fixture has a Temporal state")
+    }
+
+    fn spec_mut(obs: &mut Observation) -> &mut SpecView {
+        obs.spec.as_mut().expect("fixture has a spec")
+    }
+
+    fn new_deployment_mut(obs: &mut Observation) -> &mut DeploymentView {
+        obs.deployments
+            .iter_mut()
+            .find(|d| d.build_id == NEW)
+            .expect("fixture has NEW's Deployment")
+    }
+
+    #[test]
+    fn go_controller_outcome_table_reference_3_6() {
+        let hour = secs(3600);
+        let now = secs(10_000);
+        let cases: Vec<(&str, Observation, RolloutDecision)> = vec![
+            // first version, no current
+            (
+                "first version, Manual stays Inactive",
+                first_version(Manual),
+                RolloutDecision::WaitForManualPromotion,
+            ),
+            (
+                "first version, AllAtOnce goes Current",
+                first_version(AllAtOnce),
+                RolloutDecision::SetCurrent,
+            ),
+            (
+                "first version, Progressive skips the steps",
+                first_version(Progressive),
+                RolloutDecision::SetCurrent,
+            ),
+            // current exists (different build)
+            (
+                "current exists, Manual stays Inactive",
+                ready(Manual),
+                RolloutDecision::WaitForManualPromotion,
+            ),
+            (
+                "current exists, AllAtOnce goes Current",
+                ready(AllAtOnce),
+                RolloutDecision::SetCurrent,
+            ),
+            (
+                "current exists, Progressive ramps at step 0",
+                ready(Progressive),
+                RolloutDecision::SetRamping {
+                    percentage: 25,
+                    step: 0,
+                },
+            ),
+            // rollback within the window
+            (
+                "rollback, Manual stays as is",
+                previously_current(Manual, hour / 2, now),
+                RolloutDecision::WaitForManualPromotion,
+            ),
+            (
+                "rollback, AllAtOnce goes Current",
+                previously_current(AllAtOnce, hour / 2, now),
+                RolloutDecision::SetCurrent,
+            ),
+            (
+                "rollback, Progressive goes Current at once",
+                previously_current(Progressive, hour / 2, now),
+                RolloutDecision::SetCurrent,
+            ),
+            // target == current, another build ramping
+            (
+                "stale ramp, Manual does nothing",
+                current_with_stale_ramp(Manual),
+                RolloutDecision::Complete,
+            ),
+            (
+                "stale ramp, AllAtOnce clears it",
+                current_with_stale_ramp(AllAtOnce),
+                RolloutDecision::ClearRamp,
+            ),
+            (
+                "stale ramp, Progressive clears it",
+                current_with_stale_ramp(Progressive),
+                RolloutDecision::ClearRamp,
+            ),
+        ];
+        for (name, obs, expected) in cases {
+            assert_eq!(decide(&obs, &memory(), now), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_rollout_ends_without_acting_when_the_build_is_no_longer_the_target() {
+        let cases = [
+            ("TWD gone", edit(ready(AllAtOnce), |o| o.spec = None)),
+            (
+                "TWD being deleted",
+                edit(ready(AllAtOnce), |o| spec_mut(o).deleting = true),
+            ),
+            (
+                "newer build targeted",
+                edit(ready(AllAtOnce), |o| {
+                    spec_mut(o).target_build_id = "v3-cccccccccc".into()
+                }),
+            ),
+            (
+                "newer build targeted while this one ramps",
+                edit(ramping(spec_for(Progressive), 50.0, Some(0)), |o| {
+                    spec_mut(o).target_build_id = "v3-cccccccccc".into()
+                }),
+            ),
+        ];
+        for (name, obs) in cases {
+            assert_eq!(
+                decide(&obs, &memory(), 0),
+                RolloutDecision::Superseded,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_invalid_spec_blocks_with_every_problem_listed() {
+        let obs = edit(ready(AllAtOnce), |o| {
+            spec_mut(o).invalid = vec!["first".into(), "second".into()]
+        });
+        assert_eq!(
+            decide(&obs, &memory(), 0),
+            RolloutDecision::Blocked(Blocked {
+                reason: BlockReason::InvalidSpec,
+                message: "first; second".into()
+            })
+        );
+    }
+
+    #[test]
+    fn an_unreadable_temporal_blocks_with_its_reason() {
+        let blocked = Blocked {
+            reason: BlockReason::AuthSecretInvalid,
+            message: "secret tls missing".into(),
+        };
+        let obs = edit(ready(AllAtOnce), |o| o.temporal = Err(blocked.clone()));
+        assert_eq!(
+            decide(&obs, &memory(), 0),
+            RolloutDecision::Blocked(blocked)
+        );
+    }
+
+    #[test]
+    fn a_missing_or_deleting_deployment_is_created() {
+        let missing = edit(ready(AllAtOnce), |o| {
+            o.deployments.retain(|d| d.build_id != NEW)
+        });
+        let deleting = edit(ready(AllAtOnce), |o| new_deployment_mut(o).deleting = true);
+        assert_eq!(
+            decide(&missing, &memory(), 0),
+            RolloutDecision::CreateDeployment
+        );
+        assert_eq!(
+            decide(&deleting, &memory(), 0),
+            RolloutDecision::CreateDeployment
+        );
+    }
+
+    #[test]
+    fn target_replicas_follow_the_spec_or_revive_from_zero() {
+        let cases: Vec<(&str, Option<i32>, Option<i32>, RolloutDecision)> = vec![
+            (
+                "spec 3, deployment 2",
+                Some(3),
+                Some(2),
+                RolloutDecision::ScaleTarget { replicas: 3 },
+            ),
+            (
+                "spec 3, deployment unset",
+                Some(3),
+                None,
+                RolloutDecision::ScaleTarget { replicas: 3 },
+            ),
+            (
+                "spec 0, deployment 2",
+                Some(0),
+                Some(2),
+                RolloutDecision::ScaleTarget { replicas: 0 },
+            ),
+            (
+                "spec unset, deployment 0 is revived",
+                None,
+                Some(0),
+                RolloutDecision::ScaleTarget { replicas: 1 },
+            ),
+            (
+                "spec unset, deployment 5 left to the autoscaler",
+                None,
+                Some(5),
+                RolloutDecision::SetCurrent,
+            ),
+            (
+                "spec unset, deployment unset",
+                None,
+                None,
+                RolloutDecision::SetCurrent,
+            ),
+            (
+                "spec matches",
+                Some(2),
+                Some(2),
+                RolloutDecision::SetCurrent,
+            ),
+        ];
+        for (name, wanted, actual, expected) in cases {
+            let obs = edit(ready(AllAtOnce), |o| {
+                spec_mut(o).replicas = wanted;
+                new_deployment_mut(o).replicas = actual;
+            });
+            assert_eq!(decide(&obs, &memory(), 0), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn replicas_are_fixed_even_after_completion() {
+        let obs = edit(current_with_stale_ramp(AllAtOnce), |o| {
+            spec_mut(o).replicas = Some(4)
+        });
+        assert_eq!(
+            decide(&obs, &memory(), 0),
+            RolloutDecision::ScaleTarget { replicas: 4 }
+        );
+    }
+
+    #[test]
+    fn a_current_build_completes_without_gate_or_pause() {
+        let obs = edit(current_with_stale_ramp(Progressive), |o| {
+            temporal_mut(o).ramping_build_id = None;
+            temporal_mut(o).ramp_percentage = None;
+            let spec = spec_mut(o);
+            spec.gate_workflow_type = Some("Smoke".into());
+            spec.paused = true;
+        });
+        let memory = RolloutMemory {
+            pause_requested: true,
+            ..memory()
+        };
+        assert_eq!(decide(&obs, &memory, 0), RolloutDecision::Complete);
+    }
+
+    #[test]
+    fn a_build_made_current_by_hand_completes_even_in_manual() {
+        let obs = edit(current_with_stale_ramp(Manual), |o| {
+            temporal_mut(o).ramping_build_id = None
+        });
+        assert_eq!(decide(&obs, &memory(), 0), RolloutDecision::Complete);
+    }
+
+    #[test]
+    fn rollback_window_decides_whether_a_previous_version_skips_gate_and_steps() {
+        let now = secs(100_000);
+        let with_gate = |mut obs: Observation| {
+            spec_mut(&mut obs).gate_workflow_type = Some("Smoke".into());
+            obs
+        };
+        let cases: Vec<(&str, Observation, RolloutDecision)> = vec![
+            (
+                "inside the window",
+                with_gate(previously_current(Progressive, secs(1800), now)),
+                RolloutDecision::SetCurrent,
+            ),
+            (
+                "at the window's edge",
+                with_gate(previously_current(Progressive, secs(3600), now)),
+                RolloutDecision::SetCurrent,
+            ),
+            (
+                "outside the window runs the gate",
+                with_gate(previously_current(Progressive, secs(3601), now)),
+                RolloutDecision::RunGate,
+            ),
+            (
+                "outside the window ramps",
+                previously_current(Progressive, secs(7200), now),
+                RolloutDecision::SetRamping {
+                    percentage: 25,
+                    step: 0,
+                },
+            ),
+            (
+                "disabled window ramps",
+                edit(previously_current(Progressive, secs(60), now), |o| {
+                    spec_mut(o).rollback_window_ms = 0
+                }),
+                RolloutDecision::SetRamping {
+                    percentage: 25,
+                    step: 0,
+                },
+            ),
+            (
+                "a longer window reaches further back",
+                edit(previously_current(Progressive, secs(7200), now), |o| {
+                    spec_mut(o).rollback_window_ms = secs(3 * 3600)
+                }),
+                RolloutDecision::SetCurrent,
+            ),
+            (
+                "a rollback still waits for its pods",
+                edit(previously_current(AllAtOnce, secs(60), now), |o| {
+                    new_deployment_mut(o).available = false
+                }),
+                RolloutDecision::WaitForPollers {
+                    deadline_at: secs(600) + now - secs(10),
+                },
+            ),
+            (
+                "a rollback is not held by pause",
+                edit(previously_current(AllAtOnce, secs(60), now), |o| {
+                    spec_mut(o).paused = true
+                }),
+                RolloutDecision::SetCurrent,
+            ),
+            (
+                "Manual never rolls back",
+                previously_current(Manual, secs(60), now),
+                RolloutDecision::WaitForManualPromotion,
+            ),
+        ];
+        let memory = RolloutMemory {
+            started_at: now - secs(10),
+            ..memory()
+        };
+        for (name, obs, expected) in cases {
+            assert_eq!(decide(&obs, &memory, now), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn waiting_for_pollers_is_bounded_by_the_progress_deadline() {
+        let not_registered = edit(ready(AllAtOnce), |o| {
+            temporal_mut(o).versions.retain(|v| v.build_id != NEW)
+        });
+        let listed_not_registered = edit(ready(AllAtOnce), |o| {
+            temporal_mut(o).versions[1].state = VersionState::NotRegistered;
+        });
+        let unavailable = edit(ready(AllAtOnce), |o| {
+            let d = new_deployment_mut(o);
+            d.available = false;
+            d.problem = Some("back-off restarting failed container".into());
+        });
+        let memory = RolloutMemory {
+            started_at: secs(100),
+            ..memory()
+        };
+        let deadline_at = secs(700);
+        for (name, obs) in [
+            ("not registered", &not_registered),
+            ("listed as NotRegistered", &listed_not_registered),
+            ("not available", &unavailable),
+        ] {
+            assert_eq!(
+                decide(obs, &memory, secs(100)),
+                RolloutDecision::WaitForPollers { deadline_at },
+                "{name} at start"
+            );
+            assert_eq!(
+                decide(obs, &memory, deadline_at),
+                RolloutDecision::WaitForPollers { deadline_at },
+                "{name} at deadline"
+            );
+            let RolloutDecision::DeadlineExceeded(blocked) = decide(obs, &memory, deadline_at + 1)
+            else {
+                panic!("{name}: expected DeadlineExceeded after the deadline");
+            };
+            assert_eq!(
+                blocked.reason,
+                BlockReason::ProgressDeadlineExceeded,
+                "{name}"
+            );
+            assert!(
+                blocked.message.contains("600s"),
+                "{name}: {}",
+                blocked.message
+            );
+        }
+        let RolloutDecision::DeadlineExceeded(blocked) =
+            decide(&unavailable, &memory, deadline_at + 1)
+        else {
+            panic!("expected DeadlineExceeded");
+        };
+        assert!(
+            blocked
+                .message
+                .contains("back-off restarting failed container"),
+            "{}",
+            blocked.message
+        );
+        assert!(
+            blocked.message.contains(&deployment_name(NEW)),
+            "{}",
+            blocked.message
+        );
+        let RolloutDecision::DeadlineExceeded(blocked) =
+            decide(&not_registered, &memory, deadline_at + 1)
+        else {
+            panic!("expected DeadlineExceeded");
+        };
+        assert!(
+            blocked
+                .message
+                .contains(&format!("no worker of buildID {NEW} polled Temporal")),
+            "{}",
+            blocked.message
+        );
+    }
+
+    #[test]
+    fn the_gate_runs_before_routing_in_every_strategy() {
+        for strategy in [Manual, AllAtOnce, Progressive] {
+            let obs = edit(ready(strategy), |o| {
+                spec_mut(o).gate_workflow_type = Some("Smoke".into())
+            });
+            assert_eq!(
+                decide(&obs, &memory(), 0),
+                RolloutDecision::RunGate,
+                "{strategy:?}"
+            );
+            let failed = RolloutMemory {
+                gate: GateState::Failed {
+                    message: "Smoke on orders: Failed".into(),
+                },
+                ..memory()
+            };
+            let RolloutDecision::GateFailed(blocked) = decide(&obs, &failed, 0) else {
+                panic!("{strategy:?}: expected GateFailed");
+            };
+            assert_eq!(blocked.reason, BlockReason::GateFailed);
+            assert!(
+                blocked.message.contains("Smoke on orders: Failed"),
+                "{}",
+                blocked.message
+            );
+            let passed = RolloutMemory {
+                gate: GateState::Passed,
+                ..memory()
+            };
+            assert_eq!(
+                decide(&obs, &passed, 0),
+                decide(&ready(strategy), &memory(), 0),
+                "{strategy:?} after the gate"
+            );
+        }
+    }
+
+    #[test]
+    fn gate_state_is_ignored_without_a_gate() {
+        let failed = RolloutMemory {
+            gate: GateState::Failed {
+                message: "old".into(),
+            },
+            ..memory()
+        };
+        assert_eq!(
+            decide(&ready(AllAtOnce), &failed, 0),
+            RolloutDecision::SetCurrent
+        );
+    }
+
+    #[test]
+    fn the_gate_waits_for_registration() {
+        let obs = edit(ready(AllAtOnce), |o| {
+            spec_mut(o).gate_workflow_type = Some("Smoke".into());
+            temporal_mut(o).versions.retain(|v| v.build_id != NEW);
+        });
+        assert_eq!(
+            decide(&obs, &memory(), 0),
+            RolloutDecision::WaitForPollers {
+                deadline_at: secs(600)
+            }
+        );
+    }
+
+    #[test]
+    fn a_paused_rollout_keeps_its_ramp_and_does_not_advance() {
+        let long_ago = Some(-secs(3600));
+        let cases = [
+            (
+                "spec.paused before routing",
+                edit(ready(AllAtOnce), |o| spec_mut(o).paused = true),
+                memory(),
+            ),
+            (
+                "pause signal before routing",
+                ready(AllAtOnce),
+                RolloutMemory {
+                    pause_requested: true,
+                    ..memory()
+                },
+            ),
+            (
+                "pause signal mid-ramp with the pause expired",
+                ramping(spec_for(Progressive), 50.0, long_ago),
+                RolloutMemory {
+                    pause_requested: true,
+                    ..memory()
+                },
+            ),
+            (
+                "spec.paused holds a ramp off the step grid",
+                edit(ramping(spec_for(Progressive), 60.0, long_ago), |o| {
+                    spec_mut(o).paused = true
+                }),
+                memory(),
+            ),
+            (
+                "pause wins over promote",
+                ready(Progressive),
+                RolloutMemory {
+                    pause_requested: true,
+                    promote_requested: true,
+                    ..memory()
+                },
+            ),
+            (
+                "pause applies after the gate passed",
+                edit(ready(AllAtOnce), |o| {
+                    let spec = spec_mut(o);
+                    spec.paused = true;
+                    spec.gate_workflow_type = Some("Smoke".into());
+                }),
+                RolloutMemory {
+                    gate: GateState::Passed,
+                    ..memory()
+                },
+            ),
+        ];
+        for (name, obs, memory) in cases {
+            assert_eq!(decide(&obs, &memory, 0), RolloutDecision::Paused, "{name}");
+        }
+    }
+
+    #[test]
+    fn promote_skips_remaining_steps_and_pauses() {
+        let promote = RolloutMemory {
+            promote_requested: true,
+            ..memory()
+        };
+        let cases = [
+            ("before the first step", ready(Progressive)),
+            ("mid-step", ramping(spec_for(Progressive), 50.0, Some(0))),
+            ("Manual promotion", ready(Manual)),
+        ];
+        for (name, obs) in cases {
+            assert_eq!(
+                decide(&obs, &promote, secs(1)),
+                RolloutDecision::SetCurrent,
+                "{name}"
+            );
+        }
+        let gated = edit(ready(Manual), |o| {
+            spec_mut(o).gate_workflow_type = Some("Smoke".into())
+        });
+        assert_eq!(
+            decide(&gated, &promote, 0),
+            RolloutDecision::RunGate,
+            "promote still waits for the gate"
+        );
+    }
+
+    #[test]
+    fn manual_never_changes_routing_without_a_promotion() {
+        let now = secs(10_000);
+        let observations = [
+            ready(Manual),
+            first_version(Manual),
+            previously_current(Manual, secs(60), now),
+            current_with_stale_ramp(Manual),
+            ramping(spec_for(Manual), 30.0, Some(0)),
+        ];
+        for obs in observations {
+            let decision = decide(&obs, &memory(), now);
+            assert!(
+                !matches!(
+                    decision,
+                    RolloutDecision::SetCurrent
+                        | RolloutDecision::SetRamping { .. }
+                        | RolloutDecision::ClearRamp
+                ),
+                "Manual changed routing: {decision:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn progressive_steps_snap_hold_and_advance_reference_3_7() {
+        let standard = spec_for(Progressive);
+        let grid = |pairs: &[(u8, i64)]| {
+            let mut spec = spec_for(Progressive);
+            spec.steps = steps(pairs);
+            spec
+        };
+        let now = secs(100);
+        let cases: Vec<(&str, Observation, RolloutDecision)> = vec![
+            (
+                "another build ramps: replaced by step 0",
+                edit(ready(Progressive), |o| {
+                    let t = temporal_mut(o);
+                    t.ramping_build_id = Some("v0-zzzzzzzzzz".into());
+                    t.ramp_percentage = Some(40.0);
+                }),
+                RolloutDecision::SetRamping {
+                    percentage: 25,
+                    step: 0,
+                },
+            ),
+            (
+                "on a step, pause running",
+                ramping(standard.clone(), 50.0, Some(secs(95))),
+                RolloutDecision::HoldStep {
+                    step: 1,
+                    until: secs(105),
+                },
+            ),
+            (
+                "on a step, pause ends exactly now",
+                ramping(standard.clone(), 50.0, Some(secs(90))),
+                RolloutDecision::SetRamping {
+                    percentage: 75,
+                    step: 2,
+                },
+            ),
+            (
+                "last step, pause over",
+                ramping(standard.clone(), 75.0, Some(secs(10))),
+                RolloutDecision::SetCurrent,
+            ),
+            (
+                "last step, pause running",
+                ramping(standard.clone(), 75.0, Some(secs(80))),
+                RolloutDecision::HoldStep {
+                    step: 2,
+                    until: secs(110),
+                },
+            ),
+            (
+                "ramp time unknown: hold a full pause from now",
+                ramping(standard.clone(), 25.0, None),
+                RolloutDecision::HoldStep {
+                    step: 0,
+                    until: secs(105),
+                },
+            ),
+            (
+                "ramp at 0% counts as below every step",
+                ramping(standard.clone(), 0.0, Some(0)),
+                RolloutDecision::SetRamping {
+                    percentage: 25,
+                    step: 0,
+                },
+            ),
+            (
+                "float ramp from Temporal matches the integer step",
+                ramping(standard.clone(), 49.999_996, Some(secs(99))),
+                RolloutDecision::HoldStep {
+                    step: 1,
+                    until: secs(109),
+                },
+            ),
+            (
+                "manual 20% with steps 5/10/25/50 snaps down to 10",
+                ramping(
+                    grid(&[(5, 10), (10, 10), (25, 10), (50, 10)]),
+                    20.0,
+                    Some(0),
+                ),
+                RolloutDecision::SetRamping {
+                    percentage: 10,
+                    step: 1,
+                },
+            ),
+            (
+                "manual 1% with steps 10/25/50 snaps up to 10",
+                ramping(grid(&[(10, 10), (25, 10), (50, 10)]), 1.0, Some(0)),
+                RolloutDecision::SetRamping {
+                    percentage: 10,
+                    step: 0,
+                },
+            ),
+            (
+                "manual 90% above the last step snaps to the last step",
+                ramping(standard.clone(), 90.0, Some(0)),
+                RolloutDecision::SetRamping {
+                    percentage: 75,
+                    step: 2,
+                },
+            ),
+            (
+                "manual jump onto a later step holds that step from the edit",
+                ramping(standard.clone(), 75.0, Some(secs(99))),
+                RolloutDecision::HoldStep {
+                    step: 2,
+                    until: secs(129),
+                },
+            ),
+            (
+                "step list edited: live ramp no longer a step, resume from the last step below it",
+                ramping(
+                    grid(&[(10, 60), (30, 60), (60, 60), (90, 60)]),
+                    50.0,
+                    Some(secs(99)),
+                ),
+                RolloutDecision::SetRamping {
+                    percentage: 30,
+                    step: 1,
+                },
+            ),
+            (
+                "step list edited: live ramp still a step, its new pause applies",
+                ramping(grid(&[(20, 60), (50, 120), (80, 60)]), 50.0, Some(secs(50))),
+                RolloutDecision::HoldStep {
+                    step: 1,
+                    until: secs(170),
+                },
+            ),
+            (
+                "step list edited: steps appended after the live ramp are still run",
+                ramping(
+                    grid(&[(25, 5), (50, 10), (75, 30), (90, 30)]),
+                    75.0,
+                    Some(secs(10)),
+                ),
+                RolloutDecision::SetRamping {
+                    percentage: 90,
+                    step: 3,
+                },
+            ),
+        ];
+        for (name, obs, expected) in cases {
+            assert_eq!(decide(&obs, &memory(), now), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn progressive_without_steps_is_reported_not_panicked() {
+        let obs = edit(ready(Progressive), |o| spec_mut(o).steps.clear());
+        let RolloutDecision::Blocked(blocked) = decide(&obs, &memory(), 0) else {
+            panic!("expected Blocked");
+        };
+        assert_eq!(blocked.reason, BlockReason::InvalidSpec);
+    }
+
+    /// What the simulated Temporal saw: a ramp percentage or the promotion, at a time in seconds.
+    #[derive(Debug, PartialEq)]
+    enum Routed {
+        Ramp(u8),
+        Current,
+    }
+
+    /// Runs decisions against a simulated Temporal, applying each routing change at once.
+    /// `tick` None: wake exactly when a held step ends (durable timers); Some(s): every s seconds.
+    fn simulate(
+        spec: SpecView,
+        initial_ramp: Option<f32>,
+        tick: Option<i64>,
+    ) -> Vec<(i64, Routed)> {
+        let mut obs = match initial_ramp {
+            Some(percent) => ramping(spec, percent, Some(-secs(1))),
+            None => edit(ready(Progressive), |o| *spec_mut(o) = spec),
+        };
+        let mut now = 0;
+        let mut log = Vec::new();
+        for _ in 0..1000 {
+            match decide(&obs, &memory(), now) {
+                RolloutDecision::SetRamping { percentage, .. } => {
+                    let t = temporal_mut(&mut obs);
+                    t.ramping_build_id = Some(NEW.into());
+                    t.ramp_percentage = Some(f32::from(percentage));
+                    t.ramp_changed_at = Some(now);
+                    log.push((now / 1000, Routed::Ramp(percentage)));
+                }
+                RolloutDecision::SetCurrent => {
+                    let t = temporal_mut(&mut obs);
+                    t.current_build_id = Some(NEW.into());
+                    t.ramping_build_id = None;
+                    t.ramp_percentage = None;
+                    log.push((now / 1000, Routed::Current));
+                }
+                RolloutDecision::HoldStep { until, .. } => {
+                    assert!(until > now, "a hold must end in the future");
+                    now = match tick {
+                        Some(seconds) => now + secs(seconds),
+                        None => until,
+                    };
+                }
+                RolloutDecision::Complete => return log,
+                other => panic!("unexpected decision {other:?} at {now}"),
+            }
+        }
+        panic!("rollout did not complete: {log:?}");
+    }
+
+    #[test]
+    fn progressive_rollout_holds_each_step_for_its_pause() {
+        let expected = vec![
+            (0, Routed::Ramp(25)),
+            (5, Routed::Ramp(50)),
+            (15, Routed::Ramp(75)),
+            (45, Routed::Current),
+        ];
+        assert_eq!(
+            simulate(spec_for(Progressive), None, None),
+            expected,
+            "durable timers"
+        );
+        assert_eq!(
+            simulate(spec_for(Progressive), None, Some(1)),
+            expected,
+            "checked every second"
+        );
+    }
+
+    #[test]
+    fn progressive_rollout_checked_every_minute_takes_three_minutes() {
+        let expected = vec![
+            (0, Routed::Ramp(25)),
+            (60, Routed::Ramp(50)),
+            (120, Routed::Ramp(75)),
+            (180, Routed::Current),
+        ];
+        assert_eq!(simulate(spec_for(Progressive), None, Some(60)), expected);
+    }
+
+    #[test]
+    fn progressive_rollout_resumes_from_a_manual_ramp_on_the_step_grid() {
+        let mut spec = spec_for(Progressive);
+        spec.steps = steps(&[(5, 10), (10, 10), (25, 10), (50, 10)]);
+        assert_eq!(
+            simulate(spec, Some(20.0), None),
+            vec![
+                (0, Routed::Ramp(10)),
+                (10, Routed::Ramp(25)),
+                (20, Routed::Ramp(50)),
+                (30, Routed::Current)
+            ],
+            "manual 20% snaps to 10"
+        );
+        let mut spec = spec_for(Progressive);
+        spec.steps = steps(&[(10, 10), (25, 10), (50, 10)]);
+        assert_eq!(
+            simulate(spec, Some(1.0), None),
+            vec![
+                (0, Routed::Ramp(10)),
+                (10, Routed::Ramp(25)),
+                (20, Routed::Ramp(50)),
+                (30, Routed::Current)
+            ],
+            "manual 1% snaps to 10"
+        );
+    }
+}

@@ -1,0 +1,467 @@
+//! Reduces a TemporalWorkerDeployment to what the engine decides on ([`SpecView`]), and checks
+//! the rules the CRD schema cannot express (`InvalidSpec`).
+//!
+//! The schema already rejects most bad specs at `kubectl apply`; the rules here are either
+//! beyond it (the gate's schemaless `input`) or cheap to re-check for objects stored before a
+//! schema change. Nothing here panics on bad input: a value that cannot be used is replaced by a
+//! safe one and reported in [`SpecView::invalid`], which blocks the rollout.
+
+use std::time::Duration;
+
+use twc_crds::TemporalWorkerDeployment;
+use twc_crds::build_id::compute_build_id;
+use twc_crds::duration::parse_duration;
+use twc_crds::naming::versioned_deployment_name;
+use twc_crds::worker_deployment::{GateSpec, RolloutStep, RolloutStrategy};
+
+use crate::model::{SpecView, StepView};
+
+/// `spec.sunset.scaledownDelay` used when the stored value cannot be parsed (the CRD default).
+const FALLBACK_SCALEDOWN_DELAY_MS: i64 = 60 * 60 * 1000;
+/// `spec.sunset.deleteDelay` used when the stored value cannot be parsed (the CRD default).
+const FALLBACK_DELETE_DELAY_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// The engine's view of a TWD; `invalid` lists rule violations (empty when valid).
+pub fn spec_view(twd: &TemporalWorkerDeployment) -> SpecView {
+    let spec = &twd.spec;
+    let meta = &twd.metadata;
+    let mut invalid = Vec::new();
+
+    let build_id = compute_build_id(spec);
+    let name = meta.name.as_deref().unwrap_or_default();
+
+    let steps = step_views(
+        spec.rollout.steps.as_deref().unwrap_or_default(),
+        &mut invalid,
+    );
+    if spec.rollout.strategy == RolloutStrategy::Progressive {
+        check_progressive_steps(&steps, &mut invalid);
+    }
+    if let Some(gate) = &spec.rollout.gate {
+        check_gate(gate, &mut invalid);
+    }
+
+    // An unparseable rollback window disables rollback: promoting without the gate is the
+    // riskier choice. Unparseable sunset delays fall back to the defaults rather than to zero,
+    // so a typo never scales a version down early.
+    let rollback_window_ms = duration_ms(
+        "spec.rollout.rollbackWindow",
+        &spec.rollout.rollback_window,
+        &mut invalid,
+    )
+    .unwrap_or(0);
+    let scaledown_delay_ms = duration_ms(
+        "spec.sunset.scaledownDelay",
+        &spec.sunset.scaledown_delay,
+        &mut invalid,
+    )
+    .unwrap_or(FALLBACK_SCALEDOWN_DELAY_MS);
+    let delete_delay_ms = duration_ms(
+        "spec.sunset.deleteDelay",
+        &spec.sunset.delete_delay,
+        &mut invalid,
+    )
+    .unwrap_or(FALLBACK_DELETE_DELAY_MS);
+
+    if spec.progress_deadline_seconds < 1 {
+        invalid.push(format!(
+            "spec.progressDeadlineSeconds: must be at least 1, got {}",
+            spec.progress_deadline_seconds
+        ));
+    }
+
+    SpecView {
+        generation: meta.generation.unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        deleting: meta.deletion_timestamp.is_some(),
+        target_deployment_name: versioned_deployment_name(name, &build_id),
+        target_build_id: build_id.to_string(),
+        strategy: spec.rollout.strategy,
+        steps,
+        gate_workflow_type: spec.rollout.gate.as_ref().map(|g| g.workflow_type.clone()),
+        paused: spec.rollout.paused,
+        rollback_window_ms,
+        progress_deadline_ms: i64::from(spec.progress_deadline_seconds.max(0)).saturating_mul(1000),
+        replicas: spec.replicas,
+        scaledown_delay_ms,
+        delete_delay_ms,
+        connection_name: spec.worker_options.connection_ref.name.clone(),
+        temporal_namespace: spec.worker_options.temporal_namespace.clone(),
+        invalid,
+    }
+}
+
+/// Converts the steps, reporting percentages outside 1..=99 and unparseable pauses.
+fn step_views(steps: &[RolloutStep], invalid: &mut Vec<String>) -> Vec<StepView> {
+    steps
+        .iter()
+        .enumerate()
+        .map(|(i, step)| {
+            let ramp_percentage = match u8::try_from(step.ramp_percentage) {
+                Ok(p) if (1..=99).contains(&p) => p,
+                _ => {
+                    invalid.push(format!(
+                        "spec.rollout.steps[{i}].rampPercentage: must be between 1 and 99, got {}",
+                        step.ramp_percentage
+                    ));
+                    if step.ramp_percentage < 1 { 1 } else { 99 }
+                }
+            };
+            let pause_ms = duration_ms(
+                &format!("spec.rollout.steps[{i}].pauseDuration"),
+                &step.pause_duration,
+                invalid,
+            )
+            .unwrap_or(0);
+            StepView {
+                ramp_percentage,
+                pause_ms,
+            }
+        })
+        .collect()
+}
+
+fn check_progressive_steps(steps: &[StepView], invalid: &mut Vec<String>) {
+    if steps.is_empty() {
+        invalid.push("spec.rollout.steps: steps are required for Progressive rollout".to_owned());
+    }
+    for (i, pair) in steps.windows(2).enumerate() {
+        if let [previous, step] = pair
+            && step.ramp_percentage <= previous.ramp_percentage
+        {
+            invalid.push(format!(
+                "spec.rollout.steps[{}].rampPercentage: rampPercentage must increase between each step ({} after {})",
+                i + 1,
+                step.ramp_percentage,
+                previous.ramp_percentage
+            ));
+        }
+    }
+}
+
+fn check_gate(gate: &GateSpec, invalid: &mut Vec<String>) {
+    if gate.input.is_some() && gate.input_from.is_some() {
+        invalid.push("spec.rollout.gate: only one of input or inputFrom may be set".to_owned());
+    }
+    if let Some(input) = &gate.input
+        && !input.is_object()
+    {
+        invalid.push("spec.rollout.gate.input: must be a JSON object".to_owned());
+    }
+    if let Some(from) = &gate.input_from
+        && from.config_map_key_ref.is_some() == from.secret_key_ref.is_some()
+    {
+        invalid.push("spec.rollout.gate.inputFrom: exactly one of configMapKeyRef or secretKeyRef must be set".to_owned());
+    }
+}
+
+/// Parses a Go-style duration into milliseconds (saturating), reporting it when it does not parse.
+fn duration_ms(field: &str, text: &str, invalid: &mut Vec<String>) -> Option<i64> {
+    match parse_duration(text) {
+        Ok(duration) => Some(millis(duration)),
+        Err(err) => {
+            invalid.push(format!("{field}: {err}"));
+            None
+        }
+    }
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ConfigMapKeySelector, SecretKeySelector};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+    use serde_json::json;
+    use twc_crds::worker_deployment::GateInputSource;
+    use twc_crds::worker_deployment::test_support::spec_with_image;
+
+    use super::*;
+
+    fn twd(edit: impl FnOnce(&mut TemporalWorkerDeployment)) -> TemporalWorkerDeployment {
+        let mut twd = TemporalWorkerDeployment::new("hello", spec_with_image("worker:v1"));
+        twd.metadata.namespace = Some("demo".into());
+        twd.metadata.uid = Some("uid-1".into());
+        twd.metadata.generation = Some(7);
+        edit(&mut twd);
+        twd
+    }
+
+    fn step(ramp: i32, pause: &str) -> RolloutStep {
+        RolloutStep {
+            ramp_percentage: ramp,
+            pause_duration: pause.into(),
+        }
+    }
+
+    fn progressive(steps: Vec<RolloutStep>) -> impl FnOnce(&mut TemporalWorkerDeployment) {
+        move |t| {
+            t.spec.rollout.strategy = RolloutStrategy::Progressive;
+            t.spec.rollout.steps = Some(steps);
+        }
+    }
+
+    fn gate(
+        input: Option<serde_json::Value>,
+        from: Option<GateInputSource>,
+    ) -> impl FnOnce(&mut TemporalWorkerDeployment) {
+        move |t| {
+            t.spec.rollout.gate = Some(GateSpec {
+                workflow_type: "Smoke".into(),
+                input,
+                input_from: from,
+            });
+        }
+    }
+
+    fn config_map_source() -> GateInputSource {
+        GateInputSource {
+            config_map_key_ref: Some(ConfigMapKeySelector {
+                name: "cm".into(),
+                key: "k".into(),
+                optional: None,
+            }),
+            secret_key_ref: None,
+        }
+    }
+
+    #[test]
+    fn a_valid_spec_fills_every_field() {
+        let twd = twd(|t| {
+            t.spec.replicas = Some(3);
+            t.spec.progress_deadline_seconds = 120;
+            t.spec.rollout.paused = true;
+            t.spec.rollout.rollback_window = "30m".into();
+            t.spec.sunset.scaledown_delay = "2h".into();
+            t.spec.sunset.delete_delay = "1h30m".into();
+            t.spec.worker_options.temporal_namespace = "orders".into();
+            t.spec.rollout.gate = Some(GateSpec {
+                workflow_type: "Smoke".into(),
+                input: None,
+                input_from: None,
+            });
+        });
+        let view = spec_view(&twd);
+        let build = compute_build_id(&twd.spec);
+
+        assert_eq!(view.invalid, Vec::<String>::new());
+        assert_eq!(view.generation, 7);
+        assert_eq!(view.uid, "uid-1");
+        assert_eq!(view.namespace, "demo");
+        assert!(!view.deleting);
+        assert_eq!(view.target_build_id, build.as_str());
+        assert_eq!(
+            view.target_deployment_name,
+            versioned_deployment_name("hello", &build)
+        );
+        assert_eq!(view.strategy, RolloutStrategy::AllAtOnce);
+        assert_eq!(view.gate_workflow_type.as_deref(), Some("Smoke"));
+        assert!(view.paused);
+        assert_eq!(view.rollback_window_ms, 30 * 60 * 1000);
+        assert_eq!(view.progress_deadline_ms, 120_000);
+        assert_eq!(view.replicas, Some(3));
+        assert_eq!(view.scaledown_delay_ms, 2 * 3600 * 1000);
+        assert_eq!(view.delete_delay_ms, 90 * 60 * 1000);
+        assert_eq!(view.connection_name, "dev");
+        assert_eq!(view.temporal_namespace, "orders");
+    }
+
+    #[test]
+    fn deletion_timestamp_marks_the_view_deleting() {
+        let twd = twd(|t| t.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH)));
+        assert!(spec_view(&twd).deleting);
+    }
+
+    #[test]
+    fn progressive_steps_carry_their_pauses_in_milliseconds() {
+        let view = spec_view(&twd(progressive(vec![
+            step(25, "5s"),
+            step(50, "1m30s"),
+            step(75, "1h"),
+        ])));
+        assert_eq!(view.invalid, Vec::<String>::new());
+        assert_eq!(
+            view.steps,
+            vec![
+                StepView {
+                    ramp_percentage: 25,
+                    pause_ms: 5_000
+                },
+                StepView {
+                    ramp_percentage: 50,
+                    pause_ms: 90_000
+                },
+                StepView {
+                    ramp_percentage: 75,
+                    pause_ms: 3_600_000
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn invalid_specs_are_reported_with_the_offending_field() {
+        let cases: Vec<(&str, TemporalWorkerDeployment, &[&str])> = vec![
+            (
+                "equal ramps",
+                twd(progressive(vec![step(10, "1s"), step(10, "1s")])),
+                &[
+                    "spec.rollout.steps[1].rampPercentage: rampPercentage must increase between each step",
+                ],
+            ),
+            (
+                "decreasing ramps name every offending step",
+                twd(progressive(vec![
+                    step(50, "1s"),
+                    step(20, "1s"),
+                    step(30, "1s"),
+                    step(25, "1s"),
+                ])),
+                &[
+                    "spec.rollout.steps[1].rampPercentage: rampPercentage must increase between each step",
+                    "spec.rollout.steps[3].rampPercentage: rampPercentage must increase between each step",
+                ],
+            ),
+            (
+                "progressive without steps",
+                twd(progressive(vec![])),
+                &["steps are required for Progressive rollout"],
+            ),
+            (
+                "input and inputFrom",
+                twd(gate(Some(json!({"a": 1})), Some(config_map_source()))),
+                &["only one of input or inputFrom may be set"],
+            ),
+            (
+                "input is an array",
+                twd(gate(Some(json!([1, 2])), None)),
+                &["spec.rollout.gate.input: must be a JSON object"],
+            ),
+            (
+                "input is a string",
+                twd(gate(Some(json!("x")), None)),
+                &["spec.rollout.gate.input: must be a JSON object"],
+            ),
+            (
+                "inputFrom with both refs",
+                twd(gate(
+                    None,
+                    Some(GateInputSource {
+                        secret_key_ref: Some(SecretKeySelector {
+                            name: "s".into(),
+                            key: "k".into(),
+                            optional: None,
+                        }),
+                        ..config_map_source()
+                    }),
+                )),
+                &["exactly one of configMapKeyRef or secretKeyRef must be set"],
+            ),
+            (
+                "unparseable pause",
+                twd(progressive(vec![step(10, "5 minutes")])),
+                &["spec.rollout.steps[0].pauseDuration: invalid duration"],
+            ),
+            (
+                "unparseable rollback window",
+                twd(|t| t.spec.rollout.rollback_window = "1d".into()),
+                &["spec.rollout.rollbackWindow: invalid duration"],
+            ),
+            (
+                "unparseable sunset delays",
+                twd(|t| {
+                    t.spec.sunset.scaledown_delay = "soon".into();
+                    t.spec.sunset.delete_delay = "".into();
+                }),
+                &[
+                    "spec.sunset.scaledownDelay: invalid duration",
+                    "spec.sunset.deleteDelay: invalid duration",
+                ],
+            ),
+            (
+                "ramp out of range",
+                twd(progressive(vec![step(0, "1s"), step(300, "1s")])),
+                &[
+                    "spec.rollout.steps[0].rampPercentage: must be between 1 and 99",
+                    "spec.rollout.steps[1].rampPercentage: must be between 1 and 99",
+                ],
+            ),
+            (
+                "zero progress deadline",
+                twd(|t| t.spec.progress_deadline_seconds = 0),
+                &["spec.progressDeadlineSeconds: must be at least 1"],
+            ),
+        ];
+        for (name, twd, expected) in cases {
+            let invalid = spec_view(&twd).invalid;
+            assert_eq!(invalid.len(), expected.len(), "{name}: {invalid:?}");
+            for (message, fragment) in invalid.iter().zip(expected) {
+                assert!(
+                    message.contains(fragment),
+                    "{name}: {message:?} should contain {fragment:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn steps_of_other_strategies_need_not_increase() {
+        let view = spec_view(&twd(|t| {
+            progressive(vec![step(50, "1s"), step(10, "1s")])(t);
+            t.spec.rollout.strategy = RolloutStrategy::AllAtOnce;
+        }));
+        assert_eq!(view.invalid, Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_json_object_gate_input_is_valid() {
+        assert_eq!(
+            spec_view(&twd(gate(Some(json!({"orders": 3})), None))).invalid,
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            spec_view(&twd(gate(None, Some(config_map_source())))).invalid,
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn unusable_values_fall_back_to_safe_ones() {
+        let view = spec_view(&twd(|t| {
+            progressive(vec![step(10, "nope")])(t);
+            t.spec.rollout.rollback_window = "nope".into();
+            t.spec.sunset.scaledown_delay = "nope".into();
+            t.spec.sunset.delete_delay = "nope".into();
+        }));
+        assert_eq!(
+            view.steps,
+            vec![StepView {
+                ramp_percentage: 10,
+                pause_ms: 0
+            }]
+        );
+        assert_eq!(view.rollback_window_ms, 0, "rollback disabled");
+        assert_eq!(view.scaledown_delay_ms, FALLBACK_SCALEDOWN_DELAY_MS);
+        assert_eq!(view.delete_delay_ms, FALLBACK_DELETE_DELAY_MS);
+    }
+
+    #[test]
+    fn a_zero_rollback_window_disables_rollback_without_error() {
+        let view = spec_view(&twd(|t| t.spec.rollout.rollback_window = "0s".into()));
+        assert_eq!(view.rollback_window_ms, 0);
+        assert!(view.invalid.is_empty());
+    }
+
+    #[test]
+    fn out_of_range_durations_are_reported_instead_of_panicking() {
+        let view = spec_view(&twd(|t| {
+            t.spec.sunset.delete_delay = "9999999999999h".into()
+        }));
+        assert_eq!(view.delete_delay_ms, FALLBACK_DELETE_DELAY_MS);
+        assert_eq!(view.invalid.len(), 1, "{:?}", view.invalid);
+    }
+}

@@ -1,0 +1,584 @@
+//! The rollout of one build (`rollout/<ns>/<name>/<build>`): a durable, level-triggered loop.
+//! Each turn observes the world (one activity), asks [`plan::rollout::decide`] for the next
+//! step, performs it (one activity or a durable timer) and reports progress to the TWD
+//! workflow, which owns status. Because every turn re-observes, a crash, a missed signal, a
+//! step-list edit or a routing change made by hand all converge the same way.
+//!
+//! The history reads as the rollout log: `observe`, `create_deployment`, `wait_for_pollers`,
+//! `run_gate`, `set_routing` (with summaries such as "ramp 25%"), timers for step pauses.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use temporalio_common::search_attributes::SearchAttributeKey;
+use temporalio_macros::{workflow, workflow_methods};
+use temporalio_sdk::workflows::select;
+use temporalio_sdk::{
+    ActivityOptions, SignalWorkflowOptions, SyncWorkflowContext, WorkflowContext, WorkflowContextView,
+    WorkflowResult,
+};
+
+use crate::contract::{
+    BuildRequest, CancelGates, CreateDeployment, CreateDeploymentOutcome, EmitEvent, EventKind, EventRequest,
+    GateRequest, GateRun, Observe, PollerWaitOutcome, RoutingChange, RoutingOutcome, RoutingRequest, RunGate,
+    ScaleDeployment, ScaleRequest, SetRouting, WaitForPollers, WaitForPollersRequest,
+};
+use crate::model::{
+    BlockReason, Blocked, ControlAction, Observation, RolloutProgress, RolloutReport, TwdRef, UnixMillis,
+};
+use crate::plan::rollout::{GateState, RolloutDecision, RolloutMemory, decide};
+use crate::twd_workflow::TwdWorkflow;
+
+/// Search attribute: Kubernetes namespace of the TWD.
+pub const SA_NAMESPACE: SearchAttributeKey<String> = SearchAttributeKey::keyword("TwcNamespace");
+/// Search attribute: TWD name.
+pub const SA_NAME: SearchAttributeKey<String> = SearchAttributeKey::keyword("TwcName");
+/// Search attribute: build ID being rolled out.
+pub const SA_BUILD_ID: SearchAttributeKey<String> = SearchAttributeKey::keyword("TwcBuildId");
+/// Search attribute: how the rollout ended (`Complete`, `Superseded`, `Aborted`, `Blocked`).
+pub const SA_OUTCOME: SearchAttributeKey<String> = SearchAttributeKey::keyword("TwcOutcome");
+
+/// Turns after which a long-waiting rollout continues as new (keeps its history small).
+const MAX_TURNS_PER_RUN: u32 = 400;
+/// Longest single wait for pollers or gate results before re-observing.
+const MAX_ACTIVITY_WAIT: Duration = Duration::from_secs(60);
+/// Re-check interval while blocked by an error that may clear by itself.
+const BLOCKED_RECHECK: Duration = Duration::from_secs(30);
+/// Re-check interval while waiting for a person (Manual promotion, pause, failed gate).
+const IDLE_RECHECK: Duration = Duration::from_secs(300);
+
+/// Input of a rollout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutInput {
+    /// The TWD.
+    pub twd: TwdRef,
+    /// The build to roll out.
+    pub build_id: String,
+    /// Memory carried over a continue-as-new (None on the first run).
+    pub carried: Option<CarriedRollout>,
+}
+
+/// What survives a continue-as-new.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CarriedRollout {
+    /// Decision memory.
+    pub memory: RolloutMemory,
+    /// Gate attempt number.
+    pub gate_attempt: u32,
+    /// Report sequence.
+    pub sequence: u64,
+}
+
+/// How a rollout ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RolloutOutcome {
+    /// The build is Current.
+    Complete,
+    /// A newer build took over, or the TWD was deleted.
+    Superseded,
+    /// An operator aborted it.
+    Aborted,
+}
+
+/// The rollout workflow's state.
+#[workflow]
+pub struct RolloutWorkflow {
+    input: RolloutInput,
+    memory: RolloutMemory,
+    gate_attempt: u32,
+    gate_runs: Vec<GateRun>,
+    /// Bumped by every signal; waits end when it changes.
+    wakeups: u64,
+    abort_requested: bool,
+    retry_requested: bool,
+    last_report: Option<RolloutReport>,
+    sequence: u64,
+}
+
+#[workflow_methods]
+impl RolloutWorkflow {
+    /// Builds the initial state from the input.
+    #[init]
+    pub fn new(ctx: &WorkflowContextView, input: RolloutInput) -> Self {
+        let now = millis(ctx.start_time());
+        let (memory, gate_attempt, sequence) = match &input.carried {
+            Some(c) => (c.memory.clone(), c.gate_attempt, c.sequence),
+            None => (
+                RolloutMemory {
+                    build_id: input.build_id.clone(),
+                    started_at: now,
+                    gate: GateState::NotRun,
+                    promote_requested: false,
+                    pause_requested: false,
+                },
+                1,
+                0,
+            ),
+        };
+        Self {
+            input,
+            memory,
+            gate_attempt,
+            gate_runs: Vec::new(),
+            wakeups: 0,
+            abort_requested: false,
+            retry_requested: false,
+            last_report: None,
+            sequence,
+        }
+    }
+
+    /// Runs the rollout until the build is Current, superseded or aborted.
+    #[run(name = "rollout")]
+    pub async fn run(ctx: &mut WorkflowContext<Self>) -> WorkflowResult<RolloutOutcome> {
+        let twd = ctx.state(|s| s.input.twd.clone());
+        let build_id = ctx.state(|s| s.input.build_id.clone());
+        let mut turns = 0u32;
+        loop {
+            turns += 1;
+            if turns > MAX_TURNS_PER_RUN && ctx.state(|s| s.wakeups == 0) {
+                let carried = ctx.state(|s| CarriedRollout {
+                    memory: s.memory.clone(),
+                    gate_attempt: s.gate_attempt,
+                    sequence: s.sequence,
+                });
+                let input = RolloutInput { twd: twd.clone(), build_id: build_id.clone(), carried: Some(carried) };
+                ctx.continue_as_new(input, Default::default())?;
+            }
+            apply_operator_flags(ctx);
+            let now = now_millis(ctx);
+            let observation = match observe(ctx, &twd).await {
+                Ok(o) => o,
+                Err(blocked) => {
+                    report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
+                    wait_for_change(ctx, BLOCKED_RECHECK).await;
+                    continue;
+                }
+            };
+            if ctx.state(|s| s.abort_requested) {
+                return abort(ctx, &twd, &build_id, &observation).await;
+            }
+            let memory = ctx.state(|s| s.memory.clone());
+            let decision = decide(&observation, &memory, now);
+            match decision {
+                RolloutDecision::Superseded => {
+                    cancel_gates(ctx, &twd, &build_id).await;
+                    report(ctx, RolloutProgress::Superseded, None, None).await;
+                    set_outcome(ctx, "Superseded");
+                    return Ok(RolloutOutcome::Superseded);
+                }
+                RolloutDecision::Blocked(blocked) => {
+                    let recheck = if blocked.reason == BlockReason::InvalidSpec { IDLE_RECHECK } else { BLOCKED_RECHECK };
+                    report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
+                    wait_for_change(ctx, recheck).await;
+                }
+                RolloutDecision::CreateDeployment => {
+                    report(ctx, RolloutProgress::WaitingForPollers, None, None).await;
+                    let request = BuildRequest { twd: twd.clone(), build_id: build_id.clone() };
+                    match run_activity(ctx, CreateDeployment, request, "create Deployment", short_options()).await {
+                        Ok(CreateDeploymentOutcome::Created { name }) => {
+                            event(ctx, &twd, EventKind::Normal, "DeploymentCreated", format!("Created Deployment {name} for build {build_id}")).await;
+                        }
+                        Ok(CreateDeploymentOutcome::Exists { .. } | CreateDeploymentOutcome::Superseded) => {}
+                        Ok(CreateDeploymentOutcome::Blocked(blocked)) | Err(blocked) => {
+                            report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
+                            wait_for_change(ctx, BLOCKED_RECHECK).await;
+                        }
+                    }
+                }
+                RolloutDecision::ScaleTarget { replicas } => {
+                    let Some(deployment) = observation.deployment(&build_id).map(|d| d.name.clone()) else {
+                        continue;
+                    };
+                    let request = ScaleRequest { namespace: twd.namespace.clone(), name: deployment, replicas };
+                    if let Err(blocked) = run_activity(ctx, ScaleDeployment, request, &format!("scale to {replicas}"), short_options()).await {
+                        report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
+                        wait_for_change(ctx, BLOCKED_RECHECK).await;
+                    }
+                }
+                RolloutDecision::WaitForPollers { deadline_at } => {
+                    report(ctx, RolloutProgress::WaitingForPollers, None, None).await;
+                    let max_wait = Duration::from_millis(u64::try_from(deadline_at - now).unwrap_or(0).max(1000)).min(MAX_ACTIVITY_WAIT);
+                    let request = WaitForPollersRequest {
+                        twd: twd.clone(),
+                        build_id: build_id.clone(),
+                        max_wait_ms: i64::try_from(max_wait.as_millis()).unwrap_or(60_000),
+                    };
+                    let seen = ctx.state(|s| s.wakeups);
+                    let options = waiting_options(max_wait);
+                    let options = with_summary(options, "wait for pollers");
+                    let waited = select! {
+                        outcome = ctx.execute_activity(WaitForPollers, request, options) => Some(outcome.map_err(|e| activity_failed("wait_for_pollers", &e))),
+                        _ = ctx.wait_condition(move |s: &Self| s.wakeups != seen) => None,
+                    };
+                    if let Some(Ok(PollerWaitOutcome { blocked: Some(blocked), .. }) | Err(blocked)) = waited {
+                        report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
+                        wait_for_change(ctx, BLOCKED_RECHECK).await;
+                    }
+                }
+                RolloutDecision::DeadlineExceeded(blocked) => {
+                    report(ctx, RolloutProgress::Blocked, Some(blocked.clone()), None).await;
+                    event(ctx, &twd, EventKind::Warning, "ProgressDeadlineExceeded", blocked.message).await;
+                    wait_for_change(ctx, IDLE_RECHECK).await;
+                }
+                RolloutDecision::RunGate => {
+                    report(ctx, RolloutProgress::WaitingForPromotion, None, None).await;
+                    run_gate(ctx, &twd, &build_id, &observation).await;
+                }
+                RolloutDecision::GateFailed(blocked) => {
+                    if let Some(deployment) = observation.deployment(&build_id)
+                        && deployment.replicas != Some(0)
+                    {
+                        let request = ScaleRequest { namespace: twd.namespace.clone(), name: deployment.name.clone(), replicas: 0 };
+                        let _ = run_activity(ctx, ScaleDeployment, request, "scale failed build to 0", short_options()).await;
+                    }
+                    report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
+                    wait_for_change(ctx, IDLE_RECHECK).await;
+                }
+                RolloutDecision::Paused => {
+                    report(ctx, RolloutProgress::Paused, None, None).await;
+                    wait_for_change(ctx, IDLE_RECHECK).await;
+                }
+                RolloutDecision::WaitForManualPromotion => {
+                    report(ctx, RolloutProgress::WaitingForPromotion, None, None).await;
+                    wait_for_change(ctx, Duration::from_secs(60)).await;
+                }
+                RolloutDecision::SetCurrent => {
+                    route(ctx, &twd, &observation, RoutingChange::SetCurrent { build_id: build_id.clone() }).await;
+                }
+                RolloutDecision::SetRamping { percentage, step } => {
+                    let change = RoutingChange::SetRamping { build_id: build_id.clone(), percentage };
+                    if route(ctx, &twd, &observation, change).await {
+                        report(ctx, RolloutProgress::Ramping, None, Some((step, Some(percentage), None))).await;
+                    }
+                }
+                RolloutDecision::ClearRamp => {
+                    route(ctx, &twd, &observation, RoutingChange::ClearRamp).await;
+                }
+                RolloutDecision::HoldStep { step, until } => {
+                    let percentage = ramp_of(&observation, &build_id);
+                    report(ctx, RolloutProgress::Ramping, None, Some((step, percentage, Some(until)))).await;
+                    let hold = Duration::from_millis(u64::try_from(until - now).unwrap_or(0).max(1));
+                    wait_for_change(ctx, hold).await;
+                }
+                RolloutDecision::Complete => {
+                    report(ctx, RolloutProgress::Complete, None, None).await;
+                    event(ctx, &twd, EventKind::Normal, "RolloutComplete", format!("Build {build_id} is Current")).await;
+                    set_outcome(ctx, "Complete");
+                    return Ok(RolloutOutcome::Complete);
+                }
+            }
+        }
+    }
+
+    /// Something changed (spec edit, Deployment status, resync): observe again now.
+    #[signal(name = "nudge")]
+    pub fn nudge(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _reason: String) {
+        self.wakeups += 1;
+    }
+
+    /// Operator control forwarded by the TWD workflow.
+    #[signal(name = "control")]
+    pub fn control(&mut self, _ctx: &mut SyncWorkflowContext<Self>, action: ControlAction) {
+        match action {
+            ControlAction::Pause => self.memory.pause_requested = true,
+            ControlAction::Resume => self.memory.pause_requested = false,
+            ControlAction::Promote => self.memory.promote_requested = true,
+            ControlAction::Abort => self.abort_requested = true,
+            ControlAction::Retry => self.retry_requested = true,
+        }
+        self.wakeups += 1;
+    }
+
+    /// The latest progress report.
+    #[query(name = "status")]
+    pub fn status(&self, _ctx: &WorkflowContextView) -> Option<RolloutReport> {
+        self.last_report.clone()
+    }
+}
+
+/// Applies a pending `retry`: the gate runs again (new attempt) and the deadline restarts.
+fn apply_operator_flags(ctx: &mut WorkflowContext<RolloutWorkflow>) {
+    let now = now_millis(ctx);
+    ctx.state_mut(|s| {
+        if s.retry_requested {
+            s.retry_requested = false;
+            if matches!(s.memory.gate, GateState::Failed { .. }) {
+                s.memory.gate = GateState::NotRun;
+                s.gate_attempt += 1;
+                s.gate_runs.clear();
+            }
+            s.memory.started_at = now;
+        }
+    });
+}
+
+async fn observe(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef) -> Result<Observation, Blocked> {
+    run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await
+}
+
+/// Runs the gate (bounded wait), records its result in memory.
+async fn run_gate(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, build_id: &str, observation: &Observation) {
+    let Some(workflow_type) = observation.spec.as_ref().and_then(|s| s.gate_workflow_type.clone()) else {
+        ctx.state_mut(|s| s.memory.gate = GateState::Passed);
+        return;
+    };
+    let attempt = ctx.state(|s| s.gate_attempt);
+    let request = GateRequest {
+        twd: twd.clone(),
+        build_id: build_id.to_owned(),
+        workflow_type: workflow_type.clone(),
+        attempt,
+        max_wait_ms: i64::try_from(MAX_ACTIVITY_WAIT.as_millis()).unwrap_or(60_000),
+    };
+    let seen = ctx.state(|s| s.wakeups);
+    let summary = format!("gate {workflow_type} (attempt {attempt})");
+    let options = with_summary(waiting_options(MAX_ACTIVITY_WAIT), &summary);
+    let outcome = select! {
+        outcome = ctx.execute_activity(RunGate, request, options) => Some(outcome.map_err(|e| activity_failed("run_gate", &e))),
+        _ = ctx.wait_condition(move |s: &RolloutWorkflow| s.wakeups != seen) => None,
+    };
+    match outcome {
+        None => {}
+        Some(Err(blocked)) | Some(Ok(crate::contract::GateOutcome { blocked: Some(blocked), .. })) => {
+            report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
+            wait_for_change(ctx, BLOCKED_RECHECK).await;
+        }
+        Some(Ok(outcome)) => {
+            let finished = !outcome.runs.is_empty() && outcome.runs.iter().all(|r| r.status != "Running");
+            ctx.state_mut(|s| s.gate_runs = outcome.runs.clone());
+            if outcome.passed {
+                ctx.state_mut(|s| s.memory.gate = GateState::Passed);
+                event(ctx, twd, EventKind::Normal, "GatePassed", format!("Gate {workflow_type} passed on build {build_id}")).await;
+            } else if finished {
+                let failed: Vec<String> = outcome
+                    .runs
+                    .iter()
+                    .filter(|r| r.status != "Completed")
+                    .map(|r| format!("{} on {}: {}", r.workflow_id, r.task_queue, r.status))
+                    .collect();
+                let message = format!("Gate {workflow_type} failed on build {build_id}: {}", failed.join("; "));
+                ctx.state_mut(|s| s.memory.gate = GateState::Failed { message: message.clone() });
+                event(ctx, twd, EventKind::Warning, "GateFailed", message).await;
+            }
+        }
+    }
+}
+
+/// Performs a routing change; true when applied.
+async fn route(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, observation: &Observation, change: RoutingChange) -> bool {
+    let summary = match &change {
+        RoutingChange::SetCurrent { build_id } => format!("set current {build_id}"),
+        RoutingChange::SetRamping { build_id, percentage } => format!("ramp {build_id} to {percentage}%"),
+        RoutingChange::ClearRamp => "clear ramp".to_owned(),
+    };
+    let token = observation.temporal.as_ref().ok().map(|t| t.conflict_token.clone()).filter(|t| !t.is_empty());
+    let request = RoutingRequest { twd: twd.clone(), change: change.clone(), conflict_token: token };
+    match run_activity(ctx, SetRouting, request, &summary, short_options()).await {
+        Ok(RoutingOutcome::Applied) => {
+            let (reason, message) = match &change {
+                RoutingChange::SetCurrent { build_id } => ("Promoted", format!("Build {build_id} is now Current")),
+                RoutingChange::SetRamping { build_id, percentage } => ("Ramped", format!("Build {build_id} ramped to {percentage}%")),
+                RoutingChange::ClearRamp => ("RampCleared", "Cleared the ramping version".to_owned()),
+            };
+            event(ctx, twd, EventKind::Normal, reason, message).await;
+            true
+        }
+        Ok(RoutingOutcome::Conflict) => false,
+        Ok(RoutingOutcome::Blocked(blocked)) | Err(blocked) => {
+            event(ctx, twd, EventKind::Warning, blocked.reason.as_str(), blocked.message.clone()).await;
+            report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
+            wait_for_change(ctx, BLOCKED_RECHECK).await;
+            false
+        }
+    }
+}
+
+/// Abort: routing back to the previous Current (clear this build's ramp; if it already became
+/// Current nothing is undone), scale the build to zero, report, end.
+async fn abort(
+    ctx: &mut WorkflowContext<RolloutWorkflow>,
+    twd: &TwdRef,
+    build_id: &str,
+    observation: &Observation,
+) -> WorkflowResult<RolloutOutcome> {
+    cancel_gates(ctx, twd, build_id).await;
+    if let Ok(temporal) = &observation.temporal
+        && temporal.ramping_build_id.as_deref() == Some(build_id)
+    {
+        route(ctx, twd, observation, RoutingChange::ClearRamp).await;
+    }
+    if let Some(deployment) = observation.deployment(build_id) {
+        let request = ScaleRequest { namespace: twd.namespace.clone(), name: deployment.name.clone(), replicas: 0 };
+        let _ = run_activity(ctx, ScaleDeployment, request, "scale aborted build to 0", short_options()).await;
+    }
+    event(ctx, twd, EventKind::Normal, "Aborted", format!("Rollout of build {build_id} aborted by an operator")).await;
+    report(ctx, RolloutProgress::Aborted, None, None).await;
+    set_outcome(ctx, "Aborted");
+    Ok(RolloutOutcome::Aborted)
+}
+
+async fn cancel_gates(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, build_id: &str) {
+    if ctx.state(|s| s.gate_runs.iter().any(|r| r.status == "Running")) {
+        let request = BuildRequest { twd: twd.clone(), build_id: build_id.to_owned() };
+        let _ = run_activity(ctx, CancelGates, request, "cancel gate workflows", short_options()).await;
+    }
+}
+
+/// Sends a report to the TWD workflow when anything in it changed.
+async fn report(
+    ctx: &mut WorkflowContext<RolloutWorkflow>,
+    progress: RolloutProgress,
+    blocked: Option<Blocked>,
+    ramp: Option<(usize, Option<u8>, Option<UnixMillis>)>,
+) {
+    let info = ctx.info();
+    let (workflow_id, run_id) = (info.workflow_id().to_owned(), info.run_id().to_owned());
+    let message = report_message(ctx, progress, blocked.as_ref(), ramp);
+    let candidate = ctx.state(|s| RolloutReport {
+        build_id: s.input.build_id.clone(),
+        workflow_id,
+        run_id,
+        progress,
+        step: ramp.map(|(step, _, _)| u32::try_from(step).unwrap_or(u32::MAX)),
+        ramp_percentage: ramp.and_then(|(_, pct, _)| pct),
+        next_step_at: ramp.and_then(|(_, _, until)| until),
+        blocked,
+        message,
+        started_at: s.memory.started_at,
+        gate_runs: s.gate_runs.clone(),
+        sequence: s.sequence + 1,
+    });
+    let unchanged = ctx.state(|s| {
+        s.last_report.as_ref().is_some_and(|last| RolloutReport { sequence: candidate.sequence, ..last.clone() } == candidate)
+    });
+    if unchanged {
+        return;
+    }
+    ctx.state_mut(|s| {
+        s.sequence += 1;
+        s.last_report = Some(candidate.clone());
+    });
+    let parent = ctx.state(|s| s.input.twd.twd_workflow_id());
+    // The TWD workflow may be gone (TWD deleted); a failed report changes nothing here.
+    let _ = ctx
+        .external_workflow(parent, None)
+        .signal(TwdWorkflow::rollout_update, candidate, SignalWorkflowOptions::default())
+        .await;
+}
+
+fn report_message(
+    ctx: &WorkflowContext<RolloutWorkflow>,
+    progress: RolloutProgress,
+    blocked: Option<&Blocked>,
+    ramp: Option<(usize, Option<u8>, Option<UnixMillis>)>,
+) -> String {
+    let build = ctx.state(|s| s.input.build_id.clone());
+    if let Some(blocked) = blocked {
+        return blocked.message.clone();
+    }
+    match progress {
+        RolloutProgress::WaitingForPollers => format!("Waiting for workers of build {build} to poll and become available"),
+        RolloutProgress::WaitingForPromotion => {
+            if ctx.state(|s| s.memory.gate == GateState::NotRun) {
+                format!("Build {build} is registered; running its gate")
+            } else {
+                format!("Build {build} is registered and waiting for promotion")
+            }
+        }
+        RolloutProgress::Ramping => match ramp {
+            Some((step, Some(pct), _)) => format!("Build {build} ramping at {pct}% (step {})", step + 1),
+            _ => format!("Build {build} is ramping"),
+        },
+        RolloutProgress::Complete => format!("Build {build} is Current"),
+        RolloutProgress::Blocked => format!("Rollout of build {build} is blocked"),
+        RolloutProgress::Paused => format!("Rollout of build {build} is paused"),
+        RolloutProgress::Superseded => format!("Build {build} was superseded by a newer build"),
+        RolloutProgress::Aborted => format!("Rollout of build {build} was aborted"),
+    }
+}
+
+async fn event(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, kind: EventKind, reason: &str, message: String) {
+    let request = EventRequest { twd: twd.clone(), kind, reason: reason.to_owned(), message };
+    let _ = run_activity(ctx, EmitEvent, request, &format!("event {reason}"), short_options()).await;
+}
+
+fn set_outcome(ctx: &mut WorkflowContext<RolloutWorkflow>, outcome: &str) {
+    ctx.upsert_search_attributes([SA_OUTCOME.value_set(outcome.to_owned())]);
+}
+
+/// Waits until a signal arrives or `timeout` passes.
+async fn wait_for_change(ctx: &mut WorkflowContext<RolloutWorkflow>, timeout: Duration) {
+    let seen = ctx.state(|s| s.wakeups);
+    select! {
+        _ = ctx.timer(timeout) => {}
+        _ = ctx.wait_condition(move |s: &RolloutWorkflow| s.wakeups != seen) => {}
+    };
+}
+
+fn ramp_of(observation: &Observation, build_id: &str) -> Option<u8> {
+    let temporal = observation.temporal.as_ref().ok()?;
+    if temporal.ramping_build_id.as_deref() != Some(build_id) {
+        return None;
+    }
+    temporal.ramp_percentage.map(|p| p.round().clamp(0.0, 100.0) as u8)
+}
+
+/// Runs an activity; a failure after its retries becomes `PlanExecutionFailed`.
+pub(crate) async fn run_activity<W, A>(
+    ctx: &mut WorkflowContext<W>,
+    activity: A,
+    input: A::Input,
+    summary: &str,
+    options: ActivityOptions,
+) -> Result<A::Output, Blocked>
+where
+    A: temporalio_common::ActivityDefinition,
+    A::Output: temporalio_common::data_converters::TemporalDeserializable,
+{
+    let name = activity.name().to_owned();
+    let options = with_summary(options, summary);
+    ctx.execute_activity(activity, input, options).await.map_err(|e| activity_failed(&name, &e))
+}
+
+fn with_summary(mut options: ActivityOptions, summary: &str) -> ActivityOptions {
+    options.summary = Some(summary.to_owned());
+    options
+}
+
+fn activity_failed(name: &str, error: &dyn std::fmt::Display) -> Blocked {
+    Blocked { reason: BlockReason::PlanExecutionFailed, message: format!("activity {name} failed: {error}") }
+}
+
+/// Options for quick activities: a few retries with backoff, then the workflow decides.
+pub(crate) fn short_options() -> ActivityOptions {
+    let retry = temporalio_common::RetryPolicy::builder()
+        .initial_interval(Duration::from_millis(500))
+        .maximum_interval(Duration::from_secs(10))
+        .maximum_attempts(4)
+        .build();
+    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(60)).retry_policy(retry).build()
+}
+
+/// Options for activities that wait up to `max_wait` while heartbeating.
+fn waiting_options(max_wait: Duration) -> ActivityOptions {
+    let retry = temporalio_common::RetryPolicy::builder()
+        .initial_interval(Duration::from_secs(1))
+        .maximum_interval(Duration::from_secs(10))
+        .maximum_attempts(3)
+        .build();
+    ActivityOptions::with_start_to_close_timeout(max_wait + Duration::from_secs(60))
+        .heartbeat_timeout(Duration::from_secs(20))
+        .retry_policy(retry)
+        .build()
+}
+
+/// Workflow time in Unix milliseconds (deterministic: recorded in history).
+pub(crate) fn now_millis<W>(ctx: &WorkflowContext<W>) -> UnixMillis {
+    millis(ctx.workflow_time())
+}
+
+fn millis(time: Option<std::time::SystemTime>) -> UnixMillis {
+    time.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}

@@ -1,0 +1,422 @@
+//! The per-TWD workflow (`twd/<ns>/<name>`): long-lived, started and signalled by the watcher.
+//! It serializes rollouts (one rollout child per build; a newer build supersedes the old one),
+//! is the only writer of the TWD's status, retires old versions (sunset), runs the deletion
+//! path, and periodically re-reads the world so a missed event never strands anything.
+//!
+//! Rollouts are started with `ParentClosePolicy::Abandon` and report back by signalling this
+//! workflow's ID, so this workflow can continue-as-new at any time without losing them: it
+//! carries the active rollout's ID in its input.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use temporalio_common::search_attributes::SearchAttributes;
+use temporalio_macros::{workflow, workflow_methods};
+use temporalio_sdk::workflows::select;
+use temporalio_sdk::{
+    ChildWorkflowOptions, ParentClosePolicy, SignalWorkflowOptions, SyncWorkflowContext, WorkflowContext,
+    WorkflowContextView, WorkflowIdReusePolicy, WorkflowResult,
+};
+use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
+
+use crate::contract::{
+    CleanupDeleted, CleanupOutcome, DeleteDeployment, DeleteVersion, DeleteVersionOutcome, DeleteVersionRequest,
+    DeploymentRequest, EmitEvent, EnsureFinalizers, EventKind, EventRequest, Observe, ScaleDeployment, ScaleRequest,
+    StatusRequest, WriteStatus,
+};
+use crate::model::{ControlAction, Observation, RolloutProgress, RolloutReport, TwdRef};
+use crate::plan::sunset::{SunsetAction, SunsetMemory};
+use crate::plan::{status, sunset};
+use crate::rollout_workflow::{
+    RolloutInput, RolloutWorkflow, SA_BUILD_ID, SA_NAME, SA_NAMESPACE, now_millis, run_activity, short_options,
+};
+
+/// Level-triggered resync interval when nothing else is due.
+const RESYNC: Duration = Duration::from_secs(300);
+/// Retry interval of the deletion path.
+const CLEANUP_RETRY: Duration = Duration::from_secs(5);
+/// Loop turns after which the workflow continues as new.
+const MAX_TURNS_PER_RUN: u32 = 500;
+
+/// What the watcher sends on every change of the TWD (deduplicated by generation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecSignal {
+    /// `metadata.generation`.
+    pub generation: i64,
+    /// Build ID computed from the spec.
+    pub build_id: String,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+}
+
+/// Input of the TWD workflow.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TwdInput {
+    /// The TWD.
+    pub twd: TwdRef,
+    /// Set search attributes on rollouts (they must be registered in the engine namespace).
+    pub search_attributes: bool,
+    /// State carried over a continue-as-new.
+    pub carried: Option<CarriedTwd>,
+}
+
+/// What survives a continue-as-new.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CarriedTwd {
+    /// Latest spec signal.
+    pub spec: Option<SpecSignal>,
+    /// Rollout in flight.
+    pub active: Option<ActiveRollout>,
+    /// Its latest report.
+    pub last_report: Option<RolloutReport>,
+    /// Versions being retired.
+    pub sunset: Vec<SunsetMemory>,
+    /// Builds an operator aborted (not restarted until the spec moves on).
+    pub aborted: Vec<String>,
+}
+
+/// The rollout child in flight.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActiveRollout {
+    /// Its build.
+    pub build_id: String,
+    /// Its workflow ID.
+    pub workflow_id: String,
+    /// Spec generation it was last told about.
+    pub notified_generation: i64,
+}
+
+/// Answer of the `status` query.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TwdStatusView {
+    /// Latest spec signal.
+    pub spec: Option<SpecSignal>,
+    /// Rollout in flight.
+    pub active: Option<ActiveRollout>,
+    /// Its latest report.
+    pub last_report: Option<RolloutReport>,
+}
+
+/// The TWD workflow's state.
+#[workflow]
+pub struct TwdWorkflow {
+    input: TwdInput,
+    spec: Option<SpecSignal>,
+    active: Option<ActiveRollout>,
+    last_report: Option<RolloutReport>,
+    sunset: Vec<SunsetMemory>,
+    aborted: Vec<String>,
+    controls: Vec<ControlAction>,
+    wakeups: u64,
+    last_status: Option<TemporalWorkerDeploymentStatus>,
+}
+
+#[workflow_methods]
+impl TwdWorkflow {
+    /// Builds the initial state from the input.
+    #[init]
+    pub fn new(_ctx: &WorkflowContextView, input: TwdInput) -> Self {
+        let carried = input.carried.clone();
+        let (spec, active, last_report, sunset, aborted) = match carried {
+            Some(c) => (c.spec, c.active, c.last_report, c.sunset, c.aborted),
+            None => (None, None, None, Vec::new(), Vec::new()),
+        };
+        Self {
+            input,
+            spec,
+            active,
+            last_report,
+            sunset,
+            aborted,
+            controls: Vec::new(),
+            wakeups: 0,
+            last_status: None,
+        }
+    }
+
+    /// Runs until the TWD is deleted and cleaned up.
+    #[run(name = "twd")]
+    pub async fn run(ctx: &mut WorkflowContext<Self>) -> WorkflowResult<()> {
+        let twd = ctx.state(|s| s.input.twd.clone());
+        if ctx.state(|s| s.input.carried.is_none()) {
+            let _ = run_activity(ctx, EnsureFinalizers, twd.clone(), "ensure finalizers", short_options()).await;
+        }
+        let mut next_wake = Duration::ZERO;
+        let mut turns = 0u32;
+        loop {
+            let seen = ctx.state(|s| s.wakeups);
+            if !next_wake.is_zero() {
+                select! {
+                    _ = ctx.timer(next_wake) => {}
+                    _ = ctx.wait_condition(move |s: &Self| s.wakeups != seen) => {}
+                };
+            }
+            turns += 1;
+            let Some(spec) = ctx.state(|s| s.spec.clone()) else {
+                next_wake = RESYNC;
+                continue;
+            };
+            if spec.deleting {
+                return delete(ctx, &twd).await;
+            }
+            dispatch_rollout(ctx, &twd, &spec).await;
+            forward_controls(ctx).await;
+            next_wake = match run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await {
+                Ok(observation) => {
+                    write_status(ctx, &twd, &observation, spec.generation).await;
+                    retire_versions(ctx, &twd, &observation).await.unwrap_or(RESYNC).min(RESYNC)
+                }
+                Err(_) => Duration::from_secs(30),
+            };
+            let idle = ctx.state(|s| s.wakeups == seen);
+            if idle && (turns >= MAX_TURNS_PER_RUN || ctx.continue_as_new_suggested()) {
+                let input = ctx.state(|s| TwdInput {
+                    twd: s.input.twd.clone(),
+                    search_attributes: s.input.search_attributes,
+                    carried: Some(CarriedTwd {
+                        spec: s.spec.clone(),
+                        active: s.active.clone(),
+                        last_report: s.last_report.clone(),
+                        sunset: s.sunset.clone(),
+                        aborted: s.aborted.clone(),
+                    }),
+                });
+                ctx.continue_as_new(input, Default::default())?;
+            }
+        }
+    }
+
+    /// The TWD changed (from the watcher). Older generations are ignored.
+    #[signal(name = "spec_changed")]
+    pub fn spec_changed(&mut self, _ctx: &mut SyncWorkflowContext<Self>, signal: SpecSignal) {
+        let newer = match &self.spec {
+            None => true,
+            Some(current) => {
+                signal.generation > current.generation || (signal.deleting && !current.deleting)
+            }
+        };
+        if newer {
+            self.spec = Some(signal);
+        }
+        // Even a duplicate is a hint to resync soon (e.g. a Deployment or connection changed).
+        self.wakeups += 1;
+    }
+
+    /// Progress from a rollout child.
+    #[signal(name = "rollout_update")]
+    pub fn rollout_update(&mut self, _ctx: &mut SyncWorkflowContext<Self>, report: RolloutReport) {
+        let newer = self
+            .last_report
+            .as_ref()
+            .is_none_or(|last| last.workflow_id != report.workflow_id || report.sequence > last.sequence);
+        if newer {
+            if report.progress == RolloutProgress::Aborted && !self.aborted.contains(&report.build_id) {
+                self.aborted.push(report.build_id.clone());
+            }
+            self.last_report = Some(report);
+            self.wakeups += 1;
+        }
+    }
+
+    /// Operator control: forwarded to the rollout in flight.
+    #[signal(name = "control")]
+    pub fn control(&mut self, _ctx: &mut SyncWorkflowContext<Self>, action: ControlAction) {
+        self.controls.push(action);
+        self.wakeups += 1;
+    }
+
+    /// Spec, rollout in flight and its latest report.
+    #[query(name = "status")]
+    pub fn status(&self, _ctx: &WorkflowContextView) -> TwdStatusView {
+        TwdStatusView { spec: self.spec.clone(), active: self.active.clone(), last_report: self.last_report.clone() }
+    }
+}
+
+/// Starts a rollout for a new target build (superseding the old one), or tells the running one
+/// that the spec changed.
+async fn dispatch_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, spec: &SpecSignal) {
+    let active = ctx.state(|s| s.active.clone());
+    let aborted = ctx.state(|s| s.aborted.contains(&spec.build_id));
+    let ended_for_target = ctx.state(|s| {
+        s.last_report.as_ref().is_some_and(|r| {
+            r.build_id == spec.build_id
+                && matches!(r.progress, RolloutProgress::Superseded | RolloutProgress::Complete | RolloutProgress::Aborted)
+        })
+    });
+    match active {
+        Some(active) if active.build_id == spec.build_id && !ended_for_target => {
+            if spec.generation > active.notified_generation {
+                nudge(ctx, &active.workflow_id, "spec changed").await;
+                ctx.state_mut(|s| {
+                    if let Some(a) = s.active.as_mut() {
+                        a.notified_generation = spec.generation;
+                    }
+                });
+            }
+        }
+        Some(active) if active.build_id == spec.build_id => {
+            // The rollout of the target ended. Complete stays complete (a new rollout would
+            // only confirm it); a superseded one whose build is the target again restarts.
+            let superseded = ctx.state(|s| {
+                s.last_report.as_ref().is_some_and(|r| r.progress == RolloutProgress::Superseded)
+            });
+            if superseded && !aborted {
+                start_rollout(ctx, twd, spec).await;
+            } else if spec.generation > active.notified_generation {
+                // Re-check a finished rollout against the new spec (e.g. replicas) by
+                // starting a fresh run: it finishes at once if the build is still Current.
+                start_rollout(ctx, twd, spec).await;
+            }
+        }
+        Some(old) => {
+            nudge(ctx, &old.workflow_id, "superseded by a newer build").await;
+            if !aborted {
+                start_rollout(ctx, twd, spec).await;
+            }
+        }
+        None if !aborted => start_rollout(ctx, twd, spec).await,
+        None => {}
+    }
+}
+
+async fn start_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, spec: &SpecSignal) {
+    let workflow_id = twd.rollout_workflow_id(&spec.build_id);
+    let input = RolloutInput { twd: twd.clone(), build_id: spec.build_id.clone(), carried: None };
+    let search_attributes = ctx.state(|s| s.input.search_attributes).then(|| {
+        SearchAttributes::new([
+            SA_NAMESPACE.value_set(twd.namespace.clone()),
+            SA_NAME.value_set(twd.name.clone()),
+            SA_BUILD_ID.value_set(spec.build_id.clone()),
+        ])
+    });
+    let options = ChildWorkflowOptions::builder()
+        .workflow_id(workflow_id.clone())
+        .parent_close_policy(ParentClosePolicy::Abandon)
+        .id_reuse_policy(WorkflowIdReusePolicy::AllowDuplicate)
+        .static_summary(format!("Rollout of {} to build {}", twd.key(), spec.build_id))
+        .maybe_search_attributes(search_attributes)
+        .build();
+    let started = ctx.start_child_workflow(RolloutWorkflow::run, input, options).await;
+    if started.is_err() {
+        // Already running (e.g. a superseded run that has not exited yet): it re-observes and
+        // carries on, since its build is the target again.
+        nudge(ctx, &workflow_id, "build is the target again").await;
+    }
+    ctx.state_mut(|s| {
+        s.active = Some(ActiveRollout {
+            build_id: spec.build_id.clone(),
+            workflow_id,
+            notified_generation: spec.generation,
+        });
+        s.last_report = None;
+    });
+}
+
+async fn nudge(ctx: &mut WorkflowContext<TwdWorkflow>, workflow_id: &str, reason: &str) {
+    // A rollout that already ended cannot be signalled; nothing to do then.
+    let _ = ctx
+        .external_workflow(workflow_id.to_owned(), None)
+        .signal(RolloutWorkflow::nudge, reason.to_owned(), SignalWorkflowOptions::default())
+        .await;
+}
+
+async fn forward_controls(ctx: &mut WorkflowContext<TwdWorkflow>) {
+    let controls = ctx.state_mut(|s| std::mem::take(&mut s.controls));
+    let Some(active) = ctx.state(|s| s.active.clone()) else {
+        return;
+    };
+    for action in controls {
+        let _ = ctx
+            .external_workflow(active.workflow_id.clone(), None)
+            .signal(RolloutWorkflow::control, action, SignalWorkflowOptions::default())
+            .await;
+    }
+}
+
+/// Writes the status projection when it differs from the last one written.
+async fn write_status(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, observation: &Observation, generation: i64) {
+    let now = now_millis(ctx);
+    let report = ctx.state(|s| s.last_report.clone());
+    let projected = status::project(observation, report.as_ref(), generation, now);
+    let unchanged = ctx.state(|s| s.last_status.as_ref().is_some_and(|last| same_status(last, &projected)));
+    if unchanged {
+        return;
+    }
+    let request = StatusRequest { twd: twd.clone(), status: projected.clone() };
+    if run_activity(ctx, WriteStatus, request, "write status", short_options()).await.is_ok() {
+        ctx.state_mut(|s| s.last_status = Some(projected));
+    }
+}
+
+/// Equal apart from timestamps that move on every projection.
+fn same_status(a: &TemporalWorkerDeploymentStatus, b: &TemporalWorkerDeploymentStatus) -> bool {
+    let strip = |s: &TemporalWorkerDeploymentStatus| {
+        let mut s = s.clone();
+        if let Some(r) = s.rollout.as_mut() {
+            r.updated_at = None;
+        }
+        for c in &mut s.conditions {
+            c.last_transition_time = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default());
+        }
+        s
+    };
+    strip(a) == strip(b)
+}
+
+/// Executes the sunset plan; returns when to look again.
+async fn retire_versions(
+    ctx: &mut WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+    observation: &Observation,
+) -> Option<Duration> {
+    let now = now_millis(ctx);
+    let memory = ctx.state(|s| s.sunset.clone());
+    let plan = sunset::plan(observation, &memory, now);
+    ctx.state_mut(|s| s.sunset = plan.memory.clone());
+    for action in plan.actions {
+        match action {
+            SunsetAction::ScaleToZero { build_id, deployment } => {
+                let request = ScaleRequest { namespace: twd.namespace.clone(), name: deployment.clone(), replicas: 0 };
+                if run_activity(ctx, ScaleDeployment, request, &format!("scale {build_id} to 0"), short_options()).await.is_ok() {
+                    event(ctx, twd, EventKind::Normal, "ScaledDown", format!("Scaled Deployment {deployment} of retired build {build_id} to 0")).await;
+                }
+            }
+            SunsetAction::DeleteDeployment { build_id, deployment } => {
+                let request = DeploymentRequest { namespace: twd.namespace.clone(), name: deployment.clone() };
+                if run_activity(ctx, DeleteDeployment, request, &format!("delete Deployment of {build_id}"), short_options()).await.is_ok() {
+                    event(ctx, twd, EventKind::Normal, "DeploymentDeleted", format!("Deleted Deployment {deployment} of retired build {build_id}")).await;
+                }
+            }
+            SunsetAction::DeleteVersion { build_id } => {
+                let request = DeleteVersionRequest { twd: twd.clone(), build_id: build_id.clone(), skip_drainage: false };
+                match run_activity(ctx, DeleteVersion, request, &format!("delete version {build_id}"), short_options()).await {
+                    Ok(DeleteVersionOutcome::Deleted) => {
+                        event(ctx, twd, EventKind::Normal, "VersionDeleted", format!("Deleted version {build_id} from Temporal")).await;
+                    }
+                    Ok(DeleteVersionOutcome::NotYet { .. }) | Err(_) => {}
+                }
+            }
+        }
+    }
+    plan.next_check_at.map(|at| Duration::from_millis(u64::try_from(at - now).unwrap_or(0).max(1000)))
+}
+
+/// Deletion: stop the rollout, clean Temporal and Kubernetes, release the finalizers.
+async fn delete(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) -> WorkflowResult<()> {
+    if let Some(active) = ctx.state(|s| s.active.clone()) {
+        nudge(ctx, &active.workflow_id, "TWD deleted").await;
+    }
+    loop {
+        match run_activity(ctx, CleanupDeleted, twd.clone(), "clean up deleted TWD", short_options()).await {
+            Ok(CleanupOutcome::Done) => return Ok(()),
+            Ok(CleanupOutcome::Pending { .. }) | Err(_) => {
+                ctx.timer(CLEANUP_RETRY).await;
+            }
+        }
+    }
+}
+
+async fn event(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, kind: EventKind, reason: &str, message: String) {
+    let request = EventRequest { twd: twd.clone(), kind, reason: reason.to_owned(), message };
+    let _ = run_activity(ctx, EmitEvent, request, &format!("event {reason}"), short_options()).await;
+}
