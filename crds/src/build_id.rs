@@ -121,7 +121,10 @@ pub fn image_prefix(image: &str) -> &str {
     };
     let last_slash = name_and_tag.rfind('/').map_or(0, |i| i + 1);
     let (name, tag) = match name_and_tag[last_slash..].rfind(':') {
-        Some(i) => (&name_and_tag[..last_slash + i], Some(&name_and_tag[last_slash + i + 1..])),
+        Some(i) => (
+            &name_and_tag[..last_slash + i],
+            Some(&name_and_tag[last_slash + i + 1..]),
+        ),
         None => (name_and_tag, None),
     };
     let path = strip_registry(name);
@@ -141,7 +144,9 @@ fn strip_registry(name: &str) -> &str {
     match name.split_once('/') {
         Some((first, rest))
             if (first.contains('.') || first.contains(':') || first == "localhost")
-                && first.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':')) =>
+                && first
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':')) =>
         {
             rest
         }
@@ -153,7 +158,9 @@ fn is_valid_repository_path(path: &str) -> bool {
     !path.is_empty()
         && path.split('/').all(|component| {
             !component.is_empty()
-                && component.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'))
+                && component.chars().all(|c| {
+                    c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-')
+                })
                 && component.starts_with(|c: char| c.is_ascii_alphanumeric())
                 && component.ends_with(|c: char| c.is_ascii_alphanumeric())
         })
@@ -163,7 +170,9 @@ fn is_valid_tag(tag: &str) -> bool {
     !tag.is_empty()
         && tag.len() <= 128
         && tag.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
-        && tag.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        && tag
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 /// Replaces each run of characters outside `[a-zA-Z0-9._-]` with one `-` and trims `-._` from
@@ -320,8 +329,10 @@ mod tests {
 
     #[test]
     fn template_hash_ignores_map_key_order() {
-        let mut a = PodTemplateSpec::default();
-        a.metadata = Some(Default::default());
+        let mut a = PodTemplateSpec {
+            metadata: Some(Default::default()),
+            ..Default::default()
+        };
         let mut b = a.clone();
         if let Some(m) = a.metadata.as_mut() {
             m.labels = Some([("a".into(), "1".into()), ("b".into(), "2".into())].into());

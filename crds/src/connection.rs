@@ -8,6 +8,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Address and credentials of a Temporal server.
+// Several printer columns repeat `type_ = ...`; the lint mistakes them for duplicates.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "temporal.io",
@@ -21,8 +23,16 @@ use serde::{Deserialize, Serialize};
     derive = "PartialEq",
     doc = "How workers and the controller reach a Temporal server.",
     printcolumn(name = "Host", type_ = "string", json_path = ".spec.hostPort"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
@@ -37,7 +47,11 @@ pub struct TemporalConnectionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
     /// Secret with `tls.crt`, `tls.key` and optionally `ca.crt` for mutual TLS.
-    #[serde(rename = "mutualTLSSecretRef", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "mutualTLSSecretRef",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub mutual_tls_secret_ref: Option<SecretReference>,
     /// Secret key holding an API key (TLS is then always on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -90,9 +104,14 @@ impl TemporalConnectionSpec {
     /// The authentication mode this spec selects.
     pub fn auth_mode(&self) -> AuthMode {
         if let Some(r) = &self.mutual_tls_secret_ref {
-            AuthMode::MutualTls { secret_name: r.name.clone() }
+            AuthMode::MutualTls {
+                secret_name: r.name.clone(),
+            }
         } else if let Some(r) = &self.api_key_secret_ref {
-            AuthMode::ApiKey { secret_name: r.name.clone(), key: r.key.clone() }
+            AuthMode::ApiKey {
+                secret_name: r.name.clone(),
+                key: r.key.clone(),
+            }
         } else {
             AuthMode::None
         }

@@ -12,7 +12,9 @@ pub struct InvalidDuration {
 
 /// Parses a Go-style duration: one or more `<number><unit>` parts, units ns, us, µs, ms, s, m, h.
 pub fn parse_duration(input: &str) -> Result<Duration, InvalidDuration> {
-    let invalid = || InvalidDuration { input: input.to_owned() };
+    let invalid = || InvalidDuration {
+        input: input.to_owned(),
+    };
     if input == "0" {
         return Ok(Duration::ZERO);
     }
@@ -22,13 +24,17 @@ pub fn parse_duration(input: &str) -> Result<Duration, InvalidDuration> {
         return Err(invalid());
     }
     while !rest.is_empty() {
-        let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(invalid)?;
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(invalid)?;
         if number_len == 0 {
             return Err(invalid());
         }
         let number: f64 = rest[..number_len].parse().map_err(|_| invalid())?;
         rest = &rest[number_len..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
         let nanos_per_unit = match &rest[..unit_len] {
             "ns" => 1.0,
             "us" | "µs" => 1e3,

@@ -19,7 +19,12 @@ pub fn versioned_deployment_name(twd_name: &str, build_id: &BuildId) -> String {
     let full = format!("{twd_name}-{build_id}");
     let name = if full.len() > MAX_DEPLOYMENT_NAME_LEN {
         let digest = hex::encode(Sha256::digest(full.as_bytes()));
-        format!("{}-{}-{}", first_chars(twd_name, 10), first_chars(build_id.as_str(), 10), &digest[..10])
+        format!(
+            "{}-{}-{}",
+            first_chars(twd_name, 10),
+            first_chars(build_id.as_str(), 10),
+            &digest[..10]
+        )
     } else {
         full
     };
@@ -29,7 +34,9 @@ pub fn versioned_deployment_name(twd_name: &str, build_id: &BuildId) -> String {
 /// Label-safe form of a TWD name for the `temporal.io/deployment-name` label (at most 63).
 pub fn deployment_name_label(twd_name: &str) -> String {
     let cleaned = dns_clean(twd_name);
-    cleaned[..cleaned.len().min(63)].trim_end_matches('-').to_owned()
+    cleaned[..cleaned.len().min(63)]
+        .trim_end_matches('-')
+        .to_owned()
 }
 
 fn first_chars(value: &str, n: usize) -> &str {
@@ -63,7 +70,11 @@ mod tests {
     fn versioned_deployment_names_match_the_go_controller() {
         let cases = [
             ("worker-name", "abc123", "worker-name-abc123"),
-            ("worker-name", "image-v2.1.0-a1b2c3d4", "worker-name-image-v2-1-0-a1b2c3d4"),
+            (
+                "worker-name",
+                "image-v2.1.0-a1b2c3d4",
+                "worker-name-image-v2-1-0-a1b2c3d4",
+            ),
             ("worker-name", "master--HEAD", "worker-name-master--head"),
             (
                 "worker-name-0123456789-0123456789",
@@ -72,7 +83,11 @@ mod tests {
             ),
         ];
         for (twd, build, expected) in cases {
-            assert_eq!(versioned_deployment_name(twd, &BuildId::new(build)), expected, "{twd} + {build}");
+            assert_eq!(
+                versioned_deployment_name(twd, &BuildId::new(build)),
+                expected,
+                "{twd} + {build}"
+            );
         }
     }
 
@@ -82,12 +97,18 @@ mod tests {
         let build = BuildId::new("b".repeat(63));
         let name = versioned_deployment_name(&twd, &build);
         assert!(name.len() <= MAX_DEPLOYMENT_NAME_LEN, "{name}");
-        assert_ne!(name, versioned_deployment_name(&twd, &BuildId::new(format!("{}c", "b".repeat(62)))));
+        assert_ne!(
+            name,
+            versioned_deployment_name(&twd, &BuildId::new(format!("{}c", "b".repeat(62))))
+        );
     }
 
     #[test]
     fn temporal_deployment_name_is_namespace_slash_name() {
-        assert_eq!(temporal_deployment_name("demo", "hello-world"), "demo/hello-world");
+        assert_eq!(
+            temporal_deployment_name("demo", "hello-world"),
+            "demo/hello-world"
+        );
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! Field names and defaults match the Go controller's resource so its manifests apply
 //! unchanged; `rollout.paused`, `rollout.rollbackWindow` and `status.rollout` are ours.
 
-use k8s_openapi::api::core::v1::{ConfigMapKeySelector, ObjectReference, PodTemplateSpec, SecretKeySelector};
+use k8s_openapi::api::core::v1::{
+    ConfigMapKeySelector, ObjectReference, PodTemplateSpec, SecretKeySelector,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -14,6 +16,8 @@ pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"
 
 /// Desired state of a Temporal worker: its pods, how new versions are rolled out and how old
 /// ones are retired.
+// Several printer columns repeat `type_ = ...`; the lint mistakes them for duplicates.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "temporal.io",
@@ -71,8 +75,15 @@ pub struct WorkerOptions {
     #[schemars(length(min = 1))]
     pub temporal_namespace: String,
     /// Overrides the computed build ID. Template edits then update that version in place.
-    #[serde(rename = "unsafeCustomBuildID", default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 63), regex(pattern = r"^[a-zA-Z0-9]([a-zA-Z0-9._-]*[a-zA-Z0-9])?$"))]
+    #[serde(
+        rename = "unsafeCustomBuildID",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(
+        length(max = 63),
+        regex(pattern = r"^[a-zA-Z0-9]([a-zA-Z0-9._-]*[a-zA-Z0-9])?$")
+    )]
     pub unsafe_custom_build_id: Option<String>,
 }
 
@@ -110,7 +121,10 @@ pub struct RolloutSpec {
     /// A version that was Current within this window is promoted again at once (rollback);
     /// `0s` disables it.
     #[serde(default = "default_rollback_window")]
-    #[schemars(length(max = 32), regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
+    #[schemars(
+        length(max = 32),
+        regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
+    )]
     pub rollback_window: String,
 }
 
@@ -199,7 +213,10 @@ pub struct SunsetSpec {
 
 impl Default for SunsetSpec {
     fn default() -> Self {
-        Self { scaledown_delay: default_scaledown_delay(), delete_delay: default_delete_delay() }
+        Self {
+            scaledown_delay: default_scaledown_delay(),
+            delete_delay: default_delete_delay(),
+        }
     }
 }
 

@@ -72,7 +72,8 @@ enum Command {
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -87,12 +88,28 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Up { common, apply_samples } => up(common, apply_samples).await,
+        Command::Up {
+            common,
+            apply_samples,
+        } => up(common, apply_samples).await,
         Command::Exec { common, command } => exec(common, command).await,
-        Command::PodRunner { kubeconfig, images, bin_dir, work_dir } => {
+        Command::PodRunner {
+            kubeconfig,
+            images,
+            bin_dir,
+            work_dir,
+        } => {
             let client = twc_sandbox::apiserver::client(&kubeconfig).await?;
-            let bin_dirs = if bin_dir.is_empty() { vec![own_dir()?] } else { bin_dir };
-            let config = twc_sandbox::podrunner::PodRunnerConfig { images_file: images, bin_dirs, work_dir };
+            let bin_dirs = if bin_dir.is_empty() {
+                vec![own_dir()?]
+            } else {
+                bin_dir
+            };
+            let config = twc_sandbox::podrunner::PodRunnerConfig {
+                images_file: images,
+                bin_dirs,
+                work_dir,
+            };
             twc_sandbox::podrunner::run(client, config, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
@@ -100,7 +117,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 fn options(common: &Common, ui: bool, fast_drainage: bool) -> anyhow::Result<SandboxOptions> {
-    let absolute = |p: &Path| std::path::absolute(p).with_context(|| format!("resolving {}", p.display()));
+    let absolute =
+        |p: &Path| std::path::absolute(p).with_context(|| format!("resolving {}", p.display()));
     Ok(SandboxOptions {
         state_dir: absolute(&common.state_dir)?,
         tools_dir: absolute(&common.tools_dir)?,
@@ -115,17 +133,17 @@ fn options(common: &Common, ui: bool, fast_drainage: bool) -> anyhow::Result<San
 /// Folder of this binary, where cargo also puts `twc` and `sample-worker`.
 fn own_dir() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("locating twc-sandbox")?;
-    exe.parent().map(Path::to_owned).context("twc-sandbox has no parent folder")
+    exe.parent()
+        .map(Path::to_owned)
+        .context("twc-sandbox has no parent folder")
 }
 
 async fn up(common: Common, apply_samples: bool) -> anyhow::Result<ExitCode> {
     let options = options(&common, true, false)?;
     let mut sandbox = Sandbox::start(&options).await?;
-    if apply_samples {
-        if let Err(e) = apply_sample_manifests(&sandbox, &options.repo_dir).await {
-            sandbox.stop().await;
-            return Err(e);
-        }
+    if apply_samples && let Err(e) = apply_sample_manifests(&sandbox, &options.repo_dir).await {
+        sandbox.stop().await;
+        return Err(e);
     }
     print_banner(&sandbox, &options);
     let outcome = tokio::select! {
@@ -144,7 +162,10 @@ async fn exec(common: Common, command: Vec<String>) -> anyhow::Result<ExitCode> 
     let (program, args) = command.split_first().context("no command given")?;
     let status = tokio::process::Command::new(program)
         .args(args)
-        .env(ENV_FILE_VAR, options.state_dir.join(twc_sandbox::env::ENV_FILE_NAME))
+        .env(
+            ENV_FILE_VAR,
+            options.state_dir.join(twc_sandbox::env::ENV_FILE_NAME),
+        )
         .env("KUBECONFIG", &sandbox.env.kubeconfig)
         .env("TEMPORAL_ADDRESS", &sandbox.env.temporal_address)
         .status()
@@ -152,7 +173,10 @@ async fn exec(common: Common, command: Vec<String>) -> anyhow::Result<ExitCode> 
     let code = match &status {
         Ok(s) if s.success() => ExitCode::SUCCESS,
         Ok(s) => {
-            eprintln!("{program} failed ({s}); server logs follow\n{}", sandbox.log_tails(60));
+            eprintln!(
+                "{program} failed ({s}); server logs follow\n{}",
+                sandbox.log_tails(60)
+            );
             ExitCode::from(u8::try_from(s.code().unwrap_or(1)).unwrap_or(1))
         }
         Err(e) => {
@@ -168,6 +192,7 @@ async fn watch_for_dead_process(sandbox: &mut Sandbox) -> (String, String) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
         tick.tick().await;
+        sandbox.restart_dead_controller();
         if let Some(dead) = sandbox.dead_process() {
             return dead;
         }
@@ -176,7 +201,10 @@ async fn watch_for_dead_process(sandbox: &mut Sandbox) -> (String, String) {
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.
 async fn shutdown_signal() {
-    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
         // Without signal handlers the only way out is being killed; never complete.
         return std::future::pending().await;
     };
@@ -196,7 +224,8 @@ async fn apply_sample_manifests(sandbox: &Sandbox, repo_dir: &Path) -> anyhow::R
         .collect();
     files.sort();
     for file in files {
-        let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?;
         let text = text.replace("${TEMPORAL_ADDRESS}", &sandbox.env.temporal_address);
         let mut child = tokio::process::Command::new(&sandbox.env.kubectl)
             .arg("--kubeconfig")
@@ -210,14 +239,22 @@ async fn apply_sample_manifests(sandbox: &Sandbox, repo_dir: &Path) -> anyhow::R
             stdin.write_all(text.as_bytes()).await?;
         }
         let status = child.wait().await?;
-        anyhow::ensure!(status.success(), "kubectl apply of {} failed ({status})", file.display());
+        anyhow::ensure!(
+            status.success(),
+            "kubectl apply of {} failed ({status})",
+            file.display()
+        );
     }
     Ok(())
 }
 
 fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
     let env = &sandbox.env;
-    let kubectl = format!("{} --kubeconfig {}", env.kubectl.display(), env.kubeconfig.display());
+    let kubectl = format!(
+        "{} --kubeconfig {}",
+        env.kubectl.display(),
+        env.kubeconfig.display()
+    );
     println!(
         "\n\
         ================ twc sandbox is up ================\n\
@@ -242,7 +279,11 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
         addr = env.temporal_address,
         kc = env.kubeconfig.display(),
         logs = env.logs_dir.display(),
-        controller = if options.controller { "running" } else { "not running (build it with `make build`)" },
+        controller = if options.controller {
+            "running"
+        } else {
+            "not running (build it with `make build`)"
+        },
         kubectl_bin = env.kubectl.display(),
         temporal = env.temporal_cli.display(),
     );

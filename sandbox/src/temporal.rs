@@ -72,7 +72,14 @@ pub async fn start(options: &TemporalOptions) -> Result<TemporalServer, Temporal
     let ui_port = free_port()?;
     let mut command = Command::new(&options.cli);
     command
-        .args(["server", "start-dev", "--ip", "127.0.0.1", "--log-level", "warn"])
+        .args([
+            "server",
+            "start-dev",
+            "--ip",
+            "127.0.0.1",
+            "--log-level",
+            "warn",
+        ])
         .args(["--port", &port.to_string()])
         .args(["--http-port", &http_port.to_string()])
         .args(["--metrics-port", &metrics_port.to_string()])
@@ -87,7 +94,10 @@ pub async fn start(options: &TemporalOptions) -> Result<TemporalServer, Temporal
         // Drainage refreshed every second, and pollers forgotten 5 s after they stop (instead of
         // 3 min and 5 min), so sunset and deletion tests finish in seconds.
         for (key, value) in [
-            ("matching.wv.VersionDrainageStatusVisibilityGracePeriod", "1s"),
+            (
+                "matching.wv.VersionDrainageStatusVisibilityGracePeriod",
+                "1s",
+            ),
             ("matching.wv.VersionDrainageStatusRefreshInterval", "1s"),
             ("matching.PollerHistoryTTL", "5s"),
         ] {
@@ -109,14 +119,29 @@ pub async fn start(options: &TemporalOptions) -> Result<TemporalServer, Temporal
 }
 
 async fn wait_healthy(cli: &Path, address: &str, log: &Path) -> Result<(), TemporalError> {
-    wait_until("Temporal dev server health", Duration::from_secs(60), || async {
-        let out = Command::new(cli)
-            .args(["operator", "namespace", "describe", "--namespace", "default", "--address", address])
-            .output()
-            .await
-            .ok()?;
-        out.status.success().then_some(())
-    })
+    wait_until(
+        "Temporal dev server health",
+        Duration::from_secs(60),
+        || async {
+            let out = Command::new(cli)
+                .args([
+                    "operator",
+                    "namespace",
+                    "describe",
+                    "--namespace",
+                    "default",
+                    "--address",
+                    address,
+                ])
+                .output()
+                .await
+                .ok()?;
+            out.status.success().then_some(())
+        },
+    )
     .await
-    .map_err(|source| TemporalError::NotHealthy { log: log.to_owned(), source })
+    .map_err(|source| TemporalError::NotHealthy {
+        log: log.to_owned(),
+        source,
+    })
 }

@@ -49,14 +49,24 @@ impl Sandbox {
     pub async fn start(options: &SandboxOptions) -> anyhow::Result<Self> {
         let logs_dir = options.state_dir.join("logs");
         let pods_dir = options.state_dir.join("pods");
+        // Every start is fresh: no state of an earlier run (etcd, Temporal, pods) leaks in.
+        if options.state_dir.exists() {
+            std::fs::remove_dir_all(&options.state_dir)
+                .map_err(|e| anyhow::anyhow!("clearing {}: {e}", options.state_dir.display()))?;
+        }
         for dir in [&options.state_dir, &logs_dir, &pods_dir] {
-            std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
         }
         let temporal_cli = options.tools_dir.join("venv/bin/temporal");
         let kubectl = options.tools_dir.join("venv/bin/kubectl");
         let apiserver_bin = options.tools_dir.join("bin/twc-apiserver");
         for tool in [&temporal_cli, &kubectl, &apiserver_bin] {
-            anyhow::ensure!(tool.exists(), "{} is missing: run `make tools`", tool.display());
+            anyhow::ensure!(
+                tool.exists(),
+                "{} is missing: run `make tools`",
+                tool.display()
+            );
         }
 
         tracing::info!("starting Temporal dev server and kube-apiserver");
@@ -99,16 +109,40 @@ impl Sandbox {
             kubectl,
             bin_dir: options.bin_dir.clone(),
             controller_log: None,
+            controller_pid_file: None,
         };
-        let controller = if options.controller { Some(start_controller(&mut env)?) } else { None };
+        let controller = if options.controller {
+            Some(start_controller(&mut env)?)
+        } else {
+            None
+        };
         write_env_file(&options.state_dir, &env)?;
-        Ok(Self { env, temporal, apiserver, controller, pod_runner, stop_pod_runner: Some(stop_tx) })
+        Ok(Self {
+            env,
+            temporal,
+            apiserver,
+            controller,
+            pod_runner,
+            stop_pod_runner: Some(stop_tx),
+        })
     }
 
     /// The name and exit status of a server that died, if any.
     pub fn dead_process(&mut self) -> Option<(String, String)> {
-        let processes = [Some(&mut self.temporal.process), Some(&mut self.apiserver.process), self.controller.as_mut()];
-        processes.into_iter().flatten().find_map(|p| p.exited().map(|status| (p.name.clone(), status)))
+        [&mut self.temporal.process, &mut self.apiserver.process]
+            .into_iter()
+            .find_map(|p| p.exited().map(|status| (p.name.clone(), status)))
+    }
+
+    /// Restarts the controller if it exited (crash tests SIGKILL it); returns how it ended.
+    pub fn restart_dead_controller(&mut self) -> Option<String> {
+        let status = self.controller.as_mut()?.exited()?;
+        tracing::warn!("controller exited ({status}); restarting it");
+        match start_controller(&mut self.env) {
+            Ok(process) => self.controller = Some(process),
+            Err(e) => tracing::error!("restarting the controller failed: {e:#}"),
+        }
+        Some(status)
     }
 
     /// Last lines of every server log, for failure reports.
@@ -118,7 +152,13 @@ impl Sandbox {
             logs.push(&controller.log);
         }
         logs.iter()
-            .map(|log| format!("===== {} (last {lines} lines) =====\n{}\n", log.display(), tail(log, lines)))
+            .map(|log| {
+                format!(
+                    "===== {} (last {lines} lines) =====\n{}\n",
+                    log.display(),
+                    tail(log, lines)
+                )
+            })
             .collect()
     }
 
@@ -137,7 +177,10 @@ impl Sandbox {
             Ok(Err(e)) => tracing::warn!("pod runner task failed: {e}"),
             Err(_) => tracing::warn!("pod runner did not stop within 30s"),
         }
-        tokio::join!(self.temporal.process.stop(grace), self.apiserver.process.stop(grace));
+        tokio::join!(
+            self.temporal.process.stop(grace),
+            self.apiserver.process.stop(grace)
+        );
     }
 }
 
@@ -149,9 +192,15 @@ fn start_controller(env: &mut SandboxEnv) -> anyhow::Result<Supervised> {
         .env("KUBECONFIG", &env.kubeconfig)
         .env("TWC_ENGINE_ADDRESS", &env.temporal_address)
         .env("TWC_ENGINE_NAMESPACE", &env.temporal_namespace)
-        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned()));
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
+        );
     let process = spawn_logged("controller", command, &log)?;
+    let pid_file = env.logs_dir.with_file_name("controller.pid");
+    std::fs::write(&pid_file, process.pid().map(|p| p.to_string()).unwrap_or_default())?;
     env.controller_log = Some(log);
+    env.controller_pid_file = Some(pid_file);
     Ok(process)
 }
 

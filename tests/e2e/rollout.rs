@@ -9,7 +9,8 @@ use serde_json::json;
 use twc_crds::TemporalWorkerDeployment;
 
 use crate::harness::twd::{
-    apply, condition, connection, deployments, get_twd, routing, target_build, wait_ready, wait_reason, worker,
+    apply, condition, connection, deployments, get_twd, routing, target_build, wait_ready,
+    wait_reason, worker,
 };
 use crate::harness::wait::wait_for;
 use crate::harness::{kube_client, test_namespace};
@@ -21,10 +22,18 @@ fn all_at_once() -> serde_json::Value {
 }
 
 async fn current_build(deployment_name: &str, expected: &str) {
-    wait_for(&format!("Temporal current version of {deployment_name} = {expected}"), ROLLOUT, || async {
-        let r = routing(deployment_name).await?;
-        if r.current.as_deref() == Some(expected) { Ok(()) } else { Err(format!("{r:?}")) }
-    })
+    wait_for(
+        &format!("Temporal current version of {deployment_name} = {expected}"),
+        ROLLOUT,
+        || async {
+            let r = routing(deployment_name).await?;
+            if r.current.as_deref() == Some(expected) {
+                Ok(())
+            } else {
+                Err(format!("{r:?}"))
+            }
+        },
+    )
     .await;
 }
 
@@ -46,18 +55,32 @@ async fn all_at_once_promotes_each_version_and_retires_the_old_one() {
     apply(&worker(&ns, "hello", "v2", all_at_once())).await;
     let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
     let second = target_build(&twd).unwrap_or_default();
-    assert!(second.starts_with("v2-") && second != first, "build ID {second}");
+    assert!(
+        second.starts_with("v2-") && second != first,
+        "build ID {second}"
+    );
     current_build(&deployment_name, &second).await;
 
-    wait_for("the first version's Deployment and Temporal version are deleted", ROLLOUT, || async {
-        let deps = deployments(&client, &ns, "hello").await;
-        let r = routing(&deployment_name).await?;
-        let gone = deps.iter().all(|d| d.1 != first) && !r.versions.contains(&first);
-        if gone { Ok(()) } else { Err(format!("deployments {deps:?}; versions {:?}", r.versions)) }
-    })
+    wait_for(
+        "the first version's Deployment and Temporal version are deleted",
+        ROLLOUT,
+        || async {
+            let deps = deployments(&client, &ns, "hello").await;
+            let r = routing(&deployment_name).await?;
+            let gone = deps.iter().all(|d| d.1 != first) && !r.versions.contains(&first);
+            if gone {
+                Ok(())
+            } else {
+                Err(format!("deployments {deps:?}; versions {:?}", r.versions))
+            }
+        },
+    )
     .await;
     let deps = deployments(&client, &ns, "hello").await;
-    assert_eq!(deps.iter().map(|d| d.1.clone()).collect::<Vec<_>>(), vec![second]);
+    assert_eq!(
+        deps.iter().map(|d| d.1.clone()).collect::<Vec<_>>(),
+        vec![second]
+    );
 }
 
 #[tokio::test]
@@ -68,19 +91,43 @@ async fn manual_registers_but_never_promotes_even_with_a_passing_gate() {
     apply(&connection(&ns)).await;
     let rollout = json!({ "strategy": "Manual", "gate": { "workflowType": "GatePass" } });
     apply(&worker(&ns, "hello", "v1", rollout)).await;
-    let (status, _, _) = wait_reason(&client, &ns, "hello", "Ready", "WaitingForPromotion", ROLLOUT).await;
+    let (status, _, _) = wait_reason(
+        &client,
+        &ns,
+        "hello",
+        "Ready",
+        "WaitingForPromotion",
+        ROLLOUT,
+    )
+    .await;
     assert_eq!(status, "False");
-    let twd = wait_for("the gate passed and the version waits for promotion", ROLLOUT, || async {
-        let twd = get_twd(&client, &ns, "hello").await?;
-        let target = twd.status.as_ref().and_then(|s| s.target_version.clone());
-        let passed = target.is_some_and(|t| !t.test_workflows.is_empty() && t.test_workflows.iter().all(|w| w.status == "Completed"));
-        if passed { Ok(twd) } else { Err(format!("{:?}", twd.status)) }
-    })
+    let twd = wait_for(
+        "the gate passed and the version waits for promotion",
+        ROLLOUT,
+        || async {
+            let twd = get_twd(&client, &ns, "hello").await?;
+            let target = twd.status.as_ref().and_then(|s| s.target_version.clone());
+            let passed = target.is_some_and(|t| {
+                !t.test_workflows.is_empty()
+                    && t.test_workflows.iter().all(|w| w.status == "Completed")
+            });
+            if passed {
+                Ok(twd)
+            } else {
+                Err(format!("{:?}", twd.status))
+            }
+        },
+    )
     .await;
     let (status, reason, _) = condition(&twd, "Ready").unwrap_or_default();
-    assert_eq!((status.as_str(), reason.as_str()), ("False", "WaitingForPromotion"));
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "WaitingForPromotion")
+    );
     let build = target_build(&twd).unwrap_or_default();
-    let r = routing(&deployment_name).await.unwrap_or_else(|e| panic!("{e}"));
+    let r = routing(&deployment_name)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(r.versions.contains(&build), "registered: {r:?}");
     assert_eq!(r.current, None, "Manual must not route: {r:?}");
     assert_eq!(r.ramping, None, "Manual must not route: {r:?}");
@@ -104,29 +151,33 @@ async fn progressive_ramps_through_each_step_then_becomes_current() {
 
     apply(&worker(&ns, "hello", "v2", rollout)).await;
     let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
-    let second = wait_for("v2 ramps 30% then 60% then becomes Current", ROLLOUT, || {
-        let seen = seen.clone();
-        let client = &client;
-        let ns = &ns;
-        let deployment_name = &deployment_name;
-        async move {
-            let r = routing(deployment_name).await?;
-            let twd = get_twd(client, ns, "hello").await?;
-            let mut seen = seen.borrow_mut();
-            let target = target_build(&twd).unwrap_or_default();
-            if r.ramping.as_deref() == Some(target.as_str()) {
-                let pct = r.percentage.round() as i64;
-                if seen.last() != Some(&pct) {
-                    seen.push(pct);
+    let second = wait_for(
+        "v2 ramps 30% then 60% then becomes Current",
+        ROLLOUT,
+        || {
+            let seen = seen.clone();
+            let client = &client;
+            let ns = &ns;
+            let deployment_name = &deployment_name;
+            async move {
+                let r = routing(deployment_name).await?;
+                let twd = get_twd(client, ns, "hello").await?;
+                let mut seen = seen.borrow_mut();
+                let target = target_build(&twd).unwrap_or_default();
+                if r.ramping.as_deref() == Some(target.as_str()) {
+                    let pct = r.percentage.round() as i64;
+                    if seen.last() != Some(&pct) {
+                        seen.push(pct);
+                    }
+                }
+                if r.current.as_deref() == Some(target.as_str()) && target.starts_with("v2-") {
+                    Ok(target)
+                } else {
+                    Err(format!("routing {r:?}, ramps seen {seen:?}"))
                 }
             }
-            if r.current.as_deref() == Some(target.as_str()) && target.starts_with("v2-") {
-                Ok(target)
-            } else {
-                Err(format!("routing {r:?}, ramps seen {seen:?}"))
-            }
-        }
-    })
+        },
+    )
     .await;
     assert_eq!(*seen.borrow(), vec![30, 60], "ramp steps observed in order");
     let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
@@ -145,11 +196,18 @@ async fn failing_gate_stops_with_gate_failed_and_leaves_routing_untouched() {
 
     let rollout = json!({ "strategy": "AllAtOnce", "gate": { "workflowType": "RolloutGate", "input": { "fail": true } } });
     apply(&worker(&ns, "hello", "v2", rollout)).await;
-    let (status, _, message) = wait_reason(&client, &ns, "hello", "Progressing", "GateFailed", ROLLOUT).await;
+    let (status, _, message) =
+        wait_reason(&client, &ns, "hello", "Progressing", "GateFailed", ROLLOUT).await;
     assert_eq!(status, "False");
     assert!(message.contains("RolloutGate"), "{message}");
-    let r = routing(&deployment_name).await.unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(r.current.as_deref(), Some(first.as_str()), "routing untouched: {r:?}");
+    let r = routing(&deployment_name)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        r.current.as_deref(),
+        Some(first.as_str()),
+        "routing untouched: {r:?}"
+    );
     assert_eq!(r.ramping, None);
     wait_for("the failed build is scaled to zero", ROLLOUT, || async {
         let deps = deployments(&client, &ns, "hello").await;
@@ -177,11 +235,28 @@ async fn gate_input_from_a_config_map_reaches_the_gate_workflow() {
         "inputFrom": { "configMapKeyRef": { "name": "gate-input", "key": "payload.json" } } } });
     apply(&worker(&ns, "hello", "v1", rollout)).await;
     let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
-    let runs = twd.status.as_ref().and_then(|s| s.target_version.as_ref()).map(|t| t.test_workflows.clone()).unwrap_or_default();
+    let runs = twd
+        .status
+        .as_ref()
+        .and_then(|s| s.target_version.as_ref())
+        .map(|t| t.test_workflows.clone())
+        .unwrap_or_default();
     assert!(!runs.is_empty(), "gate runs recorded: {:?}", twd.status);
-    let result = crate::harness::cli::temporal(&["workflow", "result", "--workflow-id", &runs[0].workflow_id, "--output", "json"]).await;
+    let result = crate::harness::cli::temporal(&[
+        "workflow",
+        "result",
+        "--workflow-id",
+        &runs[0].workflow_id,
+        "--output",
+        "json",
+    ])
+    .await;
     assert!(result.success, "{}", result.stderr);
-    assert!(result.stdout.contains("smoke"), "gate result carries its input: {}", result.stdout);
+    assert!(
+        result.stdout.contains("smoke"),
+        "gate result carries its input: {}",
+        result.stdout
+    );
 }
 
 #[tokio::test]
@@ -194,7 +269,8 @@ async fn rollback_to_a_recent_current_build_is_promoted_at_once() {
     apply(&worker(&ns, "hello", "v1", slow.clone())).await;
     let first = target_build(&wait_ready(&client, &ns, "hello", ROLLOUT).await).unwrap_or_default();
     apply(&worker(&ns, "hello", "v2", all_at_once())).await;
-    let second = target_build(&wait_ready(&client, &ns, "hello", ROLLOUT).await).unwrap_or_default();
+    let second =
+        target_build(&wait_ready(&client, &ns, "hello", ROLLOUT).await).unwrap_or_default();
     assert_ne!(first, second);
     // Back to v1 with a 10-minute step: a rollback skips the steps.
     apply(&worker(&ns, "hello", "v1", slow)).await;
@@ -208,8 +284,15 @@ async fn missing_connection_is_reported_and_creating_it_resumes_the_rollout() {
     let client = kube_client().await;
     let ns = test_namespace(&client, "noconn").await;
     apply(&worker(&ns, "hello", "v1", all_at_once())).await;
-    let (status, _, message) =
-        wait_reason(&client, &ns, "hello", "Progressing", "TemporalConnectionNotFound", ROLLOUT).await;
+    let (status, _, message) = wait_reason(
+        &client,
+        &ns,
+        "hello",
+        "Progressing",
+        "TemporalConnectionNotFound",
+        ROLLOUT,
+    )
+    .await;
     assert_eq!(status, "False");
     assert!(message.contains("dev"), "{message}");
     apply(&connection(&ns)).await;
@@ -224,22 +307,50 @@ async fn deleting_a_twd_returns_routing_to_unversioned_and_removes_everything() 
     apply(&connection(&ns)).await;
     apply(&worker(&ns, "hello", "v1", all_at_once())).await;
     let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
-    assert!(twd.metadata.finalizers.iter().flatten().any(|f| f == twc_crds::labels::DELETE_PROTECTION_FINALIZER));
+    assert!(
+        twd.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == twc_crds::labels::DELETE_PROTECTION_FINALIZER)
+    );
     let api: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), &ns);
     if let Err(e) = api.delete("hello", &DeleteParams::default()).await {
         panic!("deleting TWD: {e}");
     }
-    wait_for("TWD, Deployments and the Temporal worker deployment are gone", ROLLOUT, || async {
-        let twd_gone = matches!(api.get_opt("hello").await, Ok(None));
-        let deps = deployments(&client, &ns, "hello").await;
-        let r = routing(&deployment_name).await?;
-        if twd_gone && deps.is_empty() && !r.exists {
-            Ok(())
-        } else {
-            Err(format!("twd gone {twd_gone}, deployments {deps:?}, routing {r:?}"))
-        }
-    })
+    wait_for(
+        "TWD, Deployments and the Temporal worker deployment are gone",
+        ROLLOUT,
+        || async {
+            let twd_gone = matches!(api.get_opt("hello").await, Ok(None));
+            let deps = deployments(&client, &ns, "hello").await;
+            let r = routing(&deployment_name).await?;
+            if twd_gone && deps.is_empty() && !r.exists {
+                Ok(())
+            } else {
+                Err(format!(
+                    "twd gone {twd_gone}, deployments {deps:?}, routing {r:?}"
+                ))
+            }
+        },
+    )
     .await;
-    let conn = crate::harness::cli::kubectl(&["get", "tconn", "dev", "-n", &ns, "-o", "jsonpath={.metadata.finalizers}"], None).await;
-    assert!(!conn.stdout.contains("delete-protection"), "connection finalizer released: {}", conn.stdout);
+    let conn = crate::harness::cli::kubectl(
+        &[
+            "get",
+            "tconn",
+            "dev",
+            "-n",
+            &ns,
+            "-o",
+            "jsonpath={.metadata.finalizers}",
+        ],
+        None,
+    )
+    .await;
+    assert!(
+        !conn.stdout.contains("delete-protection"),
+        "connection finalizer released: {}",
+        conn.stdout
+    );
 }

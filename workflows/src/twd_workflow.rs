@@ -14,21 +14,22 @@ use temporalio_common::search_attributes::SearchAttributes;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::workflows::select;
 use temporalio_sdk::{
-    ChildWorkflowOptions, ParentClosePolicy, SignalWorkflowOptions, SyncWorkflowContext, WorkflowContext,
-    WorkflowContextView, WorkflowIdReusePolicy, WorkflowResult,
+    ChildWorkflowOptions, ParentClosePolicy, SignalWorkflowOptions, SyncWorkflowContext,
+    WorkflowContext, WorkflowContextView, WorkflowIdReusePolicy, WorkflowResult,
 };
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 
 use crate::contract::{
-    CleanupDeleted, CleanupOutcome, DeleteDeployment, DeleteVersion, DeleteVersionOutcome, DeleteVersionRequest,
-    DeploymentRequest, EmitEvent, EnsureFinalizers, EventKind, EventRequest, Observe, ScaleDeployment, ScaleRequest,
-    StatusRequest, WriteStatus,
+    CleanupDeleted, CleanupOutcome, DeleteDeployment, DeleteVersion, DeleteVersionOutcome,
+    DeleteVersionRequest, DeploymentRequest, EmitEvent, EnsureFinalizers, EventKind, EventRequest,
+    Observe, ScaleDeployment, ScaleRequest, StatusRequest, WriteStatus,
 };
 use crate::model::{ControlAction, Observation, RolloutProgress, RolloutReport, TwdRef};
 use crate::plan::sunset::{SunsetAction, SunsetMemory};
 use crate::plan::{status, sunset};
 use crate::rollout_workflow::{
-    RolloutInput, RolloutWorkflow, SA_BUILD_ID, SA_NAME, SA_NAMESPACE, now_millis, run_activity, short_options,
+    RolloutInput, RolloutWorkflow, SA_BUILD_ID, SA_NAME, SA_NAMESPACE, now_millis, run_activity,
+    short_options,
 };
 
 /// Level-triggered resync interval when nothing else is due.
@@ -108,6 +109,8 @@ pub struct TwdWorkflow {
     aborted: Vec<String>,
     controls: Vec<ControlAction>,
     wakeups: u64,
+    /// A duplicate spec signal arrived (something around the TWD changed): nudge the rollout.
+    poked: bool,
     last_status: Option<TemporalWorkerDeploymentStatus>,
 }
 
@@ -130,6 +133,7 @@ impl TwdWorkflow {
             aborted,
             controls: Vec::new(),
             wakeups: 0,
+            poked: false,
             last_status: None,
         }
     }
@@ -139,7 +143,14 @@ impl TwdWorkflow {
     pub async fn run(ctx: &mut WorkflowContext<Self>) -> WorkflowResult<()> {
         let twd = ctx.state(|s| s.input.twd.clone());
         if ctx.state(|s| s.input.carried.is_none()) {
-            let _ = run_activity(ctx, EnsureFinalizers, twd.clone(), "ensure finalizers", short_options()).await;
+            let _ = run_activity(
+                ctx,
+                EnsureFinalizers,
+                twd.clone(),
+                "ensure finalizers",
+                short_options(),
+            )
+            .await;
         }
         let mut next_wake = Duration::ZERO;
         let mut turns = 0u32;
@@ -161,13 +172,17 @@ impl TwdWorkflow {
             }
             dispatch_rollout(ctx, &twd, &spec).await;
             forward_controls(ctx).await;
-            next_wake = match run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await {
-                Ok(observation) => {
-                    write_status(ctx, &twd, &observation, spec.generation).await;
-                    retire_versions(ctx, &twd, &observation).await.unwrap_or(RESYNC).min(RESYNC)
-                }
-                Err(_) => Duration::from_secs(30),
-            };
+            next_wake =
+                match run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await {
+                    Ok(observation) => {
+                        write_status(ctx, &twd, &observation, spec.generation).await;
+                        retire_versions(ctx, &twd, &observation)
+                            .await
+                            .unwrap_or(RESYNC)
+                            .min(RESYNC)
+                    }
+                    Err(_) => Duration::from_secs(30),
+                };
             let idle = ctx.state(|s| s.wakeups == seen);
             if idle && (turns >= MAX_TURNS_PER_RUN || ctx.continue_as_new_suggested()) {
                 let input = ctx.state(|s| TwdInput {
@@ -197,20 +212,23 @@ impl TwdWorkflow {
         };
         if newer {
             self.spec = Some(signal);
+        } else {
+            // A duplicate is a hint that something around the TWD changed (its connection).
+            self.poked = true;
         }
-        // Even a duplicate is a hint to resync soon (e.g. a Deployment or connection changed).
         self.wakeups += 1;
     }
 
     /// Progress from a rollout child.
     #[signal(name = "rollout_update")]
     pub fn rollout_update(&mut self, _ctx: &mut SyncWorkflowContext<Self>, report: RolloutReport) {
-        let newer = self
-            .last_report
-            .as_ref()
-            .is_none_or(|last| last.workflow_id != report.workflow_id || report.sequence > last.sequence);
+        let newer = self.last_report.as_ref().is_none_or(|last| {
+            last.workflow_id != report.workflow_id || report.sequence > last.sequence
+        });
         if newer {
-            if report.progress == RolloutProgress::Aborted && !self.aborted.contains(&report.build_id) {
+            if report.progress == RolloutProgress::Aborted
+                && !self.aborted.contains(&report.build_id)
+            {
                 self.aborted.push(report.build_id.clone());
             }
             self.last_report = Some(report);
@@ -228,60 +246,74 @@ impl TwdWorkflow {
     /// Spec, rollout in flight and its latest report.
     #[query(name = "status")]
     pub fn status(&self, _ctx: &WorkflowContextView) -> TwdStatusView {
-        TwdStatusView { spec: self.spec.clone(), active: self.active.clone(), last_report: self.last_report.clone() }
+        TwdStatusView {
+            spec: self.spec.clone(),
+            active: self.active.clone(),
+            last_report: self.last_report.clone(),
+        }
     }
 }
 
 /// Starts a rollout for a new target build (superseding the old one), or tells the running one
-/// that the spec changed.
+/// that something changed.
 async fn dispatch_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, spec: &SpecSignal) {
     let active = ctx.state(|s| s.active.clone());
     let aborted = ctx.state(|s| s.aborted.contains(&spec.build_id));
-    let ended_for_target = ctx.state(|s| {
-        s.last_report.as_ref().is_some_and(|r| {
-            r.build_id == spec.build_id
-                && matches!(r.progress, RolloutProgress::Superseded | RolloutProgress::Complete | RolloutProgress::Aborted)
-        })
+    let poked = ctx.state_mut(|s| std::mem::take(&mut s.poked));
+    let Some(active) = active else {
+        if !aborted {
+            start_rollout(ctx, twd, spec).await;
+        }
+        return;
+    };
+    if active.build_id != spec.build_id {
+        nudge(ctx, &active.workflow_id, "superseded by a newer build").await;
+        if !aborted {
+            start_rollout(ctx, twd, spec).await;
+        }
+        return;
+    }
+    let ended = ctx.state(|s| {
+        s.last_report
+            .as_ref()
+            .filter(|r| r.build_id == spec.build_id)
+            .map(|r| r.progress)
+            .filter(|p| {
+                matches!(
+                    p,
+                    RolloutProgress::Superseded
+                        | RolloutProgress::Complete
+                        | RolloutProgress::Aborted
+                )
+            })
     });
-    match active {
-        Some(active) if active.build_id == spec.build_id && !ended_for_target => {
-            if spec.generation > active.notified_generation {
-                nudge(ctx, &active.workflow_id, "spec changed").await;
-                ctx.state_mut(|s| {
-                    if let Some(a) = s.active.as_mut() {
-                        a.notified_generation = spec.generation;
-                    }
-                });
-            }
-        }
-        Some(active) if active.build_id == spec.build_id => {
-            // The rollout of the target ended. Complete stays complete (a new rollout would
-            // only confirm it); a superseded one whose build is the target again restarts.
-            let superseded = ctx.state(|s| {
-                s.last_report.as_ref().is_some_and(|r| r.progress == RolloutProgress::Superseded)
+    let spec_changed = spec.generation > active.notified_generation;
+    match ended {
+        // It exited as superseded while its build became the target again: run it again.
+        Some(RolloutProgress::Superseded) if !aborted => start_rollout(ctx, twd, spec).await,
+        // Finished: a spec change (e.g. replicas) gets a fresh run, which ends at once when the
+        // build is still Current.
+        Some(RolloutProgress::Complete) if spec_changed => start_rollout(ctx, twd, spec).await,
+        Some(_) => {}
+        None if spec_changed || poked => {
+            nudge(ctx, &active.workflow_id, "spec changed").await;
+            ctx.state_mut(|s| {
+                if let Some(a) = s.active.as_mut() {
+                    a.notified_generation = spec.generation;
+                }
             });
-            if superseded && !aborted {
-                start_rollout(ctx, twd, spec).await;
-            } else if spec.generation > active.notified_generation {
-                // Re-check a finished rollout against the new spec (e.g. replicas) by
-                // starting a fresh run: it finishes at once if the build is still Current.
-                start_rollout(ctx, twd, spec).await;
-            }
         }
-        Some(old) => {
-            nudge(ctx, &old.workflow_id, "superseded by a newer build").await;
-            if !aborted {
-                start_rollout(ctx, twd, spec).await;
-            }
-        }
-        None if !aborted => start_rollout(ctx, twd, spec).await,
         None => {}
     }
 }
 
 async fn start_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, spec: &SpecSignal) {
     let workflow_id = twd.rollout_workflow_id(&spec.build_id);
-    let input = RolloutInput { twd: twd.clone(), build_id: spec.build_id.clone(), carried: None };
+    let input = RolloutInput {
+        twd: twd.clone(),
+        build_id: spec.build_id.clone(),
+        carried: None,
+    };
     let search_attributes = ctx.state(|s| s.input.search_attributes).then(|| {
         SearchAttributes::new([
             SA_NAMESPACE.value_set(twd.namespace.clone()),
@@ -293,10 +325,16 @@ async fn start_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, spe
         .workflow_id(workflow_id.clone())
         .parent_close_policy(ParentClosePolicy::Abandon)
         .id_reuse_policy(WorkflowIdReusePolicy::AllowDuplicate)
-        .static_summary(format!("Rollout of {} to build {}", twd.key(), spec.build_id))
+        .static_summary(format!(
+            "Rollout of {} to build {}",
+            twd.key(),
+            spec.build_id
+        ))
         .maybe_search_attributes(search_attributes)
         .build();
-    let started = ctx.start_child_workflow(RolloutWorkflow::run, input, options).await;
+    let started = ctx
+        .start_child_workflow(RolloutWorkflow::run, input, options)
+        .await;
     if started.is_err() {
         // Already running (e.g. a superseded run that has not exited yet): it re-observes and
         // carries on, since its build is the target again.
@@ -316,7 +354,11 @@ async fn nudge(ctx: &mut WorkflowContext<TwdWorkflow>, workflow_id: &str, reason
     // A rollout that already ended cannot be signalled; nothing to do then.
     let _ = ctx
         .external_workflow(workflow_id.to_owned(), None)
-        .signal(RolloutWorkflow::nudge, reason.to_owned(), SignalWorkflowOptions::default())
+        .signal(
+            RolloutWorkflow::nudge,
+            reason.to_owned(),
+            SignalWorkflowOptions::default(),
+        )
         .await;
 }
 
@@ -328,22 +370,41 @@ async fn forward_controls(ctx: &mut WorkflowContext<TwdWorkflow>) {
     for action in controls {
         let _ = ctx
             .external_workflow(active.workflow_id.clone(), None)
-            .signal(RolloutWorkflow::control, action, SignalWorkflowOptions::default())
+            .signal(
+                RolloutWorkflow::control,
+                action,
+                SignalWorkflowOptions::default(),
+            )
             .await;
     }
 }
 
 /// Writes the status projection when it differs from the last one written.
-async fn write_status(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, observation: &Observation, generation: i64) {
+async fn write_status(
+    ctx: &mut WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+    observation: &Observation,
+    generation: i64,
+) {
     let now = now_millis(ctx);
     let report = ctx.state(|s| s.last_report.clone());
     let projected = status::project(observation, report.as_ref(), generation, now);
-    let unchanged = ctx.state(|s| s.last_status.as_ref().is_some_and(|last| same_status(last, &projected)));
+    let unchanged = ctx.state(|s| {
+        s.last_status
+            .as_ref()
+            .is_some_and(|last| same_status(last, &projected))
+    });
     if unchanged {
         return;
     }
-    let request = StatusRequest { twd: twd.clone(), status: projected.clone() };
-    if run_activity(ctx, WriteStatus, request, "write status", short_options()).await.is_ok() {
+    let request = StatusRequest {
+        twd: twd.clone(),
+        status: projected.clone(),
+    };
+    if run_activity(ctx, WriteStatus, request, "write status", short_options())
+        .await
+        .is_ok()
+    {
         ctx.state_mut(|s| s.last_status = Some(projected));
     }
 }
@@ -356,7 +417,8 @@ fn same_status(a: &TemporalWorkerDeploymentStatus, b: &TemporalWorkerDeploymentS
             r.updated_at = None;
         }
         for c in &mut s.conditions {
-            c.last_transition_time = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default());
+            c.last_transition_time =
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default());
         }
         s
     };
@@ -375,30 +437,95 @@ async fn retire_versions(
     ctx.state_mut(|s| s.sunset = plan.memory.clone());
     for action in plan.actions {
         match action {
-            SunsetAction::ScaleToZero { build_id, deployment } => {
-                let request = ScaleRequest { namespace: twd.namespace.clone(), name: deployment.clone(), replicas: 0 };
-                if run_activity(ctx, ScaleDeployment, request, &format!("scale {build_id} to 0"), short_options()).await.is_ok() {
-                    event(ctx, twd, EventKind::Normal, "ScaledDown", format!("Scaled Deployment {deployment} of retired build {build_id} to 0")).await;
+            SunsetAction::ScaleToZero {
+                build_id,
+                deployment,
+            } => {
+                let request = ScaleRequest {
+                    namespace: twd.namespace.clone(),
+                    name: deployment.clone(),
+                    replicas: 0,
+                };
+                if run_activity(
+                    ctx,
+                    ScaleDeployment,
+                    request,
+                    &format!("scale {build_id} to 0"),
+                    short_options(),
+                )
+                .await
+                .is_ok()
+                {
+                    event(
+                        ctx,
+                        twd,
+                        EventKind::Normal,
+                        "ScaledDown",
+                        format!("Scaled Deployment {deployment} of retired build {build_id} to 0"),
+                    )
+                    .await;
                 }
             }
-            SunsetAction::DeleteDeployment { build_id, deployment } => {
-                let request = DeploymentRequest { namespace: twd.namespace.clone(), name: deployment.clone() };
-                if run_activity(ctx, DeleteDeployment, request, &format!("delete Deployment of {build_id}"), short_options()).await.is_ok() {
-                    event(ctx, twd, EventKind::Normal, "DeploymentDeleted", format!("Deleted Deployment {deployment} of retired build {build_id}")).await;
+            SunsetAction::DeleteDeployment {
+                build_id,
+                deployment,
+            } => {
+                let request = DeploymentRequest {
+                    namespace: twd.namespace.clone(),
+                    name: deployment.clone(),
+                };
+                if run_activity(
+                    ctx,
+                    DeleteDeployment,
+                    request,
+                    &format!("delete Deployment of {build_id}"),
+                    short_options(),
+                )
+                .await
+                .is_ok()
+                {
+                    event(
+                        ctx,
+                        twd,
+                        EventKind::Normal,
+                        "DeploymentDeleted",
+                        format!("Deleted Deployment {deployment} of retired build {build_id}"),
+                    )
+                    .await;
                 }
             }
             SunsetAction::DeleteVersion { build_id } => {
-                let request = DeleteVersionRequest { twd: twd.clone(), build_id: build_id.clone(), skip_drainage: false };
-                match run_activity(ctx, DeleteVersion, request, &format!("delete version {build_id}"), short_options()).await {
+                let request = DeleteVersionRequest {
+                    twd: twd.clone(),
+                    build_id: build_id.clone(),
+                    skip_drainage: false,
+                };
+                match run_activity(
+                    ctx,
+                    DeleteVersion,
+                    request,
+                    &format!("delete version {build_id}"),
+                    short_options(),
+                )
+                .await
+                {
                     Ok(DeleteVersionOutcome::Deleted) => {
-                        event(ctx, twd, EventKind::Normal, "VersionDeleted", format!("Deleted version {build_id} from Temporal")).await;
+                        event(
+                            ctx,
+                            twd,
+                            EventKind::Normal,
+                            "VersionDeleted",
+                            format!("Deleted version {build_id} from Temporal"),
+                        )
+                        .await;
                     }
                     Ok(DeleteVersionOutcome::NotYet { .. }) | Err(_) => {}
                 }
             }
         }
     }
-    plan.next_check_at.map(|at| Duration::from_millis(u64::try_from(at - now).unwrap_or(0).max(1000)))
+    plan.next_check_at
+        .map(|at| Duration::from_millis(u64::try_from(at - now).unwrap_or(0).max(1000)))
 }
 
 /// Deletion: stop the rollout, clean Temporal and Kubernetes, release the finalizers.
@@ -407,7 +534,15 @@ async fn delete(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) -> Workflo
         nudge(ctx, &active.workflow_id, "TWD deleted").await;
     }
     loop {
-        match run_activity(ctx, CleanupDeleted, twd.clone(), "clean up deleted TWD", short_options()).await {
+        match run_activity(
+            ctx,
+            CleanupDeleted,
+            twd.clone(),
+            "clean up deleted TWD",
+            short_options(),
+        )
+        .await
+        {
             Ok(CleanupOutcome::Done) => return Ok(()),
             Ok(CleanupOutcome::Pending { .. }) | Err(_) => {
                 ctx.timer(CLEANUP_RETRY).await;
@@ -416,7 +551,25 @@ async fn delete(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) -> Workflo
     }
 }
 
-async fn event(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, kind: EventKind, reason: &str, message: String) {
-    let request = EventRequest { twd: twd.clone(), kind, reason: reason.to_owned(), message };
-    let _ = run_activity(ctx, EmitEvent, request, &format!("event {reason}"), short_options()).await;
+async fn event(
+    ctx: &mut WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+    kind: EventKind,
+    reason: &str,
+    message: String,
+) {
+    let request = EventRequest {
+        twd: twd.clone(),
+        kind,
+        reason: reason.to_owned(),
+        message,
+    };
+    let _ = run_activity(
+        ctx,
+        EmitEvent,
+        request,
+        &format!("event {reason}"),
+        short_options(),
+    )
+    .await;
 }

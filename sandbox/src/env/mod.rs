@@ -36,6 +36,9 @@ pub struct SandboxEnv {
     pub bin_dir: PathBuf,
     /// The controller's log, when the sandbox runs a controller.
     pub controller_log: Option<PathBuf>,
+    /// File holding the controller's current process ID. The sandbox restarts the controller
+    /// when it dies (as a Deployment would), so crash tests can SIGKILL it.
+    pub controller_pid_file: Option<PathBuf>,
 }
 
 /// The env file could not be read.
@@ -71,7 +74,13 @@ impl SandboxEnv {
 
     /// Loads an env file.
     pub fn load(path: &Path) -> Result<Self, EnvError> {
-        let text = std::fs::read_to_string(path).map_err(|source| EnvError::Read { path: path.to_owned(), source })?;
-        serde_json::from_str(&text).map_err(|source| EnvError::Parse { path: path.to_owned(), source })
+        let text = std::fs::read_to_string(path).map_err(|source| EnvError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        serde_json::from_str(&text).map_err(|source| EnvError::Parse {
+            path: path.to_owned(),
+            source,
+        })
     }
 }

@@ -19,17 +19,18 @@ pub struct CliOutput {
 }
 
 async fn run(mut command: Command, stdin: Option<&str>) -> CliOutput {
-    command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => panic!("starting {command:?}: {e}"),
     };
-    if let Some(mut pipe) = child.stdin.take() {
-        if let Some(text) = stdin {
-            if let Err(e) = pipe.write_all(text.as_bytes()).await {
-                panic!("writing stdin of {command:?}: {e}");
-            }
-        }
+    if let (Some(mut pipe), Some(text)) = (child.stdin.take(), stdin)
+        && let Err(e) = pipe.write_all(text.as_bytes()).await
+    {
+        panic!("writing stdin of {command:?}: {e}");
     }
     match child.wait_with_output().await {
         Ok(out) => CliOutput {
@@ -53,6 +54,8 @@ pub async fn kubectl(args: &[&str], stdin: Option<&str>) -> CliOutput {
 pub async fn temporal(args: &[&str]) -> CliOutput {
     let env = env();
     let mut command = Command::new(&env.temporal_cli);
-    command.args(args).args(["--address", &env.temporal_address]);
+    command
+        .args(args)
+        .args(["--address", &env.temporal_address]);
     run(command, None).await
 }

@@ -46,13 +46,24 @@ pub fn worker(namespace: &str, name: &str, tag: &str, rollout: Value) -> Value {
 
 /// `kubectl apply --server-side` of a manifest; panics with kubectl's message on failure.
 pub async fn apply(manifest: &Value) {
-    let out = kubectl(&["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(&manifest.to_string())).await;
+    let out = kubectl(
+        &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+        Some(&manifest.to_string()),
+    )
+    .await;
     assert!(out.success, "kubectl apply failed: {}", out.stderr);
 }
 
 /// Reads a TWD.
-pub async fn get_twd(client: &kube::Client, namespace: &str, name: &str) -> Result<TemporalWorkerDeployment, String> {
-    Api::<TemporalWorkerDeployment>::namespaced(client.clone(), namespace).get(name).await.map_err(|e| e.to_string())
+pub async fn get_twd(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<TemporalWorkerDeployment, String> {
+    Api::<TemporalWorkerDeployment>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// A condition of a TWD: (status, reason, message).
@@ -66,14 +77,31 @@ pub fn condition(twd: &TemporalWorkerDeployment, type_: &str) -> Option<(String,
 }
 
 /// Waits until `Ready` is True for the TWD's current generation and target `build` is Current.
-pub async fn wait_ready(client: &kube::Client, namespace: &str, name: &str, timeout: Duration) -> TemporalWorkerDeployment {
-    wait_for(&format!("TWD {namespace}/{name} Ready"), timeout, || async {
-        let twd = get_twd(client, namespace, name).await?;
-        let status = twd.status.clone().unwrap_or_default();
-        let ready = condition(&twd, "Ready").is_some_and(|(s, r, _)| s == "True" && r == "RolloutComplete");
-        let fresh = status.observed_generation == twd.metadata.generation;
-        if ready && fresh { Ok(twd) } else { Err(format!("status: {}", serde_json::to_string(&twd.status).unwrap_or_default())) }
-    })
+pub async fn wait_ready(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    timeout: Duration,
+) -> TemporalWorkerDeployment {
+    wait_for(
+        &format!("TWD {namespace}/{name} Ready"),
+        timeout,
+        || async {
+            let twd = get_twd(client, namespace, name).await?;
+            let status = twd.status.clone().unwrap_or_default();
+            let ready = condition(&twd, "Ready")
+                .is_some_and(|(s, r, _)| s == "True" && r == "RolloutComplete");
+            let fresh = status.observed_generation == twd.metadata.generation;
+            if ready && fresh {
+                Ok(twd)
+            } else {
+                Err(format!(
+                    "status: {}",
+                    serde_json::to_string(&twd.status).unwrap_or_default()
+                ))
+            }
+        },
+    )
     .await
 }
 
@@ -86,31 +114,63 @@ pub async fn wait_reason(
     reason: &str,
     timeout: Duration,
 ) -> (String, String, String) {
-    wait_for(&format!("TWD {namespace}/{name} {type_} reason {reason}"), timeout, || async {
-        let twd = get_twd(client, namespace, name).await?;
-        match condition(&twd, type_) {
-            Some(c) if c.1 == reason => Ok(c),
-            other => Err(format!("{type_}: {other:?}; status: {}", serde_json::to_string(&twd.status).unwrap_or_default())),
-        }
-    })
+    wait_for(
+        &format!("TWD {namespace}/{name} {type_} reason {reason}"),
+        timeout,
+        || async {
+            let twd = get_twd(client, namespace, name).await?;
+            match condition(&twd, type_) {
+                Some(c) if c.1 == reason => Ok(c),
+                other => Err(format!(
+                    "{type_}: {other:?}; status: {}",
+                    serde_json::to_string(&twd.status).unwrap_or_default()
+                )),
+            }
+        },
+    )
     .await
 }
 
 /// Target build ID in status.
 pub fn target_build(twd: &TemporalWorkerDeployment) -> Option<String> {
-    twd.status.as_ref()?.target_version.as_ref().map(|t| t.version.build_id.clone())
+    twd.status
+        .as_ref()?
+        .target_version
+        .as_ref()
+        .map(|t| t.version.build_id.clone())
 }
 
 /// The versioned Deployments of a TWD: (name, build ID, spec replicas).
-pub async fn deployments(client: &kube::Client, namespace: &str, name: &str) -> Vec<(String, String, Option<i32>)> {
+pub async fn deployments(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Vec<(String, String, Option<i32>)> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
-    let selector = format!("{}={}", twc_crds::labels::DEPLOYMENT_NAME, twc_crds::naming::deployment_name_label(name));
-    let list = api.list(&ListParams::default().labels(&selector)).await.map(|l| l.items).unwrap_or_default();
+    let selector = format!(
+        "{}={}",
+        twc_crds::labels::DEPLOYMENT_NAME,
+        twc_crds::naming::deployment_name_label(name)
+    );
+    let list = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
     list.into_iter()
         .filter(|d| d.metadata.deletion_timestamp.is_none())
         .map(|d| {
-            let build = d.metadata.labels.as_ref().and_then(|l| l.get(twc_crds::labels::BUILD_ID).cloned()).unwrap_or_default();
-            (d.metadata.name.unwrap_or_default(), build, d.spec.and_then(|s| s.replicas))
+            let build = d
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(twc_crds::labels::BUILD_ID).cloned())
+                .unwrap_or_default();
+            (
+                d.metadata.name.unwrap_or_default(),
+                build,
+                d.spec.and_then(|s| s.replicas),
+            )
         })
         .collect()
 }
@@ -132,7 +192,16 @@ pub struct Routing {
 
 /// DescribeWorkerDeployment through the temporal CLI.
 pub async fn routing(deployment_name: &str) -> Result<Routing, String> {
-    let out = temporal(&["worker", "deployment", "describe", "--name", deployment_name, "--output", "json"]).await;
+    let out = temporal(&[
+        "worker",
+        "deployment",
+        "describe",
+        "--name",
+        deployment_name,
+        "--output",
+        "json",
+    ])
+    .await;
     if !out.success {
         if out.stderr.contains("no Worker Deployment found") || out.stderr.contains("NotFound") {
             return Ok(Routing::default());
@@ -146,7 +215,12 @@ pub async fn routing(deployment_name: &str) -> Result<Routing, String> {
         current: text(&rc["currentVersionBuildID"]),
         ramping: text(&rc["rampingVersionBuildID"]),
         percentage: rc["rampingVersionPercentage"].as_f64().unwrap_or(0.0),
-        versions: v["versionSummaries"].as_array().into_iter().flatten().filter_map(|s| text(&s["BuildID"])).collect(),
+        versions: v["versionSummaries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| text(&s["BuildID"]))
+            .collect(),
         exists: true,
     })
 }

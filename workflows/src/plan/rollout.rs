@@ -200,7 +200,9 @@ pub fn decide(
         match &memory.gate {
             GateState::Passed => {}
             GateState::NotRun => return RolloutDecision::RunGate,
-            GateState::Failed { message } => return RolloutDecision::GateFailed(gate_failed(build, message)),
+            GateState::Failed { message } => {
+                return RolloutDecision::GateFailed(gate_failed(build, message));
+            }
         }
     }
     if spec.paused || memory.pause_requested {
