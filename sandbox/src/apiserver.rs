@@ -72,17 +72,28 @@ pub async fn start(binary: &Path, dir: &Path, log: &Path) -> Result<ApiServer, A
     let mut command = Command::new(binary);
     command.arg("--dir").arg(dir);
     let process = spawn_logged("kube-apiserver", command, log)?;
-    wait_until("kube-apiserver kubeconfig", Duration::from_secs(120), || async {
-        kubeconfig.exists().then_some(())
-    })
+    wait_until(
+        "kube-apiserver kubeconfig",
+        Duration::from_secs(120),
+        || async { kubeconfig.exists().then_some(()) },
+    )
     .await
-    .map_err(|source| ApiServerError::NotReady { log: log.to_owned(), source })?;
-    Ok(ApiServer { kubeconfig, process })
+    .map_err(|source| ApiServerError::NotReady {
+        log: log.to_owned(),
+        source,
+    })?;
+    Ok(ApiServer {
+        kubeconfig,
+        process,
+    })
 }
 
 /// A client for a kubeconfig file.
 pub async fn client(kubeconfig: &Path) -> Result<kube::Client, ApiServerError> {
-    let fail = |message: String| ApiServerError::Kubeconfig { path: kubeconfig.to_owned(), message };
+    let fail = |message: String| ApiServerError::Kubeconfig {
+        path: kubeconfig.to_owned(),
+        message,
+    };
     let config = Kubeconfig::read_from(kubeconfig).map_err(|e| fail(e.to_string()))?;
     let config = kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default())
         .await
@@ -95,20 +106,34 @@ pub async fn install_crds(client: &kube::Client) -> Result<(), ApiServerError> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for manifest in twc_crds::crd_yaml::crd_manifests() {
         let name = manifest.crd.metadata.name.clone().unwrap_or_default();
-        api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&manifest.crd))
-            .await
-            .map_err(|source| ApiServerError::ApplyCrd { name: name.clone(), source })?;
-        wait_until(&format!("CRD {name} Established"), Duration::from_secs(30), || async {
-            let crd = api.get(&name).await.ok()?;
-            let established = crd
-                .status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            established.then_some(())
-        })
+        api.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&manifest.crd),
+        )
         .await
-        .map_err(|source| ApiServerError::CrdNotEstablished { name: name.clone(), source })?;
+        .map_err(|source| ApiServerError::ApplyCrd {
+            name: name.clone(),
+            source,
+        })?;
+        wait_until(
+            &format!("CRD {name} Established"),
+            Duration::from_secs(30),
+            || async {
+                let crd = api.get(&name).await.ok()?;
+                let established = crd
+                    .status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                established.then_some(())
+            },
+        )
+        .await
+        .map_err(|source| ApiServerError::CrdNotEstablished {
+            name: name.clone(),
+            source,
+        })?;
     }
     Ok(())
 }

@@ -40,16 +40,31 @@ pub struct Supervised {
 
 /// Starts `command` with stdout and stderr appended to `log`. The child gets SIGKILL if the
 /// sandbox process dies without stopping it (PR_SET_PDEATHSIG).
-pub fn spawn_logged(name: &str, mut command: Command, log: &Path) -> Result<Supervised, ProcessError> {
+pub fn spawn_logged(
+    name: &str,
+    mut command: Command,
+    log: &Path,
+) -> Result<Supervised, ProcessError> {
     let open = || {
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
-            .map_err(|source| ProcessError::Log { path: log.to_owned(), source })
+            .map_err(|source| ProcessError::Log {
+                path: log.to_owned(),
+                source,
+            })
     };
-    let program = command.as_std().get_program().to_string_lossy().into_owned();
-    command.stdin(Stdio::null()).stdout(open()?).stderr(open()?).kill_on_drop(true);
+    let program = command
+        .as_std()
+        .get_program()
+        .to_string_lossy()
+        .into_owned();
+    command
+        .stdin(Stdio::null())
+        .stdout(open()?)
+        .stderr(open()?)
+        .kill_on_drop(true);
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
     unsafe {
         command.pre_exec(|| {
@@ -59,8 +74,14 @@ pub fn spawn_logged(name: &str, mut command: Command, log: &Path) -> Result<Supe
             Ok(())
         });
     }
-    let child = command.spawn().map_err(|source| ProcessError::Spawn { program, source })?;
-    Ok(Supervised { name: name.to_owned(), log: log.to_owned(), child })
+    let child = command
+        .spawn()
+        .map_err(|source| ProcessError::Spawn { program, source })?;
+    Ok(Supervised {
+        name: name.to_owned(),
+        log: log.to_owned(),
+        child,
+    })
 }
 
 impl Supervised {
@@ -86,7 +107,10 @@ impl Supervised {
                 libc::kill(pid as libc::pid_t, libc::SIGTERM);
             }
         }
-        if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
+        if tokio::time::timeout(grace, self.child.wait())
+            .await
+            .is_err()
+        {
             tracing::warn!(process = %self.name, "did not stop within {grace:?}; killing it");
             let _ = self.child.kill().await;
         }

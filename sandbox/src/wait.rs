@@ -14,7 +14,11 @@ pub struct WaitError {
 }
 
 /// Polls `probe` (every 100 ms, backing off to 1 s) until it returns `Some`, or fails at `timeout`.
-pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<T, WaitError>
+pub async fn wait_until<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut probe: F,
+) -> Result<T, WaitError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -26,7 +30,10 @@ where
             return Ok(value);
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(WaitError { what: what.to_owned(), timeout });
+            return Err(WaitError {
+                what: what.to_owned(),
+                timeout,
+            });
         }
         tokio::time::sleep(interval).await;
         interval = (interval * 3 / 2).min(Duration::from_secs(1));

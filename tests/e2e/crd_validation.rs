@@ -37,7 +37,12 @@ fn connection(namespace: &str, name: &str) -> Value {
 }
 
 fn steps(ramps: &[i64], pause: &str) -> Value {
-    Value::Array(ramps.iter().map(|r| json!({ "rampPercentage": r, "pauseDuration": pause })).collect())
+    Value::Array(
+        ramps
+            .iter()
+            .map(|r| json!({ "rampPercentage": r, "pauseDuration": pause }))
+            .collect(),
+    )
 }
 
 /// Applies `manifest` and returns kubectl's error text if it was rejected.
@@ -53,70 +58,159 @@ async fn invalid_manifests_are_rejected_with_a_clear_message() {
     let long_name = "w".repeat(64);
     type Mutation = Box<dyn Fn(&mut Value)>;
     let cases: Vec<(&str, Value, Mutation, &str)> = vec![
-        ("progressive without steps", worker(&ns, "a"), Box::new(|m| m["spec"]["rollout"]["steps"] = json!([])),
-            "steps are required for Progressive rollout"),
-        ("progressive with steps absent", worker(&ns, "a"),
-            Box::new(|m| { m["spec"]["rollout"].as_object_mut().map(|r| r.remove("steps")); }),
-            "steps are required for Progressive rollout"),
-        ("ramp 0", worker(&ns, "a"), Box::new(|m| m["spec"]["rollout"]["steps"] = steps(&[0, 50], "30s")),
-            "should be greater than or equal to 1"),
-        ("ramp 100", worker(&ns, "a"), Box::new(|m| m["spec"]["rollout"]["steps"] = steps(&[50, 100], "30s")),
-            "should be less than or equal to 99"),
-        ("decreasing ramps", worker(&ns, "a"), Box::new(|m| m["spec"]["rollout"]["steps"] = steps(&[50, 25], "30s")),
-            "rampPercentage must increase between each step"),
-        ("repeated ramps", worker(&ns, "a"), Box::new(|m| m["spec"]["rollout"]["steps"] = steps(&[25, 25], "30s")),
-            "rampPercentage must increase between each step"),
-        ("21 steps", worker(&ns, "a"),
-            Box::new(|m| m["spec"]["rollout"]["steps"] = steps(&(1..=21).collect::<Vec<_>>(), "30s")),
-            "must have at most 20 items"),
-        ("pause not a duration", worker(&ns, "a"),
+        (
+            "progressive without steps",
+            worker(&ns, "a"),
+            Box::new(|m| m["spec"]["rollout"]["steps"] = json!([])),
+            "steps are required for Progressive rollout",
+        ),
+        (
+            "progressive with steps absent",
+            worker(&ns, "a"),
+            Box::new(|m| {
+                m["spec"]["rollout"]
+                    .as_object_mut()
+                    .map(|r| r.remove("steps"));
+            }),
+            "steps are required for Progressive rollout",
+        ),
+        (
+            "ramp 0",
+            worker(&ns, "a"),
+            Box::new(|m| m["spec"]["rollout"]["steps"] = steps(&[0, 50], "30s")),
+            "should be greater than or equal to 1",
+        ),
+        (
+            "ramp 100",
+            worker(&ns, "a"),
+            Box::new(|m| m["spec"]["rollout"]["steps"] = steps(&[50, 100], "30s")),
+            "should be less than or equal to 99",
+        ),
+        (
+            "decreasing ramps",
+            worker(&ns, "a"),
+            Box::new(|m| m["spec"]["rollout"]["steps"] = steps(&[50, 25], "30s")),
+            "rampPercentage must increase between each step",
+        ),
+        (
+            "repeated ramps",
+            worker(&ns, "a"),
+            Box::new(|m| m["spec"]["rollout"]["steps"] = steps(&[25, 25], "30s")),
+            "rampPercentage must increase between each step",
+        ),
+        (
+            "21 steps",
+            worker(&ns, "a"),
+            Box::new(|m| {
+                m["spec"]["rollout"]["steps"] = steps(&(1..=21).collect::<Vec<_>>(), "30s")
+            }),
+            "must have at most 20 items",
+        ),
+        (
+            "pause not a duration",
+            worker(&ns, "a"),
             Box::new(|m| m["spec"]["rollout"]["steps"][0]["pauseDuration"] = json!("soon")),
-            "pauseDuration must be a duration such as 30s, 5m or 1h30m"),
-        ("pause below 1s", worker(&ns, "a"),
+            "pauseDuration must be a duration such as 30s, 5m or 1h30m",
+        ),
+        (
+            "pause below 1s",
+            worker(&ns, "a"),
             Box::new(|m| m["spec"]["rollout"]["steps"][0]["pauseDuration"] = json!("500ms")),
-            "pauseDuration must be at least 1s"),
-        ("unknown strategy", worker(&ns, "a"), Box::new(|m| m["spec"]["rollout"]["strategy"] = json!("Sometimes")),
-            "Unsupported value: \"Sometimes\""),
-        ("name longer than 63", worker(&ns, &long_name), Box::new(|_| {}),
-            "name cannot be more than 63 characters"),
-        ("gate input not an object", worker(&ns, "a"),
-            Box::new(|m| m["spec"]["rollout"]["gate"] = json!({ "workflowType": "RolloutGate", "input": [1, 2] })),
-            "spec.rollout.gate.input in body must be of type object"),
-        ("gate input and inputFrom", worker(&ns, "a"),
-            Box::new(|m| m["spec"]["rollout"]["gate"] = json!({ "workflowType": "RolloutGate", "input": {"a": 1},
-                "inputFrom": { "configMapKeyRef": { "name": "c", "key": "k" } } })),
-            "only one of input or inputFrom may be set"),
-        ("gate inputFrom with both sources", worker(&ns, "a"),
-            Box::new(|m| m["spec"]["rollout"]["gate"] = json!({ "workflowType": "RolloutGate",
-                "inputFrom": { "configMapKeyRef": { "name": "c", "key": "k" }, "secretKeyRef": { "name": "s", "key": "k" } } })),
-            "exactly one of configMapKeyRef or secretKeyRef must be set"),
-        ("missing template", worker(&ns, "a"),
-            Box::new(|m| { m["spec"].as_object_mut().map(|s| s.remove("template")); }),
-            "spec.template: Required value"),
-        ("bad unsafeCustomBuildID", worker(&ns, "a"),
+            "pauseDuration must be at least 1s",
+        ),
+        (
+            "unknown strategy",
+            worker(&ns, "a"),
+            Box::new(|m| m["spec"]["rollout"]["strategy"] = json!("Sometimes")),
+            "Unsupported value: \"Sometimes\"",
+        ),
+        (
+            "name longer than 63",
+            worker(&ns, &long_name),
+            Box::new(|_| {}),
+            "name cannot be more than 63 characters",
+        ),
+        (
+            "gate input not an object",
+            worker(&ns, "a"),
+            Box::new(|m| {
+                m["spec"]["rollout"]["gate"] =
+                    json!({ "workflowType": "RolloutGate", "input": [1, 2] })
+            }),
+            "spec.rollout.gate.input in body must be of type object",
+        ),
+        (
+            "gate input and inputFrom",
+            worker(&ns, "a"),
+            Box::new(|m| {
+                m["spec"]["rollout"]["gate"] = json!({ "workflowType": "RolloutGate", "input": {"a": 1},
+                "inputFrom": { "configMapKeyRef": { "name": "c", "key": "k" } } })
+            }),
+            "only one of input or inputFrom may be set",
+        ),
+        (
+            "gate inputFrom with both sources",
+            worker(&ns, "a"),
+            Box::new(|m| {
+                m["spec"]["rollout"]["gate"] = json!({ "workflowType": "RolloutGate",
+                "inputFrom": { "configMapKeyRef": { "name": "c", "key": "k" }, "secretKeyRef": { "name": "s", "key": "k" } } })
+            }),
+            "exactly one of configMapKeyRef or secretKeyRef must be set",
+        ),
+        (
+            "missing template",
+            worker(&ns, "a"),
+            Box::new(|m| {
+                m["spec"].as_object_mut().map(|s| s.remove("template"));
+            }),
+            "spec.template: Required value",
+        ),
+        (
+            "bad unsafeCustomBuildID",
+            worker(&ns, "a"),
             Box::new(|m| m["spec"]["workerOptions"]["unsafeCustomBuildID"] = json!("-bad id-")),
-            "spec.workerOptions.unsafeCustomBuildID"),
-        ("both mTLS and API key", connection(&ns, "c"),
-            Box::new(|m| { m["spec"]["mutualTLSSecretRef"] = json!({ "name": "tls" });
-                m["spec"]["apiKeySecretRef"] = json!({ "name": "key", "key": "apikey" }); }),
-            "Only one of mutualTLSSecretRef or apiKeySecretRef may be set"),
-        ("hostPort with a scheme", connection(&ns, "c"), Box::new(|m| m["spec"]["hostPort"] = json!("https://x:7233")),
-            "spec.hostPort in body should match"),
-        ("hostPort without a port", connection(&ns, "c"), Box::new(|m| m["spec"]["hostPort"] = json!("temporal")),
-            "spec.hostPort in body should match"),
+            "spec.workerOptions.unsafeCustomBuildID",
+        ),
+        (
+            "both mTLS and API key",
+            connection(&ns, "c"),
+            Box::new(|m| {
+                m["spec"]["mutualTLSSecretRef"] = json!({ "name": "tls" });
+                m["spec"]["apiKeySecretRef"] = json!({ "name": "key", "key": "apikey" });
+            }),
+            "Only one of mutualTLSSecretRef or apiKeySecretRef may be set",
+        ),
+        (
+            "hostPort with a scheme",
+            connection(&ns, "c"),
+            Box::new(|m| m["spec"]["hostPort"] = json!("https://x:7233")),
+            "spec.hostPort in body should match",
+        ),
+        (
+            "hostPort without a port",
+            connection(&ns, "c"),
+            Box::new(|m| m["spec"]["hostPort"] = json!("temporal")),
+            "spec.hostPort in body should match",
+        ),
     ];
     let mut failures = Vec::new();
     for (name, mut manifest, mutate, expected) in cases {
         mutate(&mut manifest);
         match rejection(&manifest).await {
             None => failures.push(format!("{name}: was accepted")),
-            Some(err) if !err.contains(expected) => failures.push(format!("{name}: message {err:?} lacks {expected:?}")),
+            Some(err) if !err.contains(expected) => {
+                failures.push(format!("{name}: message {err:?} lacks {expected:?}"))
+            }
             Some(_) => {}
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     let stored = kubectl(&["get", "twd,tconn", "-n", &ns, "-o", "name"], None).await;
-    assert_eq!(stored.stdout.trim(), "", "rejected manifests must not be stored");
+    assert_eq!(
+        stored.stdout.trim(),
+        "",
+        "rejected manifests must not be stored"
+    );
 }
 
 #[tokio::test]
@@ -124,12 +218,17 @@ async fn go_controller_manifests_are_accepted_with_the_same_defaults() {
     let client = kube_client().await;
     let ns = test_namespace(&client, "crd-valid").await;
     let mut manifest = worker(&ns, "hello");
-    manifest["spec"]["rollout"]["gate"] = json!({ "workflowType": "RolloutGate", "input": { "thresholds": { "errorRate": 0.01 } } });
+    manifest["spec"]["rollout"]["gate"] =
+        json!({ "workflowType": "RolloutGate", "input": { "thresholds": { "errorRate": 0.01 } } });
     manifest["spec"]["rollout"]["steps"] = steps(&[1, 10, 50], "1s");
     manifest["spec"].as_object_mut().map(|s| s.remove("sunset"));
     let created = kubectl(&["create", "-f", "-"], Some(&manifest.to_string())).await;
     assert!(created.success, "valid TWD rejected: {}", created.stderr);
-    let conn = kubectl(&["create", "-f", "-"], Some(&connection(&ns, "dev").to_string())).await;
+    let conn = kubectl(
+        &["create", "-f", "-"],
+        Some(&connection(&ns, "dev").to_string()),
+    )
+    .await;
     assert!(conn.success, "valid connection rejected: {}", conn.stderr);
 
     let got = kubectl(&["get", "twd", "hello", "-n", &ns, "-o", "json"], None).await;
@@ -137,13 +236,22 @@ async fn go_controller_manifests_are_accepted_with_the_same_defaults() {
     let spec = &stored["spec"];
     assert_eq!(spec["progressDeadlineSeconds"], json!(600));
     assert_eq!(spec["minReadySeconds"], json!(0));
-    assert_eq!(spec["sunset"], json!({ "scaledownDelay": "1h", "deleteDelay": "24h" }));
+    assert_eq!(
+        spec["sunset"],
+        json!({ "scaledownDelay": "1h", "deleteDelay": "24h" })
+    );
     assert_eq!(spec["rollout"]["paused"], json!(false));
     assert_eq!(spec["rollout"]["rollbackWindow"], json!("1h"));
-    assert_eq!(spec["rollout"]["gate"]["input"]["thresholds"]["errorRate"], json!(0.01));
+    assert_eq!(
+        spec["rollout"]["gate"]["input"]["thresholds"]["errorRate"],
+        json!(0.01)
+    );
 
     let short = kubectl(&["get", "twd", "-n", &ns, "-o", "name"], None).await;
-    assert_eq!(short.stdout.trim(), "temporalworkerdeployment.temporal.io/hello");
+    assert_eq!(
+        short.stdout.trim(),
+        "temporalworkerdeployment.temporal.io/hello"
+    );
     let columns = kubectl(&["get", "twd", "-n", &ns], None).await;
     let header = columns.stdout.lines().next().unwrap_or_default().to_owned();
     for column in ["NAME", "CURRENT", "TARGET", "RAMP %", "PHASE", "AGE"] {

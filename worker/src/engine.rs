@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use temporalio_client::{Client, ClientOptions, ClientTlsOptions, Connection, ConnectionOptions, TlsOptions, Url};
+use temporalio_client::{
+    Client, ClientOptions, ClientTlsOptions, Connection, ConnectionOptions, TlsOptions, Url,
+};
 use temporalio_sdk::{Runtime, Worker, WorkerOptions};
 use twc_activities::engine::EngineActivities;
 use twc_workflows::rollout_workflow::RolloutWorkflow;
@@ -76,8 +78,12 @@ pub enum WorkerError {
 pub async fn connect_engine(config: &EngineConfig) -> Result<Client, WorkerError> {
     let tls_on = config.tls.is_some() || config.api_key.is_some();
     let scheme = if tls_on { "https" } else { "http" };
-    let url = Url::parse(&format!("{scheme}://{}", config.address))
-        .map_err(|e| WorkerError::Address { address: config.address.clone(), message: e.to_string() })?;
+    let url = Url::parse(&format!("{scheme}://{}", config.address)).map_err(|e| {
+        WorkerError::Address {
+            address: config.address.clone(),
+            message: e.to_string(),
+        }
+    })?;
     let tls = match (&config.tls, tls_on) {
         (Some(tls), _) => Some(tls_options(tls)?),
         (None, true) => Some(TlsOptions::builder().build()),
@@ -89,18 +95,35 @@ pub async fn connect_engine(config: &EngineConfig) -> Result<Client, WorkerError
         .maybe_api_key(config.api_key.clone())
         .connect_timeout(Duration::from_secs(15))
         .build();
-    let connect_error = |message: String| WorkerError::Connect { address: config.address.clone(), message };
-    let connection = Connection::connect(options).await.map_err(|e| connect_error(e.to_string()))?;
-    Client::new(connection, ClientOptions::new(config.namespace.clone()).build()).map_err(|e| connect_error(e.to_string()))
+    let connect_error = |message: String| WorkerError::Connect {
+        address: config.address.clone(),
+        message,
+    };
+    let connection = Connection::connect(options)
+        .await
+        .map_err(|e| connect_error(e.to_string()))?;
+    Client::new(
+        connection,
+        ClientOptions::new(config.namespace.clone()).build(),
+    )
+    .map_err(|e| connect_error(e.to_string()))
 }
 
 fn tls_options(tls: &EngineTls) -> Result<TlsOptions, WorkerError> {
-    let read = |path: &PathBuf| std::fs::read(path).map_err(|source| WorkerError::TlsFile { path: path.clone(), source });
+    let read = |path: &PathBuf| {
+        std::fs::read(path).map_err(|source| WorkerError::TlsFile {
+            path: path.clone(),
+            source,
+        })
+    };
     let ca = tls.ca_cert.as_ref().map(read).transpose()?;
     let client = match (&tls.client_cert, &tls.client_key) {
-        (Some(cert), Some(key)) => {
-            Some(ClientTlsOptions::builder().client_cert(read(cert)?).client_private_key(read(key)?).build())
-        }
+        (Some(cert), Some(key)) => Some(
+            ClientTlsOptions::builder()
+                .client_cert(read(cert)?)
+                .client_private_key(read(key)?)
+                .build(),
+        ),
         _ => None,
     };
     Ok(TlsOptions::builder()
@@ -117,7 +140,8 @@ pub async fn run_engine_worker(
     activities: EngineActivities,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), WorkerError> {
-    let runtime = Runtime::from_current_tokio(Default::default()).map_err(|e| WorkerError::Worker(e.to_string()))?;
+    let runtime = Runtime::from_current_tokio(Default::default())
+        .map_err(|e| WorkerError::Worker(e.to_string()))?;
     let options = WorkerOptions::new(config.task_queue.clone())
         .graceful_shutdown_period(Duration::from_secs(5))
         .register_activities(activities)
@@ -126,7 +150,8 @@ pub async fn run_engine_worker(
         .register_workflow::<RolloutWorkflow>()
         .map_err(|e| WorkerError::Worker(e.to_string()))?
         .build();
-    let mut worker = Worker::new(&runtime, client, options).map_err(|e| WorkerError::Worker(e.to_string()))?;
+    let mut worker =
+        Worker::new(&runtime, client, options).map_err(|e| WorkerError::Worker(e.to_string()))?;
     let shutdown_handle = worker.shutdown_handle();
     let run = async {
         let running = worker.run();

@@ -230,7 +230,9 @@ pub struct Observation {
 impl Observation {
     /// The Deployment of a build, if any.
     pub fn deployment(&self, build_id: &str) -> Option<&DeploymentView> {
-        self.deployments.iter().find(|d| d.build_id == build_id && !d.deleting)
+        self.deployments
+            .iter()
+            .find(|d| d.build_id == build_id && !d.deleting)
     }
 }
 

@@ -14,17 +14,19 @@ use temporalio_common::search_attributes::SearchAttributeKey;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::workflows::select;
 use temporalio_sdk::{
-    ActivityOptions, SignalWorkflowOptions, SyncWorkflowContext, WorkflowContext, WorkflowContextView,
-    WorkflowResult,
+    ActivityOptions, SignalWorkflowOptions, SyncWorkflowContext, WorkflowContext,
+    WorkflowContextView, WorkflowResult,
 };
 
 use crate::contract::{
-    BuildRequest, CancelGates, CreateDeployment, CreateDeploymentOutcome, EmitEvent, EventKind, EventRequest,
-    GateRequest, GateRun, Observe, PollerWaitOutcome, RoutingChange, RoutingOutcome, RoutingRequest, RunGate,
-    ScaleDeployment, ScaleRequest, SetRouting, WaitForPollers, WaitForPollersRequest,
+    BuildRequest, CancelGates, CreateDeployment, CreateDeploymentOutcome, EmitEvent, EventKind,
+    EventRequest, GateRequest, GateRun, Observe, PollerWaitOutcome, RoutingChange, RoutingOutcome,
+    RoutingRequest, RunGate, ScaleDeployment, ScaleRequest, SetRouting, WaitForPollers,
+    WaitForPollersRequest,
 };
 use crate::model::{
-    BlockReason, Blocked, ControlAction, Observation, RolloutProgress, RolloutReport, TwdRef, UnixMillis,
+    BlockReason, Blocked, ControlAction, Observation, RolloutProgress, RolloutReport, TwdRef,
+    UnixMillis,
 };
 use crate::plan::rollout::{GateState, RolloutDecision, RolloutMemory, decide};
 use crate::twd_workflow::TwdWorkflow;
@@ -142,7 +144,11 @@ impl RolloutWorkflow {
                     gate_attempt: s.gate_attempt,
                     sequence: s.sequence,
                 });
-                let input = RolloutInput { twd: twd.clone(), build_id: build_id.clone(), carried: Some(carried) };
+                let input = RolloutInput {
+                    twd: twd.clone(),
+                    build_id: build_id.clone(),
+                    carried: Some(carried),
+                };
                 ctx.continue_as_new(input, Default::default())?;
             }
             apply_operator_flags(ctx);
@@ -168,18 +174,43 @@ impl RolloutWorkflow {
                     return Ok(RolloutOutcome::Superseded);
                 }
                 RolloutDecision::Blocked(blocked) => {
-                    let recheck = if blocked.reason == BlockReason::InvalidSpec { IDLE_RECHECK } else { BLOCKED_RECHECK };
+                    let recheck = if blocked.reason == BlockReason::InvalidSpec {
+                        IDLE_RECHECK
+                    } else {
+                        BLOCKED_RECHECK
+                    };
                     report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
                     wait_for_change(ctx, recheck).await;
                 }
                 RolloutDecision::CreateDeployment => {
                     report(ctx, RolloutProgress::WaitingForPollers, None, None).await;
-                    let request = BuildRequest { twd: twd.clone(), build_id: build_id.clone() };
-                    match run_activity(ctx, CreateDeployment, request, "create Deployment", short_options()).await {
+                    let request = BuildRequest {
+                        twd: twd.clone(),
+                        build_id: build_id.clone(),
+                    };
+                    match run_activity(
+                        ctx,
+                        CreateDeployment,
+                        request,
+                        "create Deployment",
+                        short_options(),
+                    )
+                    .await
+                    {
                         Ok(CreateDeploymentOutcome::Created { name }) => {
-                            event(ctx, &twd, EventKind::Normal, "DeploymentCreated", format!("Created Deployment {name} for build {build_id}")).await;
+                            event(
+                                ctx,
+                                &twd,
+                                EventKind::Normal,
+                                "DeploymentCreated",
+                                format!("Created Deployment {name} for build {build_id}"),
+                            )
+                            .await;
                         }
-                        Ok(CreateDeploymentOutcome::Exists { .. } | CreateDeploymentOutcome::Superseded) => {}
+                        Ok(
+                            CreateDeploymentOutcome::Exists { .. }
+                            | CreateDeploymentOutcome::Superseded,
+                        ) => {}
                         Ok(CreateDeploymentOutcome::Blocked(blocked)) | Err(blocked) => {
                             report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
                             wait_for_change(ctx, BLOCKED_RECHECK).await;
@@ -187,18 +218,35 @@ impl RolloutWorkflow {
                     }
                 }
                 RolloutDecision::ScaleTarget { replicas } => {
-                    let Some(deployment) = observation.deployment(&build_id).map(|d| d.name.clone()) else {
+                    let Some(deployment) =
+                        observation.deployment(&build_id).map(|d| d.name.clone())
+                    else {
                         continue;
                     };
-                    let request = ScaleRequest { namespace: twd.namespace.clone(), name: deployment, replicas };
-                    if let Err(blocked) = run_activity(ctx, ScaleDeployment, request, &format!("scale to {replicas}"), short_options()).await {
+                    let request = ScaleRequest {
+                        namespace: twd.namespace.clone(),
+                        name: deployment,
+                        replicas,
+                    };
+                    if let Err(blocked) = run_activity(
+                        ctx,
+                        ScaleDeployment,
+                        request,
+                        &format!("scale to {replicas}"),
+                        short_options(),
+                    )
+                    .await
+                    {
                         report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
                         wait_for_change(ctx, BLOCKED_RECHECK).await;
                     }
                 }
                 RolloutDecision::WaitForPollers { deadline_at } => {
                     report(ctx, RolloutProgress::WaitingForPollers, None, None).await;
-                    let max_wait = Duration::from_millis(u64::try_from(deadline_at - now).unwrap_or(0).max(1000)).min(MAX_ACTIVITY_WAIT);
+                    let max_wait = Duration::from_millis(
+                        u64::try_from(deadline_at - now).unwrap_or(0).max(1000),
+                    )
+                    .min(MAX_ACTIVITY_WAIT);
                     let request = WaitForPollersRequest {
                         twd: twd.clone(),
                         build_id: build_id.clone(),
@@ -211,14 +259,28 @@ impl RolloutWorkflow {
                         outcome = ctx.execute_activity(WaitForPollers, request, options) => Some(outcome.map_err(|e| activity_failed("wait_for_pollers", &e))),
                         _ = ctx.wait_condition(move |s: &Self| s.wakeups != seen) => None,
                     };
-                    if let Some(Ok(PollerWaitOutcome { blocked: Some(blocked), .. }) | Err(blocked)) = waited {
+                    if let Some(
+                        Ok(PollerWaitOutcome {
+                            blocked: Some(blocked),
+                            ..
+                        })
+                        | Err(blocked),
+                    ) = waited
+                    {
                         report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
                         wait_for_change(ctx, BLOCKED_RECHECK).await;
                     }
                 }
                 RolloutDecision::DeadlineExceeded(blocked) => {
                     report(ctx, RolloutProgress::Blocked, Some(blocked.clone()), None).await;
-                    event(ctx, &twd, EventKind::Warning, "ProgressDeadlineExceeded", blocked.message).await;
+                    event(
+                        ctx,
+                        &twd,
+                        EventKind::Warning,
+                        "ProgressDeadlineExceeded",
+                        blocked.message,
+                    )
+                    .await;
                     wait_for_change(ctx, IDLE_RECHECK).await;
                 }
                 RolloutDecision::RunGate => {
@@ -229,8 +291,19 @@ impl RolloutWorkflow {
                     if let Some(deployment) = observation.deployment(&build_id)
                         && deployment.replicas != Some(0)
                     {
-                        let request = ScaleRequest { namespace: twd.namespace.clone(), name: deployment.name.clone(), replicas: 0 };
-                        let _ = run_activity(ctx, ScaleDeployment, request, "scale failed build to 0", short_options()).await;
+                        let request = ScaleRequest {
+                            namespace: twd.namespace.clone(),
+                            name: deployment.name.clone(),
+                            replicas: 0,
+                        };
+                        let _ = run_activity(
+                            ctx,
+                            ScaleDeployment,
+                            request,
+                            "scale failed build to 0",
+                            short_options(),
+                        )
+                        .await;
                     }
                     report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
                     wait_for_change(ctx, IDLE_RECHECK).await;
@@ -244,12 +317,29 @@ impl RolloutWorkflow {
                     wait_for_change(ctx, Duration::from_secs(60)).await;
                 }
                 RolloutDecision::SetCurrent => {
-                    route(ctx, &twd, &observation, RoutingChange::SetCurrent { build_id: build_id.clone() }).await;
+                    route(
+                        ctx,
+                        &twd,
+                        &observation,
+                        RoutingChange::SetCurrent {
+                            build_id: build_id.clone(),
+                        },
+                    )
+                    .await;
                 }
                 RolloutDecision::SetRamping { percentage, step } => {
-                    let change = RoutingChange::SetRamping { build_id: build_id.clone(), percentage };
+                    let change = RoutingChange::SetRamping {
+                        build_id: build_id.clone(),
+                        percentage,
+                    };
                     if route(ctx, &twd, &observation, change).await {
-                        report(ctx, RolloutProgress::Ramping, None, Some((step, Some(percentage), None))).await;
+                        report(
+                            ctx,
+                            RolloutProgress::Ramping,
+                            None,
+                            Some((step, Some(percentage), None)),
+                        )
+                        .await;
                     }
                 }
                 RolloutDecision::ClearRamp => {
@@ -257,13 +347,27 @@ impl RolloutWorkflow {
                 }
                 RolloutDecision::HoldStep { step, until } => {
                     let percentage = ramp_of(&observation, &build_id);
-                    report(ctx, RolloutProgress::Ramping, None, Some((step, percentage, Some(until)))).await;
-                    let hold = Duration::from_millis(u64::try_from(until - now).unwrap_or(0).max(1));
+                    report(
+                        ctx,
+                        RolloutProgress::Ramping,
+                        None,
+                        Some((step, percentage, Some(until))),
+                    )
+                    .await;
+                    let hold =
+                        Duration::from_millis(u64::try_from(until - now).unwrap_or(0).max(1));
                     wait_for_change(ctx, hold).await;
                 }
                 RolloutDecision::Complete => {
                     report(ctx, RolloutProgress::Complete, None, None).await;
-                    event(ctx, &twd, EventKind::Normal, "RolloutComplete", format!("Build {build_id} is Current")).await;
+                    event(
+                        ctx,
+                        &twd,
+                        EventKind::Normal,
+                        "RolloutComplete",
+                        format!("Build {build_id} is Current"),
+                    )
+                    .await;
                     set_outcome(ctx, "Complete");
                     return Ok(RolloutOutcome::Complete);
                 }
@@ -313,13 +417,25 @@ fn apply_operator_flags(ctx: &mut WorkflowContext<RolloutWorkflow>) {
     });
 }
 
-async fn observe(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef) -> Result<Observation, Blocked> {
+async fn observe(
+    ctx: &mut WorkflowContext<RolloutWorkflow>,
+    twd: &TwdRef,
+) -> Result<Observation, Blocked> {
     run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await
 }
 
 /// Runs the gate (bounded wait), records its result in memory.
-async fn run_gate(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, build_id: &str, observation: &Observation) {
-    let Some(workflow_type) = observation.spec.as_ref().and_then(|s| s.gate_workflow_type.clone()) else {
+async fn run_gate(
+    ctx: &mut WorkflowContext<RolloutWorkflow>,
+    twd: &TwdRef,
+    build_id: &str,
+    observation: &Observation,
+) {
+    let Some(workflow_type) = observation
+        .spec
+        .as_ref()
+        .and_then(|s| s.gate_workflow_type.clone())
+    else {
         ctx.state_mut(|s| s.memory.gate = GateState::Passed);
         return;
     };
@@ -340,16 +456,28 @@ async fn run_gate(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, buil
     };
     match outcome {
         None => {}
-        Some(Err(blocked)) | Some(Ok(crate::contract::GateOutcome { blocked: Some(blocked), .. })) => {
+        Some(Err(blocked))
+        | Some(Ok(crate::contract::GateOutcome {
+            blocked: Some(blocked),
+            ..
+        })) => {
             report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
             wait_for_change(ctx, BLOCKED_RECHECK).await;
         }
         Some(Ok(outcome)) => {
-            let finished = !outcome.runs.is_empty() && outcome.runs.iter().all(|r| r.status != "Running");
+            let finished =
+                !outcome.runs.is_empty() && outcome.runs.iter().all(|r| r.status != "Running");
             ctx.state_mut(|s| s.gate_runs = outcome.runs.clone());
             if outcome.passed {
                 ctx.state_mut(|s| s.memory.gate = GateState::Passed);
-                event(ctx, twd, EventKind::Normal, "GatePassed", format!("Gate {workflow_type} passed on build {build_id}")).await;
+                event(
+                    ctx,
+                    twd,
+                    EventKind::Normal,
+                    "GatePassed",
+                    format!("Gate {workflow_type} passed on build {build_id}"),
+                )
+                .await;
             } else if finished {
                 let failed: Vec<String> = outcome
                     .runs
@@ -357,8 +485,15 @@ async fn run_gate(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, buil
                     .filter(|r| r.status != "Completed")
                     .map(|r| format!("{} on {}: {}", r.workflow_id, r.task_queue, r.status))
                     .collect();
-                let message = format!("Gate {workflow_type} failed on build {build_id}: {}", failed.join("; "));
-                ctx.state_mut(|s| s.memory.gate = GateState::Failed { message: message.clone() });
+                let message = format!(
+                    "Gate {workflow_type} failed on build {build_id}: {}",
+                    failed.join("; ")
+                );
+                ctx.state_mut(|s| {
+                    s.memory.gate = GateState::Failed {
+                        message: message.clone(),
+                    }
+                });
                 event(ctx, twd, EventKind::Warning, "GateFailed", message).await;
             }
         }
@@ -366,27 +501,61 @@ async fn run_gate(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, buil
 }
 
 /// Performs a routing change; true when applied.
-async fn route(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, observation: &Observation, change: RoutingChange) -> bool {
+async fn route(
+    ctx: &mut WorkflowContext<RolloutWorkflow>,
+    twd: &TwdRef,
+    observation: &Observation,
+    change: RoutingChange,
+) -> bool {
     let summary = match &change {
         RoutingChange::SetCurrent { build_id } => format!("set current {build_id}"),
-        RoutingChange::SetRamping { build_id, percentage } => format!("ramp {build_id} to {percentage}%"),
+        RoutingChange::SetRamping {
+            build_id,
+            percentage,
+        } => format!("ramp {build_id} to {percentage}%"),
         RoutingChange::ClearRamp => "clear ramp".to_owned(),
     };
-    let token = observation.temporal.as_ref().ok().map(|t| t.conflict_token.clone()).filter(|t| !t.is_empty());
-    let request = RoutingRequest { twd: twd.clone(), change: change.clone(), conflict_token: token };
+    let token = observation
+        .temporal
+        .as_ref()
+        .ok()
+        .map(|t| t.conflict_token.clone())
+        .filter(|t| !t.is_empty());
+    let request = RoutingRequest {
+        twd: twd.clone(),
+        change: change.clone(),
+        conflict_token: token,
+    };
     match run_activity(ctx, SetRouting, request, &summary, short_options()).await {
         Ok(RoutingOutcome::Applied) => {
             let (reason, message) = match &change {
-                RoutingChange::SetCurrent { build_id } => ("Promoted", format!("Build {build_id} is now Current")),
-                RoutingChange::SetRamping { build_id, percentage } => ("Ramped", format!("Build {build_id} ramped to {percentage}%")),
-                RoutingChange::ClearRamp => ("RampCleared", "Cleared the ramping version".to_owned()),
+                RoutingChange::SetCurrent { build_id } => {
+                    ("Promoted", format!("Build {build_id} is now Current"))
+                }
+                RoutingChange::SetRamping {
+                    build_id,
+                    percentage,
+                } => (
+                    "Ramped",
+                    format!("Build {build_id} ramped to {percentage}%"),
+                ),
+                RoutingChange::ClearRamp => {
+                    ("RampCleared", "Cleared the ramping version".to_owned())
+                }
             };
             event(ctx, twd, EventKind::Normal, reason, message).await;
             true
         }
         Ok(RoutingOutcome::Conflict) => false,
         Ok(RoutingOutcome::Blocked(blocked)) | Err(blocked) => {
-            event(ctx, twd, EventKind::Warning, blocked.reason.as_str(), blocked.message.clone()).await;
+            event(
+                ctx,
+                twd,
+                EventKind::Warning,
+                blocked.reason.as_str(),
+                blocked.message.clone(),
+            )
+            .await;
             report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
             wait_for_change(ctx, BLOCKED_RECHECK).await;
             false
@@ -409,10 +578,28 @@ async fn abort(
         route(ctx, twd, observation, RoutingChange::ClearRamp).await;
     }
     if let Some(deployment) = observation.deployment(build_id) {
-        let request = ScaleRequest { namespace: twd.namespace.clone(), name: deployment.name.clone(), replicas: 0 };
-        let _ = run_activity(ctx, ScaleDeployment, request, "scale aborted build to 0", short_options()).await;
+        let request = ScaleRequest {
+            namespace: twd.namespace.clone(),
+            name: deployment.name.clone(),
+            replicas: 0,
+        };
+        let _ = run_activity(
+            ctx,
+            ScaleDeployment,
+            request,
+            "scale aborted build to 0",
+            short_options(),
+        )
+        .await;
     }
-    event(ctx, twd, EventKind::Normal, "Aborted", format!("Rollout of build {build_id} aborted by an operator")).await;
+    event(
+        ctx,
+        twd,
+        EventKind::Normal,
+        "Aborted",
+        format!("Rollout of build {build_id} aborted by an operator"),
+    )
+    .await;
     report(ctx, RolloutProgress::Aborted, None, None).await;
     set_outcome(ctx, "Aborted");
     Ok(RolloutOutcome::Aborted)
@@ -420,8 +607,18 @@ async fn abort(
 
 async fn cancel_gates(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, build_id: &str) {
     if ctx.state(|s| s.gate_runs.iter().any(|r| r.status == "Running")) {
-        let request = BuildRequest { twd: twd.clone(), build_id: build_id.to_owned() };
-        let _ = run_activity(ctx, CancelGates, request, "cancel gate workflows", short_options()).await;
+        let request = BuildRequest {
+            twd: twd.clone(),
+            build_id: build_id.to_owned(),
+        };
+        let _ = run_activity(
+            ctx,
+            CancelGates,
+            request,
+            "cancel gate workflows",
+            short_options(),
+        )
+        .await;
     }
 }
 
@@ -450,7 +647,12 @@ async fn report(
         sequence: s.sequence + 1,
     });
     let unchanged = ctx.state(|s| {
-        s.last_report.as_ref().is_some_and(|last| RolloutReport { sequence: candidate.sequence, ..last.clone() } == candidate)
+        s.last_report.as_ref().is_some_and(|last| {
+            RolloutReport {
+                sequence: candidate.sequence,
+                ..last.clone()
+            } == candidate
+        })
     });
     if unchanged {
         return;
@@ -463,7 +665,11 @@ async fn report(
     // The TWD workflow may be gone (TWD deleted); a failed report changes nothing here.
     let _ = ctx
         .external_workflow(parent, None)
-        .signal(TwdWorkflow::rollout_update, candidate, SignalWorkflowOptions::default())
+        .signal(
+            TwdWorkflow::rollout_update,
+            candidate,
+            SignalWorkflowOptions::default(),
+        )
         .await;
 }
 
@@ -478,7 +684,9 @@ fn report_message(
         return blocked.message.clone();
     }
     match progress {
-        RolloutProgress::WaitingForPollers => format!("Waiting for workers of build {build} to poll and become available"),
+        RolloutProgress::WaitingForPollers => {
+            format!("Waiting for workers of build {build} to poll and become available")
+        }
         RolloutProgress::WaitingForPromotion => {
             if ctx.state(|s| s.memory.gate == GateState::NotRun) {
                 format!("Build {build} is registered; running its gate")
@@ -487,7 +695,9 @@ fn report_message(
             }
         }
         RolloutProgress::Ramping => match ramp {
-            Some((step, Some(pct), _)) => format!("Build {build} ramping at {pct}% (step {})", step + 1),
+            Some((step, Some(pct), _)) => {
+                format!("Build {build} ramping at {pct}% (step {})", step + 1)
+            }
             _ => format!("Build {build} is ramping"),
         },
         RolloutProgress::Complete => format!("Build {build} is Current"),
@@ -498,9 +708,27 @@ fn report_message(
     }
 }
 
-async fn event(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, kind: EventKind, reason: &str, message: String) {
-    let request = EventRequest { twd: twd.clone(), kind, reason: reason.to_owned(), message };
-    let _ = run_activity(ctx, EmitEvent, request, &format!("event {reason}"), short_options()).await;
+async fn event(
+    ctx: &mut WorkflowContext<RolloutWorkflow>,
+    twd: &TwdRef,
+    kind: EventKind,
+    reason: &str,
+    message: String,
+) {
+    let request = EventRequest {
+        twd: twd.clone(),
+        kind,
+        reason: reason.to_owned(),
+        message,
+    };
+    let _ = run_activity(
+        ctx,
+        EmitEvent,
+        request,
+        &format!("event {reason}"),
+        short_options(),
+    )
+    .await;
 }
 
 fn set_outcome(ctx: &mut WorkflowContext<RolloutWorkflow>, outcome: &str) {
@@ -521,7 +749,9 @@ fn ramp_of(observation: &Observation, build_id: &str) -> Option<u8> {
     if temporal.ramping_build_id.as_deref() != Some(build_id) {
         return None;
     }
-    temporal.ramp_percentage.map(|p| p.round().clamp(0.0, 100.0) as u8)
+    temporal
+        .ramp_percentage
+        .map(|p| p.round().clamp(0.0, 100.0) as u8)
 }
 
 /// Runs an activity; a failure after its retries becomes `PlanExecutionFailed`.
@@ -538,7 +768,9 @@ where
 {
     let name = activity.name().to_owned();
     let options = with_summary(options, summary);
-    ctx.execute_activity(activity, input, options).await.map_err(|e| activity_failed(&name, &e))
+    ctx.execute_activity(activity, input, options)
+        .await
+        .map_err(|e| activity_failed(&name, &e))
 }
 
 fn with_summary(mut options: ActivityOptions, summary: &str) -> ActivityOptions {
@@ -547,7 +779,10 @@ fn with_summary(mut options: ActivityOptions, summary: &str) -> ActivityOptions 
 }
 
 fn activity_failed(name: &str, error: &dyn std::fmt::Display) -> Blocked {
-    Blocked { reason: BlockReason::PlanExecutionFailed, message: format!("activity {name} failed: {error}") }
+    Blocked {
+        reason: BlockReason::PlanExecutionFailed,
+        message: format!("activity {name} failed: {error}"),
+    }
 }
 
 /// Options for quick activities: a few retries with backoff, then the workflow decides.
@@ -557,7 +792,9 @@ pub(crate) fn short_options() -> ActivityOptions {
         .maximum_interval(Duration::from_secs(10))
         .maximum_attempts(4)
         .build();
-    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(60)).retry_policy(retry).build()
+    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(60))
+        .retry_policy(retry)
+        .build()
 }
 
 /// Options for activities that wait up to `max_wait` while heartbeating.

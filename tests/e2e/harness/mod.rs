@@ -37,10 +37,23 @@ pub async fn test_namespace(client: &kube::Client, prefix: &str) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or_default();
-    let suffix = format!("{:x}{:x}", (nanos ^ std::process::id()) & 0xfffff, COUNTER.fetch_add(1, Ordering::Relaxed));
+    let suffix = format!(
+        "{:x}{:x}",
+        (nanos ^ std::process::id()) & 0xfffff,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
     let name = format!("{prefix}-{suffix}");
-    let ns = Namespace { metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() }, ..Default::default() };
-    if let Err(e) = Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await {
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    if let Err(e) = Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+    {
         panic!("creating namespace {name}: {e}");
     }
     name

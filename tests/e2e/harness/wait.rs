@@ -20,7 +20,10 @@ where
             Err(observed) => observed,
         };
         if tokio::time::Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}\nlast observed: {last}\n{}", server_logs(80));
+            panic!(
+                "timed out after {timeout:?} waiting for {what}\nlast observed: {last}\n{}",
+                server_logs(80)
+            );
         }
         tokio::time::sleep(interval).await;
         interval = (interval * 3 / 2).min(Duration::from_secs(1));
@@ -35,6 +38,12 @@ pub fn server_logs(lines: usize) -> String {
         .unwrap_or_default();
     logs.sort();
     logs.iter()
-        .map(|log| format!("===== {} =====\n{}\n", log.display(), twc_sandbox::process::tail(log, lines)))
+        .map(|log| {
+            format!(
+                "===== {} =====\n{}\n",
+                log.display(),
+                twc_sandbox::process::tail(log, lines)
+            )
+        })
         .collect()
 }
