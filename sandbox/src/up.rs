@@ -198,7 +198,10 @@ fn start_controller(env: &mut SandboxEnv) -> anyhow::Result<Supervised> {
         );
     let process = spawn_logged("controller", command, &log)?;
     let pid_file = env.logs_dir.with_file_name("controller.pid");
-    std::fs::write(&pid_file, process.pid().map(|p| p.to_string()).unwrap_or_default())?;
+    std::fs::write(
+        &pid_file,
+        process.pid().map(|p| p.to_string()).unwrap_or_default(),
+    )?;
     env.controller_log = Some(log);
     env.controller_pid_file = Some(pid_file);
     Ok(process)
