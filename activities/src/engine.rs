@@ -27,6 +27,8 @@ use crate::temporal::{
 
 /// How often `wait_for_pollers` and `run_gate` look again.
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// How long `cancel_gates` lets cancelled gate workflows close before terminating them.
+const GATE_STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// Shared state of the engine's activities: the Kubernetes client, the pool of clients for the
 /// workers' Temporal servers, and the controller identity.
@@ -128,6 +130,15 @@ impl EngineActivities {
                 tracing::warn!(%namespace, connection = %name, "writing connection status: {e}")
             }
         }
+    }
+
+    /// Whether the TWD still exists, is not being deleted and targets `build_id`.
+    async fn still_target(&self, twd: &TwdRef, build_id: &str) -> Result<bool, ActivityError> {
+        let resource = k8s::get_twd(&self.kube, twd).await.map_err(retryable)?;
+        Ok(resource.is_some_and(|r| {
+            let spec = spec_view(&r);
+            !spec.deleting && spec.target_build_id == build_id
+        }))
     }
 
     /// Evicts the client of a failed call when its credentials were rejected.
@@ -451,6 +462,15 @@ impl EngineActivities {
             heartbeat(&ctx).await;
             tokio::time::sleep(POLL_INTERVAL).await;
         };
+        // The wait above may be long: a build superseded meanwhile gets no gates (its rollout
+        // stops the gates it knows of, and would miss these).
+        if ctx.is_cancelled() || !self.still_target(&request.twd, &request.build_id).await? {
+            return Ok(GateOutcome {
+                runs: Vec::new(),
+                passed: false,
+                blocked: None,
+            });
+        }
         let runs = match temporal::start_gates(
             &resolved.temporal,
             &namespace,
@@ -494,7 +514,7 @@ impl EngineActivities {
         })
     }
 
-    /// Cancels the build's running gate workflows.
+    /// Cancels the build's running gate workflows; terminates those that ignore it.
     #[activity(name = "cancel_gates")]
     pub async fn cancel_gates(
         self: Arc<Self>,
@@ -504,11 +524,12 @@ impl EngineActivities {
         let Some(Ok(resolved)) = self.resolve(&request.twd).await? else {
             return Ok(());
         };
-        temporal::cancel_build_gates(
+        temporal::stop_build_gates(
             &resolved.temporal,
             &resolved.spec.temporal_namespace,
             &request.twd.key(),
             &request.build_id,
+            GATE_STOP_GRACE,
         )
         .await
         .map(|_| ())

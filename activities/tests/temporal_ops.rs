@@ -46,7 +46,7 @@ use twc_activities::{
         error::is_manager_identity_conflict,
         gate_workflow_id, reset_to_unversioned,
         routing::{METADATA_CONTROLLER, METADATA_CONTROLLER_VERSION},
-        set_routing, start_gates, version_task_queues, wait_gates,
+        set_routing, start_gates, stop_build_gates, version_task_queues, wait_gates,
     },
 };
 use twc_crds::worker_deployment::VersionState;
@@ -690,6 +690,25 @@ async fn gates(client: &TemporalClient, dep: &str) -> Result<()> {
     .await?;
     let (done, _) = run_gates_to_end(client, runs).await?;
     ensure!(done[0].status == "Canceled", "{done:?}");
+
+    // Stop by build: a gate that honours the cancellation ends Canceled within the grace...
+    let runs = start("Sleeper", Some(json!(600)), 5).await?;
+    eventually("the build's sleeping gate to be stopped", WAIT, || async {
+        let n = stop_build_gates(client, NAMESPACE, dep, "v2", Duration::from_secs(10)).await?;
+        Ok((n >= 1).then_some(()))
+    })
+    .await?;
+    let (done, _) = run_gates_to_end(client, runs).await?;
+    ensure!(done[0].status == "Canceled", "{done:?}");
+    // ...and one no worker can run (so it never sees the cancellation) is terminated after it.
+    let runs = start("NoWorkerRunsThis", None, 6).await?;
+    eventually("the build's stuck gate to be stopped", WAIT, || async {
+        let n = stop_build_gates(client, NAMESPACE, dep, "v2", Duration::from_secs(1)).await?;
+        Ok((n >= 1).then_some(()))
+    })
+    .await?;
+    let (done, _) = run_gates_to_end(client, runs).await?;
+    ensure!(done[0].status == "Terminated", "{done:?}");
     Ok(())
 }
 

@@ -20,6 +20,8 @@ pub const FIELD_MANAGER: &str = "twc-sandbox";
 pub struct ApiServer {
     /// Admin kubeconfig.
     pub kubeconfig: PathBuf,
+    /// HTTPS port on 127.0.0.1; a restart reuses it so clients reconnect.
+    pub port: u16,
     /// The process.
     pub process: Supervised,
 }
@@ -37,6 +39,14 @@ pub enum ApiServerError {
         log: PathBuf,
         /// What the wait saw.
         source: WaitError,
+    },
+    /// `apiserver.json` (written before the kubeconfig) is missing or unreadable.
+    #[error("reading {path}: {message}")]
+    Info {
+        /// File path.
+        path: PathBuf,
+        /// What was wrong.
+        message: String,
     },
     /// The kubeconfig is unusable.
     #[error("loading kubeconfig {path}: {message}")]
@@ -66,11 +76,25 @@ pub enum ApiServerError {
 
 /// Starts `twc-apiserver --dir <dir>` and waits for its kubeconfig (written once /readyz passes).
 pub async fn start(binary: &Path, dir: &Path, log: &Path) -> Result<ApiServer, ApiServerError> {
+    start_on(binary, dir, log, None).await
+}
+
+/// Like [`start`], on `port` when given: restarting on the port and `dir` of an earlier run
+/// keeps etcd's data, the certificates and the tokens, so clients of the kubeconfig reconnect.
+pub async fn start_on(
+    binary: &Path,
+    dir: &Path,
+    log: &Path,
+    port: Option<u16>,
+) -> Result<ApiServer, ApiServerError> {
     let kubeconfig = dir.join("kubeconfig");
     // A kubeconfig left by an earlier run must not be mistaken for readiness.
     let _ = std::fs::remove_file(&kubeconfig);
     let mut command = Command::new(binary);
     command.arg("--dir").arg(dir);
+    if let Some(port) = port {
+        command.arg("--port").arg(port.to_string());
+    }
     let process = spawn_logged("kube-apiserver", command, log)?;
     wait_until(
         "kube-apiserver kubeconfig",
@@ -82,10 +106,26 @@ pub async fn start(binary: &Path, dir: &Path, log: &Path) -> Result<ApiServer, A
         log: log.to_owned(),
         source,
     })?;
+    let port = read_port(&dir.join("apiserver.json"))?;
     Ok(ApiServer {
         kubeconfig,
+        port,
         process,
     })
+}
+
+/// The `port` of `apiserver.json`.
+fn read_port(path: &Path) -> Result<u16, ApiServerError> {
+    let fail = |message: String| ApiServerError::Info {
+        path: path.to_owned(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+    let info: serde_json::Value = serde_json::from_str(&text).map_err(|e| fail(e.to_string()))?;
+    info["port"]
+        .as_u64()
+        .and_then(|p| u16::try_from(p).ok())
+        .ok_or_else(|| fail(format!("no port in {text}")))
 }
 
 /// A client for a kubeconfig file.

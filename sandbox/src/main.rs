@@ -158,18 +158,28 @@ async fn up(common: Common, apply_samples: bool) -> anyhow::Result<ExitCode> {
 
 async fn exec(common: Common, command: Vec<String>) -> anyhow::Result<ExitCode> {
     let options = options(&common, false, true)?;
-    let sandbox = Sandbox::start(&options).await?;
+    let mut sandbox = Sandbox::start(&options).await?;
     let (program, args) = command.split_first().context("no command given")?;
-    let status = tokio::process::Command::new(program)
+    // TEMPORAL_ADDRESS is deliberately not exported: the temporal CLI would pick it up.
+    let child = tokio::process::Command::new(program)
         .args(args)
         .env(
             ENV_FILE_VAR,
             options.state_dir.join(twc_sandbox::env::ENV_FILE_NAME),
         )
         .env("KUBECONFIG", &sandbox.env.kubeconfig)
-        .env("TEMPORAL_ADDRESS", &sandbox.env.temporal_address)
-        .status()
-        .await;
+        .status();
+    tokio::pin!(child);
+    // Like a Deployment, the sandbox restarts a controller that died (crash tests kill it).
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+    let status = loop {
+        tokio::select! {
+            status = &mut child => break status,
+            _ = tick.tick() => {
+                sandbox.restart_dead_controller();
+            }
+        }
+    };
     let code = match &status {
         Ok(s) if s.success() => ExitCode::SUCCESS,
         Ok(s) => {

@@ -32,11 +32,38 @@ pub struct TemporalOptions {
     pub fast_drainage: bool,
 }
 
+/// The loopback ports of a dev server; a restart reuses them so clients reconnect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TemporalPorts {
+    /// Frontend gRPC.
+    pub frontend: u16,
+    /// HTTP API.
+    pub http: u16,
+    /// Prometheus metrics.
+    pub metrics: u16,
+    /// Web UI (used only when it is served).
+    pub ui: u16,
+}
+
+impl TemporalPorts {
+    /// Four free loopback ports.
+    pub fn free() -> std::io::Result<Self> {
+        Ok(Self {
+            frontend: free_port()?,
+            http: free_port()?,
+            metrics: free_port()?,
+            ui: free_port()?,
+        })
+    }
+}
+
 /// A running dev server.
 #[derive(Debug)]
 pub struct TemporalServer {
     /// Frontend gRPC `host:port`.
     pub address: String,
+    /// Its ports.
+    pub ports: TemporalPorts,
     /// Web UI URL if served.
     pub ui_url: Option<String>,
     /// Prometheus metrics URL.
@@ -66,10 +93,21 @@ pub enum TemporalError {
 
 /// Starts the dev server on free loopback ports and waits until it serves the default namespace.
 pub async fn start(options: &TemporalOptions) -> Result<TemporalServer, TemporalError> {
-    let port = free_port()?;
-    let metrics_port = free_port()?;
-    let http_port = free_port()?;
-    let ui_port = free_port()?;
+    start_on(options, TemporalPorts::free()?).await
+}
+
+/// Starts the dev server on `ports` (those of an earlier run, to restart it: with the same
+/// `db_file` its workflows survive) and waits until it serves the default namespace.
+pub async fn start_on(
+    options: &TemporalOptions,
+    ports: TemporalPorts,
+) -> Result<TemporalServer, TemporalError> {
+    let TemporalPorts {
+        frontend: port,
+        http: http_port,
+        metrics: metrics_port,
+        ui: ui_port,
+    } = ports;
     let mut command = Command::new(&options.cli);
     command
         .args([
@@ -112,6 +150,7 @@ pub async fn start(options: &TemporalOptions) -> Result<TemporalServer, Temporal
     wait_healthy(&options.cli, &address, &options.log).await?;
     Ok(TemporalServer {
         address,
+        ports,
         ui_url: options.ui.then(|| format!("http://127.0.0.1:{ui_port}")),
         metrics_url: format!("http://127.0.0.1:{metrics_port}/metrics"),
         process,

@@ -14,6 +14,15 @@ use crate::podrunner::{self, PodRunnerConfig};
 use crate::process::{Supervised, spawn_logged, tail};
 use crate::temporal::{self, TemporalOptions, TemporalServer};
 
+/// How a server or the controller is stopped by a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopMode {
+    /// SIGTERM, then SIGKILL after a grace period.
+    Graceful,
+    /// SIGKILL at once, as a crash would.
+    Kill,
+}
+
 /// Where things are and what to start.
 #[derive(Debug, Clone)]
 pub struct SandboxOptions {
@@ -38,8 +47,15 @@ pub struct Sandbox {
     /// What clients need to know.
     pub env: SandboxEnv,
     temporal: TemporalServer,
+    temporal_options: TemporalOptions,
     apiserver: ApiServer,
+    apiserver_bin: PathBuf,
+    apiserver_dir: PathBuf,
     controller: Option<Supervised>,
+    /// More controllers on the same engine namespace and task queue (replicas).
+    extra_controllers: Vec<Supervised>,
+    /// Extra environment of controllers started from now on (e.g. `RUST_LOG`).
+    controller_env: Vec<(String, String)>,
     pod_runner: JoinHandle<Result<(), podrunner::PodRunnerError>>,
     stop_pod_runner: Option<oneshot::Sender<()>>,
 }
@@ -112,7 +128,7 @@ impl Sandbox {
             controller_pid_file: None,
         };
         let controller = if options.controller {
-            Some(start_controller(&mut env)?)
+            Some(start_controller(&mut env, &[])?)
         } else {
             None
         };
@@ -120,8 +136,13 @@ impl Sandbox {
         Ok(Self {
             env,
             temporal,
+            temporal_options,
             apiserver,
+            apiserver_bin,
+            apiserver_dir,
             controller,
+            extra_controllers: Vec::new(),
+            controller_env: Vec::new(),
             pod_runner,
             stop_pod_runner: Some(stop_tx),
         })
@@ -138,17 +159,115 @@ impl Sandbox {
     pub fn restart_dead_controller(&mut self) -> Option<String> {
         let status = self.controller.as_mut()?.exited()?;
         tracing::warn!("controller exited ({status}); restarting it");
-        match start_controller(&mut self.env) {
+        match start_controller(&mut self.env, &self.controller_env) {
             Ok(process) => self.controller = Some(process),
             Err(e) => tracing::error!("restarting the controller failed: {e:#}"),
         }
         Some(status)
     }
 
+    /// Kills the controller with SIGKILL, as a crash would; returns its process ID. It stays
+    /// dead until [`Self::restart_dead_controller`].
+    pub async fn kill_controller(&mut self) -> Option<u32> {
+        let controller = self.controller.as_mut()?;
+        let pid = controller.pid();
+        controller.kill().await;
+        pid
+    }
+
+    /// Sets extra environment variables (e.g. `RUST_LOG`) of the controllers started from now
+    /// on, and restarts the controller with them.
+    pub async fn restart_controller_with_env(
+        &mut self,
+        vars: &[(&str, &str)],
+    ) -> anyhow::Result<()> {
+        self.controller_env = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        if let Some(controller) = self.controller.as_mut() {
+            controller.stop(Duration::from_secs(10)).await;
+            self.controller = Some(start_controller(&mut self.env, &self.controller_env)?);
+        }
+        Ok(())
+    }
+
+    /// Process ID of the controller while it runs.
+    pub fn controller_pid(&self) -> Option<u32> {
+        self.controller.as_ref()?.pid()
+    }
+
+    /// Starts one more controller (`twc run`, same engine namespace, task queue and identity,
+    /// as another replica would); its log is `logs/controller-<n>.log`, returned.
+    pub fn start_extra_controller(&mut self) -> anyhow::Result<PathBuf> {
+        let n = self.extra_controllers.len() + 2;
+        let log = self.env.logs_dir.join(format!("controller-{n}.log"));
+        let process = spawn_controller(
+            &self.env,
+            &self.controller_env,
+            &format!("controller-{n}"),
+            &log,
+        )?;
+        self.extra_controllers.push(process);
+        Ok(log)
+    }
+
+    /// Log files of every controller started so far (restarts append to the same file).
+    pub fn controller_logs(&self) -> Vec<PathBuf> {
+        self.controller
+            .iter()
+            .chain(&self.extra_controllers)
+            .map(|c| c.log.clone())
+            .collect()
+    }
+
+    /// Log files of the servers (Temporal, kube-apiserver).
+    pub fn server_logs(&self) -> Vec<PathBuf> {
+        vec![
+            self.temporal.process.log.clone(),
+            self.apiserver.process.log.clone(),
+        ]
+    }
+
+    /// Stops the Temporal dev server and starts it again on the same ports with the same
+    /// database file, after `downtime` (a schedule, e.g. to let clients notice the outage).
+    /// Workflows, namespaces and search attributes survive; clients reconnect on their own.
+    pub async fn restart_temporal(
+        &mut self,
+        how: StopMode,
+        downtime: Duration,
+    ) -> anyhow::Result<()> {
+        stop(&mut self.temporal.process, how).await;
+        tracing::info!(ports = ?self.temporal.ports, "Temporal dev server stopped ({how:?})");
+        tokio::time::sleep(downtime).await;
+        self.temporal = temporal::start_on(&self.temporal_options, self.temporal.ports).await?;
+        tracing::info!(address = %self.temporal.address, "Temporal dev server restarted");
+        Ok(())
+    }
+
+    /// Stops the kube-apiserver (with its etcd) and starts it again on the same port with the
+    /// same state folder, after `downtime`. Objects, certificates and tokens survive, so the
+    /// kubeconfig stays valid and clients (pod runner, controllers) reconnect on their own.
+    pub async fn restart_apiserver(
+        &mut self,
+        how: StopMode,
+        downtime: Duration,
+    ) -> anyhow::Result<()> {
+        let port = self.apiserver.port;
+        stop(&mut self.apiserver.process, how).await;
+        tracing::info!(port, "kube-apiserver stopped ({how:?})");
+        tokio::time::sleep(downtime).await;
+        let log = self.apiserver.process.log.clone();
+        self.apiserver =
+            apiserver::start_on(&self.apiserver_bin, &self.apiserver_dir, &log, Some(port)).await?;
+        tracing::info!(port, "kube-apiserver restarted");
+        Ok(())
+    }
+
     /// Last lines of every server log, for failure reports.
     pub fn log_tails(&self, lines: usize) -> String {
         let mut logs: Vec<&Path> = vec![&self.temporal.process.log, &self.apiserver.process.log];
-        if let Some(controller) = &self.controller {
+        for controller in self.controller.iter().chain(&self.extra_controllers) {
             logs.push(&controller.log);
         }
         logs.iter()
@@ -165,7 +284,11 @@ impl Sandbox {
     /// Stops the controller, the pod runner (and its processes), then the servers.
     pub async fn stop(mut self) {
         let grace = Duration::from_secs(10);
-        if let Some(controller) = self.controller.as_mut() {
+        for controller in self
+            .controller
+            .iter_mut()
+            .chain(self.extra_controllers.iter_mut())
+        {
             controller.stop(grace).await;
         }
         if let Some(stop) = self.stop_pod_runner.take() {
@@ -184,8 +307,37 @@ impl Sandbox {
     }
 }
 
-fn start_controller(env: &mut SandboxEnv) -> anyhow::Result<Supervised> {
+async fn stop(process: &mut Supervised, how: StopMode) {
+    match how {
+        StopMode::Graceful => process.stop(Duration::from_secs(10)).await,
+        StopMode::Kill => process.kill().await,
+    }
+}
+
+fn start_controller(
+    env: &mut SandboxEnv,
+    vars: &[(String, String)],
+) -> anyhow::Result<Supervised> {
     let log = env.logs_dir.join("controller.log");
+    let process = spawn_controller(env, vars, "controller", &log)?;
+    let pid_file = env.logs_dir.with_file_name("controller.pid");
+    std::fs::write(
+        &pid_file,
+        process.pid().map(|p| p.to_string()).unwrap_or_default(),
+    )?;
+    env.controller_log = Some(log);
+    env.controller_pid_file = Some(pid_file);
+    Ok(process)
+}
+
+/// `twc run` against the sandbox's servers with extra environment `vars`, output appended to
+/// `log`.
+fn spawn_controller(
+    env: &SandboxEnv,
+    vars: &[(String, String)],
+    name: &str,
+    log: &Path,
+) -> anyhow::Result<Supervised> {
     let mut command = Command::new(env.bin_dir.join("twc"));
     command
         .arg("run")
@@ -195,16 +347,9 @@ fn start_controller(env: &mut SandboxEnv) -> anyhow::Result<Supervised> {
         .env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
-        );
-    let process = spawn_logged("controller", command, &log)?;
-    let pid_file = env.logs_dir.with_file_name("controller.pid");
-    std::fs::write(
-        &pid_file,
-        process.pid().map(|p| p.to_string()).unwrap_or_default(),
-    )?;
-    env.controller_log = Some(log);
-    env.controller_pid_file = Some(pid_file);
-    Ok(process)
+        )
+        .envs(vars.iter().map(|(k, v)| (k, v)));
+    Ok(spawn_logged(name, command, log)?)
 }
 
 fn write_env_file(state_dir: &Path, env: &SandboxEnv) -> anyhow::Result<()> {

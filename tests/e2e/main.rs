@@ -3,6 +3,10 @@
 
 mod harness;
 
+mod chaos;
+mod controls;
 mod crd_validation;
+mod deploy;
+mod engine;
 mod pod_runner;
 mod rollout;

@@ -2,6 +2,7 @@
 //! workflows that sequence them. No I/O, no clocks, no randomness, no threads.
 
 pub mod contract;
+pub mod control;
 pub mod model;
 pub mod plan;
 pub mod rollout_workflow;

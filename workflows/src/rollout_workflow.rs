@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use temporalio_common::data_converters::RawValue;
 use temporalio_common::search_attributes::SearchAttributeKey;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::workflows::select;
@@ -24,11 +25,14 @@ use crate::contract::{
     RoutingRequest, RunGate, ScaleDeployment, ScaleRequest, SetRouting, WaitForPollers,
     WaitForPollersRequest,
 };
+use crate::control::{self, ControlEffect, ControlState};
 use crate::model::{
     BlockReason, Blocked, ControlAction, Observation, RolloutProgress, RolloutReport, TwdRef,
     UnixMillis,
 };
-use crate::plan::rollout::{GateState, RolloutDecision, RolloutMemory, decide};
+use crate::plan::rollout::{
+    GateState, HeldTime, HoldTransition, RolloutDecision, RolloutMemory, decide,
+};
 use crate::twd_workflow::TwdWorkflow;
 
 /// Search attribute: Kubernetes namespace of the TWD.
@@ -37,17 +41,27 @@ pub const SA_NAMESPACE: SearchAttributeKey<String> = SearchAttributeKey::keyword
 pub const SA_NAME: SearchAttributeKey<String> = SearchAttributeKey::keyword("TwcName");
 /// Search attribute: build ID being rolled out.
 pub const SA_BUILD_ID: SearchAttributeKey<String> = SearchAttributeKey::keyword("TwcBuildId");
-/// Search attribute: how the rollout ended (`Complete`, `Superseded`, `Aborted`, `Blocked`).
+/// Search attribute: `Running`, `Blocked` while a failed gate or the progress deadline stops the
+/// rollout (back to `Running` when it moves again), then how it ended: `Complete`,
+/// `Superseded` or `Aborted`.
 pub const SA_OUTCOME: SearchAttributeKey<String> = SearchAttributeKey::keyword("TwcOutcome");
 
 /// Turns after which a long-waiting rollout continues as new (keeps its history small).
 const MAX_TURNS_PER_RUN: u32 = 400;
 /// Longest single wait for pollers or gate results before re-observing.
 const MAX_ACTIVITY_WAIT: Duration = Duration::from_secs(60);
+/// Patch: a superseded or aborted rollout whose gate is undecided stops its gate workflows too
+/// (histories recorded before it only cancelled gates last seen running).
+const PATCH_STOP_UNDECIDED_GATES: &str = "stop-undecided-gates";
+/// Longest wait while holding a Progressive step before re-reading routing (reference §3.7: a
+/// ramp changed by hand is snapped back to the step grid at the next look).
+const ROUTING_RECHECK: Duration = Duration::from_secs(10);
 /// Re-check interval while blocked by an error that may clear by itself.
 const BLOCKED_RECHECK: Duration = Duration::from_secs(30);
 /// Re-check interval while waiting for a person (Manual promotion, pause, failed gate).
 const IDLE_RECHECK: Duration = Duration::from_secs(300);
+/// Attempts to clear this build's ramp on abort before giving up (each re-reads routing).
+const ABORT_ROUTING_ATTEMPTS: u32 = 5;
 
 /// Input of a rollout.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -91,8 +105,17 @@ pub struct RolloutWorkflow {
     gate_runs: Vec<GateRun>,
     /// Bumped by every signal; waits end when it changes.
     wakeups: u64,
+    /// `wakeups` when the turn in progress observed the world: a wait ends at once if a signal
+    /// came in after that (during an activity or a report), so none is missed.
+    observed_wakeups: u64,
     abort_requested: bool,
     retry_requested: bool,
+    /// Controls received and not yet answered.
+    controls: Vec<ControlAction>,
+    /// `spec.rollout.paused` as last observed.
+    spec_paused: bool,
+    /// `TwcOutcome` is `Blocked` (stopped by a failed gate or the progress deadline).
+    outcome_blocked: bool,
     last_report: Option<RolloutReport>,
     sequence: u64,
 }
@@ -112,6 +135,7 @@ impl RolloutWorkflow {
                     gate: GateState::NotRun,
                     promote_requested: false,
                     pause_requested: false,
+                    held: HeldTime::default(),
                 },
                 1,
                 0,
@@ -123,8 +147,12 @@ impl RolloutWorkflow {
             gate_attempt,
             gate_runs: Vec::new(),
             wakeups: 0,
+            observed_wakeups: 0,
             abort_requested: false,
             retry_requested: false,
+            controls: Vec::new(),
+            spec_paused: false,
+            outcome_blocked: false,
             last_report: None,
             sequence,
         }
@@ -135,6 +163,9 @@ impl RolloutWorkflow {
     pub async fn run(ctx: &mut WorkflowContext<Self>) -> WorkflowResult<RolloutOutcome> {
         let twd = ctx.state(|s| s.input.twd.clone());
         let build_id = ctx.state(|s| s.input.build_id.clone());
+        let outcome_blocked =
+            ctx.search_attributes().get(&SA_OUTCOME).as_deref() == Some("Blocked");
+        ctx.state_mut(|s| s.outcome_blocked = outcome_blocked);
         let mut turns = 0u32;
         loop {
             turns += 1;
@@ -151,8 +182,8 @@ impl RolloutWorkflow {
                 };
                 ctx.continue_as_new(input, Default::default())?;
             }
-            apply_operator_flags(ctx);
             let now = now_millis(ctx);
+            ctx.state_mut(|s| s.observed_wakeups = s.wakeups);
             let observation = match observe(ctx, &twd).await {
                 Ok(o) => o,
                 Err(blocked) => {
@@ -161,11 +192,21 @@ impl RolloutWorkflow {
                     continue;
                 }
             };
+            answer_controls(ctx, &twd, &observation).await;
+            apply_operator_flags(ctx);
             if ctx.state(|s| s.abort_requested) {
                 return abort(ctx, &twd, &build_id, &observation).await;
             }
+            track_hold(ctx, &twd, &observation, now).await;
             let memory = ctx.state(|s| s.memory.clone());
             let decision = decide(&observation, &memory, now);
+            mark_blocked(
+                ctx,
+                matches!(
+                    decision,
+                    RolloutDecision::GateFailed(_) | RolloutDecision::DeadlineExceeded(_)
+                ),
+            );
             match decision {
                 RolloutDecision::Superseded => {
                     cancel_gates(ctx, &twd, &build_id).await;
@@ -174,10 +215,11 @@ impl RolloutWorkflow {
                     return Ok(RolloutOutcome::Superseded);
                 }
                 RolloutDecision::Blocked(blocked) => {
-                    let recheck = if blocked.reason == BlockReason::InvalidSpec {
-                        IDLE_RECHECK
-                    } else {
-                        BLOCKED_RECHECK
+                    let recheck = match blocked.reason {
+                        BlockReason::InvalidSpec => IDLE_RECHECK,
+                        // Usually a busy worker deployment right after a write: look again soon.
+                        BlockReason::TemporalStateFetchFailed => Duration::from_secs(5),
+                        _ => BLOCKED_RECHECK,
                     };
                     report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
                     wait_for_change(ctx, recheck).await;
@@ -252,7 +294,7 @@ impl RolloutWorkflow {
                         build_id: build_id.clone(),
                         max_wait_ms: i64::try_from(max_wait.as_millis()).unwrap_or(60_000),
                     };
-                    let seen = ctx.state(|s| s.wakeups);
+                    let seen = ctx.state(|s| s.observed_wakeups);
                     let options = waiting_options(max_wait);
                     let options = with_summary(options, "wait for pollers");
                     let waited = select! {
@@ -309,7 +351,9 @@ impl RolloutWorkflow {
                     wait_for_change(ctx, IDLE_RECHECK).await;
                 }
                 RolloutDecision::Paused => {
-                    report(ctx, RolloutProgress::Paused, None, None).await;
+                    let ramp = ramp_of(&observation, &build_id)
+                        .map(|pct| (step_of(&observation, pct), Some(pct), None));
+                    report(ctx, RolloutProgress::Paused, None, ramp).await;
                     wait_for_change(ctx, IDLE_RECHECK).await;
                 }
                 RolloutDecision::WaitForManualPromotion => {
@@ -356,7 +400,8 @@ impl RolloutWorkflow {
                     .await;
                     let hold =
                         Duration::from_millis(u64::try_from(until - now).unwrap_or(0).max(1));
-                    wait_for_change(ctx, hold).await;
+                    // Look again while holding: a ramp changed by hand snaps back to the step grid.
+                    wait_for_change(ctx, hold.min(ROUTING_RECHECK)).await;
                 }
                 RolloutDecision::Complete => {
                     report(ctx, RolloutProgress::Complete, None, None).await;
@@ -381,17 +426,41 @@ impl RolloutWorkflow {
         self.wakeups += 1;
     }
 
-    /// Operator control forwarded by the TWD workflow.
+    /// Operator control (forwarded by the TWD workflow, or sent directly); answered and applied
+    /// by the run loop.
     #[signal(name = "control")]
     pub fn control(&mut self, _ctx: &mut SyncWorkflowContext<Self>, action: ControlAction) {
-        match action {
-            ControlAction::Pause => self.memory.pause_requested = true,
-            ControlAction::Resume => self.memory.pause_requested = false,
-            ControlAction::Promote => self.memory.promote_requested = true,
-            ControlAction::Abort => self.abort_requested = true,
-            ControlAction::Retry => self.retry_requested = true,
-        }
-        self.wakeups += 1;
+        self.push_control(action);
+    }
+
+    /// `control` pause, for `temporal workflow signal --name pause` (any input is ignored).
+    #[signal(name = "pause")]
+    pub fn pause(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
+        self.push_control(ControlAction::Pause);
+    }
+
+    /// `control` resume (any input is ignored).
+    #[signal(name = "resume")]
+    pub fn resume(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
+        self.push_control(ControlAction::Resume);
+    }
+
+    /// `control` promote (any input is ignored).
+    #[signal(name = "promote")]
+    pub fn promote(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
+        self.push_control(ControlAction::Promote);
+    }
+
+    /// `control` abort (any input is ignored).
+    #[signal(name = "abort")]
+    pub fn abort(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
+        self.push_control(ControlAction::Abort);
+    }
+
+    /// `control` retry (any input is ignored).
+    #[signal(name = "retry")]
+    pub fn retry(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
+        self.push_control(ControlAction::Retry);
     }
 
     /// The latest progress report.
@@ -399,6 +468,125 @@ impl RolloutWorkflow {
     pub fn status(&self, _ctx: &WorkflowContextView) -> Option<RolloutReport> {
         self.last_report.clone()
     }
+
+    /// What an operator control would do now (the CLI answers with it before sending one).
+    #[query(name = "control_state")]
+    pub fn control_state(&self, _ctx: &WorkflowContextView) -> ControlState {
+        self.control_view()
+    }
+}
+
+impl RolloutWorkflow {
+    fn push_control(&mut self, action: ControlAction) {
+        self.controls.push(action);
+        self.wakeups += 1;
+    }
+
+    fn control_view(&self) -> ControlState {
+        ControlState {
+            build_id: self.input.build_id.clone(),
+            progress: self.last_report.as_ref().map(|r| r.progress),
+            blocked: self
+                .last_report
+                .as_ref()
+                .and_then(|r| r.blocked.as_ref())
+                .map(|b| b.reason),
+            operator_paused: self.memory.pause_requested,
+            spec_paused: self.spec_paused,
+            promote_requested: self.memory.promote_requested,
+        }
+    }
+}
+
+/// Answers the controls received since the last turn: applies those that apply (recording the
+/// operator's intent for [`decide`]) and answers the others with a `ControlUnchanged` or
+/// `ControlIgnored` event.
+async fn answer_controls(
+    ctx: &mut WorkflowContext<RolloutWorkflow>,
+    twd: &TwdRef,
+    observation: &Observation,
+) {
+    let spec_paused = observation.spec.as_ref().is_some_and(|s| s.paused);
+    ctx.state_mut(|s| s.spec_paused = spec_paused);
+    let controls = ctx.state_mut(|s| std::mem::take(&mut s.controls));
+    for action in controls {
+        let answer = ctx.state(|s| control::effect(action, &s.control_view()));
+        let reason = answer.event_reason().unwrap_or(control::REASON_IGNORED);
+        let message = match answer {
+            ControlEffect::Apply(message) => {
+                ctx.state_mut(|s| match action {
+                    ControlAction::Pause => s.memory.pause_requested = true,
+                    ControlAction::Resume => s.memory.pause_requested = false,
+                    ControlAction::Promote => {
+                        s.memory.promote_requested = true;
+                        s.memory.pause_requested = false;
+                    }
+                    ControlAction::Abort => s.abort_requested = true,
+                    ControlAction::Retry => s.retry_requested = true,
+                });
+                if action == ControlAction::Retry {
+                    event(ctx, twd, EventKind::Normal, "Retrying", message).await;
+                }
+                continue;
+            }
+            ControlEffect::Unchanged(message) | ControlEffect::NotApplicable(message) => message,
+        };
+        event(ctx, twd, EventKind::Normal, reason, message).await;
+    }
+}
+
+/// Follows holds (`spec.rollout.paused` or an operator's pause) so they do not use up the
+/// Progressive step in force, and records `Paused` / `Resumed` events.
+async fn track_hold(
+    ctx: &mut WorkflowContext<RolloutWorkflow>,
+    twd: &TwdRef,
+    observation: &Observation,
+    now: UnixMillis,
+) {
+    let step_clock = observation
+        .temporal
+        .as_ref()
+        .ok()
+        .and_then(|t| t.ramp_changed_at);
+    let (spec_paused, operator_paused) = ctx.state(|s| (s.spec_paused, s.memory.pause_requested));
+    let held = spec_paused || operator_paused;
+    let Some(transition) = ctx.state_mut(|s| s.memory.held.track(held, step_clock, now)) else {
+        return;
+    };
+    let build = ctx.state(|s| s.input.build_id.clone());
+    let (reason, message) = match transition {
+        HoldTransition::Held => {
+            let by = if operator_paused {
+                "an operator (send `resume` to continue)"
+            } else {
+                "spec.rollout.paused (set it to false to continue)"
+            };
+            ("Paused", format!("Rollout of build {build} paused by {by}"))
+        }
+        HoldTransition::Released => (
+            "Resumed",
+            format!(
+                "Rollout of build {build} resumed; the step in force continues where it paused"
+            ),
+        ),
+    };
+    event(ctx, twd, EventKind::Normal, reason, message).await;
+}
+
+/// Sets `TwcOutcome=Blocked` while a failed gate or the progress deadline stops the rollout,
+/// and back to `Running` when it moves again, so `TwcOutcome='Blocked'` lists stuck rollouts.
+/// (Not unset: SDK 1.1.1 encodes an unset as an empty payload, which the server rejects.)
+fn mark_blocked(ctx: &mut WorkflowContext<RolloutWorkflow>, stopped: bool) {
+    if ctx.state(|s| s.outcome_blocked) == stopped {
+        return;
+    }
+    ctx.state_mut(|s| s.outcome_blocked = stopped);
+    set_outcome(ctx, if stopped { "Blocked" } else { "Running" });
+}
+
+/// Whether this rollout was started with the `Twc*` search attributes (they are registered).
+fn search_attributes_on(ctx: &WorkflowContext<RolloutWorkflow>) -> bool {
+    ctx.search_attributes().contains_key(&SA_BUILD_ID)
 }
 
 /// Applies a pending `retry`: the gate runs again (new attempt) and the deadline restarts.
@@ -447,7 +635,7 @@ async fn run_gate(
         attempt,
         max_wait_ms: i64::try_from(MAX_ACTIVITY_WAIT.as_millis()).unwrap_or(60_000),
     };
-    let seen = ctx.state(|s| s.wakeups);
+    let seen = ctx.state(|s| s.observed_wakeups);
     let summary = format!("gate {workflow_type} (attempt {attempt})");
     let options = with_summary(waiting_options(MAX_ACTIVITY_WAIT), &summary);
     let outcome = select! {
@@ -529,6 +717,16 @@ async fn route(
     match run_activity(ctx, SetRouting, request, &summary, short_options()).await {
         Ok(RoutingOutcome::Applied) => {
             let (reason, message) = match &change {
+                RoutingChange::SetCurrent { build_id }
+                    if ctx.state(|s| s.memory.promote_requested) =>
+                {
+                    (
+                        "PromotedByOperator",
+                        format!(
+                            "Build {build_id} is now Current (promoted by an operator; remaining steps and pauses skipped)"
+                        ),
+                    )
+                }
                 RoutingChange::SetCurrent { build_id } => {
                     ("Promoted", format!("Build {build_id} is now Current"))
                 }
@@ -563,8 +761,10 @@ async fn route(
     }
 }
 
-/// Abort: routing back to the previous Current (clear this build's ramp; if it already became
-/// Current nothing is undone), scale the build to zero, report, end.
+/// Abort: routing back to the previous Current (this build's ramp is cleared, re-reading and
+/// retrying on a conflict), gates cancelled, report, end. The TWD workflow then retires the
+/// build like any other non-current version (drain, scale down, delete), so pinned workflows
+/// that started on it during the ramp can still finish.
 async fn abort(
     ctx: &mut WorkflowContext<RolloutWorkflow>,
     twd: &TwdRef,
@@ -572,32 +772,36 @@ async fn abort(
     observation: &Observation,
 ) -> WorkflowResult<RolloutOutcome> {
     cancel_gates(ctx, twd, build_id).await;
-    if let Ok(temporal) = &observation.temporal
-        && temporal.ramping_build_id.as_deref() == Some(build_id)
-    {
-        route(ctx, twd, observation, RoutingChange::ClearRamp).await;
+    let mut observation = observation.clone();
+    for _ in 0..ABORT_ROUTING_ATTEMPTS {
+        let ramping = observation
+            .temporal
+            .as_ref()
+            .is_ok_and(|t| t.ramping_build_id.as_deref() == Some(build_id));
+        if !ramping || route(ctx, twd, &observation, RoutingChange::ClearRamp).await {
+            break;
+        }
+        match observe(ctx, twd).await {
+            Ok(fresh) => observation = fresh,
+            Err(_) => wait_for_change(ctx, BLOCKED_RECHECK).await,
+        }
     }
-    if let Some(deployment) = observation.deployment(build_id) {
-        let request = ScaleRequest {
-            namespace: twd.namespace.clone(),
-            name: deployment.name.clone(),
-            replicas: 0,
-        };
-        let _ = run_activity(
-            ctx,
-            ScaleDeployment,
-            request,
-            "scale aborted build to 0",
-            short_options(),
-        )
-        .await;
-    }
+    let current = observation
+        .temporal
+        .as_ref()
+        .ok()
+        .and_then(|t| t.current_build_id.clone())
+        .filter(|c| !c.is_empty() && c != build_id);
+    let routing = match current {
+        Some(current) => format!("new workflows go to build {current}"),
+        None => "new workflows go to unversioned workers".to_owned(),
+    };
     event(
         ctx,
         twd,
         EventKind::Normal,
         "Aborted",
-        format!("Rollout of build {build_id} aborted by an operator"),
+        format!("Rollout of build {build_id} aborted by an operator: {routing}; build {build_id} is retired"),
     )
     .await;
     report(ctx, RolloutProgress::Aborted, None, None).await;
@@ -605,8 +809,12 @@ async fn abort(
     Ok(RolloutOutcome::Aborted)
 }
 
+/// Stops the build's gate workflows that may still run: those last seen running, and any a gate
+/// not yet decided may have started (a `run_gate` interrupted by a signal reports no runs).
 async fn cancel_gates(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, build_id: &str) {
-    if ctx.state(|s| s.gate_runs.iter().any(|r| r.status == "Running")) {
+    let running = ctx.state(|s| s.gate_runs.iter().any(|r| r.status == "Running"));
+    let undecided = ctx.state(|s| s.memory.gate == GateState::NotRun);
+    if running || (undecided && ctx.patched(PATCH_STOP_UNDECIDED_GATES)) {
         let request = BuildRequest {
             twd: twd.clone(),
             build_id: build_id.to_owned(),
@@ -732,16 +940,31 @@ async fn event(
 }
 
 fn set_outcome(ctx: &mut WorkflowContext<RolloutWorkflow>, outcome: &str) {
-    ctx.upsert_search_attributes([SA_OUTCOME.value_set(outcome.to_owned())]);
+    if search_attributes_on(ctx) {
+        ctx.upsert_search_attributes([SA_OUTCOME.value_set(outcome.to_owned())]);
+    }
 }
 
 /// Waits until a signal arrives or `timeout` passes.
 async fn wait_for_change(ctx: &mut WorkflowContext<RolloutWorkflow>, timeout: Duration) {
-    let seen = ctx.state(|s| s.wakeups);
+    let seen = ctx.state(|s| s.observed_wakeups);
     select! {
         _ = ctx.timer(timeout) => {}
         _ = ctx.wait_condition(move |s: &RolloutWorkflow| s.wakeups != seen) => {}
     };
+}
+
+/// Index of the Progressive step a live ramp percentage belongs to.
+fn step_of(observation: &Observation, percentage: u8) -> usize {
+    observation
+        .spec
+        .as_ref()
+        .and_then(|s| {
+            s.steps
+                .iter()
+                .rposition(|step| step.ramp_percentage <= percentage)
+        })
+        .unwrap_or(0)
 }
 
 fn ramp_of(observation: &Observation, build_id: &str) -> Option<u8> {

@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use temporalio_common::data_converters::RawValue;
 use temporalio_common::search_attributes::SearchAttributes;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::workflows::select;
@@ -24,14 +25,18 @@ use crate::contract::{
     DeleteVersionRequest, DeploymentRequest, EmitEvent, EnsureFinalizers, EventKind, EventRequest,
     Observe, ScaleDeployment, ScaleRequest, StatusRequest, WriteStatus,
 };
+use crate::control::{self, ControlEffect, ControlState};
 use crate::model::{ControlAction, Observation, RolloutProgress, RolloutReport, TwdRef};
 use crate::plan::sunset::{SunsetAction, SunsetMemory};
 use crate::plan::{status, sunset};
 use crate::rollout_workflow::{
-    RolloutInput, RolloutWorkflow, SA_BUILD_ID, SA_NAME, SA_NAMESPACE, now_millis, run_activity,
-    short_options,
+    RolloutInput, RolloutWorkflow, SA_BUILD_ID, SA_NAME, SA_NAMESPACE, SA_OUTCOME, now_millis,
+    run_activity, short_options,
 };
 
+/// Patch: reports of a rollout other than the one in flight are ignored (histories recorded
+/// before it let a superseded rollout's last report replace the active one's).
+const PATCH_IGNORE_SUPERSEDED_REPORTS: &str = "ignore-superseded-reports";
 /// Level-triggered resync interval when nothing else is due.
 const RESYNC: Duration = Duration::from_secs(300);
 /// Retry interval of the deletion path.
@@ -154,14 +159,17 @@ impl TwdWorkflow {
         }
         let mut next_wake = Duration::ZERO;
         let mut turns = 0u32;
+        // Signals counted before a turn starts are handled by it; one that arrives while the
+        // turn runs (a control during an activity) ends the next wait at once.
+        let mut seen = ctx.state(|s| s.wakeups);
         loop {
-            let seen = ctx.state(|s| s.wakeups);
             if !next_wake.is_zero() {
                 select! {
                     _ = ctx.timer(next_wake) => {}
                     _ = ctx.wait_condition(move |s: &Self| s.wakeups != seen) => {}
                 };
             }
+            seen = ctx.state(|s| s.wakeups);
             turns += 1;
             let Some(spec) = ctx.state(|s| s.spec.clone()) else {
                 next_wake = RESYNC;
@@ -171,7 +179,7 @@ impl TwdWorkflow {
                 return delete(ctx, &twd).await;
             }
             dispatch_rollout(ctx, &twd, &spec).await;
-            forward_controls(ctx).await;
+            forward_controls(ctx, &twd, &spec).await;
             next_wake =
                 match run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await {
                     Ok(observation) => {
@@ -211,6 +219,8 @@ impl TwdWorkflow {
             }
         };
         if newer {
+            // An aborted build rolls out again once the spec has moved on and come back to it.
+            self.aborted.retain(|build| *build == signal.build_id);
             self.spec = Some(signal);
         } else {
             // A duplicate is a hint that something around the TWD changed (its connection).
@@ -221,7 +231,16 @@ impl TwdWorkflow {
 
     /// Progress from a rollout child.
     #[signal(name = "rollout_update")]
-    pub fn rollout_update(&mut self, _ctx: &mut SyncWorkflowContext<Self>, report: RolloutReport) {
+    pub fn rollout_update(&mut self, ctx: &mut SyncWorkflowContext<Self>, report: RolloutReport) {
+        // The last words of a superseded rollout (often delivered after the new rollout's first
+        // reports) must not replace the report of the rollout in flight.
+        let from_active = self
+            .active
+            .as_ref()
+            .is_none_or(|a| a.workflow_id == report.workflow_id);
+        if !from_active && ctx.patched(PATCH_IGNORE_SUPERSEDED_REPORTS) {
+            return;
+        }
         let newer = self.last_report.as_ref().is_none_or(|last| {
             last.workflow_id != report.workflow_id || report.sequence > last.sequence
         });
@@ -236,11 +255,40 @@ impl TwdWorkflow {
         }
     }
 
-    /// Operator control: forwarded to the rollout in flight.
+    /// Operator control: forwarded to the rollout in flight (answered when none is).
     #[signal(name = "control")]
     pub fn control(&mut self, _ctx: &mut SyncWorkflowContext<Self>, action: ControlAction) {
-        self.controls.push(action);
-        self.wakeups += 1;
+        self.push_control(action);
+    }
+
+    /// `control` pause, for `temporal workflow signal --name pause` (any input is ignored).
+    #[signal(name = "pause")]
+    pub fn pause(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
+        self.push_control(ControlAction::Pause);
+    }
+
+    /// `control` resume (any input is ignored).
+    #[signal(name = "resume")]
+    pub fn resume(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
+        self.push_control(ControlAction::Resume);
+    }
+
+    /// `control` promote (any input is ignored).
+    #[signal(name = "promote")]
+    pub fn promote(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
+        self.push_control(ControlAction::Promote);
+    }
+
+    /// `control` abort (any input is ignored).
+    #[signal(name = "abort")]
+    pub fn abort(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
+        self.push_control(ControlAction::Abort);
+    }
+
+    /// `control` retry (any input is ignored).
+    #[signal(name = "retry")]
+    pub fn retry(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
+        self.push_control(ControlAction::Retry);
     }
 
     /// Spec, rollout in flight and its latest report.
@@ -251,6 +299,13 @@ impl TwdWorkflow {
             active: self.active.clone(),
             last_report: self.last_report.clone(),
         }
+    }
+}
+
+impl TwdWorkflow {
+    fn push_control(&mut self, action: ControlAction) {
+        self.controls.push(action);
+        self.wakeups += 1;
     }
 }
 
@@ -319,6 +374,7 @@ async fn start_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, spe
             SA_NAMESPACE.value_set(twd.namespace.clone()),
             SA_NAME.value_set(twd.name.clone()),
             SA_BUILD_ID.value_set(spec.build_id.clone()),
+            SA_OUTCOME.value_set("Running".to_owned()),
         ])
     });
     let options = ChildWorkflowOptions::builder()
@@ -362,20 +418,78 @@ async fn nudge(ctx: &mut WorkflowContext<TwdWorkflow>, workflow_id: &str, reason
         .await;
 }
 
-async fn forward_controls(ctx: &mut WorkflowContext<TwdWorkflow>) {
+/// Forwards controls to the rollout in flight. With none in flight (no rollout yet, or it
+/// completed, was superseded or aborted) the control is answered with an event
+/// (`ControlIgnored`, or `ControlUnchanged` for a second `abort`),
+/// except `retry` after an abort, which rolls the build out again.
+async fn forward_controls(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, spec: &SpecSignal) {
     let controls = ctx.state_mut(|s| std::mem::take(&mut s.controls));
-    let Some(active) = ctx.state(|s| s.active.clone()) else {
-        return;
-    };
     for action in controls {
-        let _ = ctx
-            .external_workflow(active.workflow_id.clone(), None)
-            .signal(
-                RolloutWorkflow::control,
-                action,
-                SignalWorkflowOptions::default(),
+        let (active, report) = ctx.state(|s| {
+            let active = s.active.clone();
+            let report = s.last_report.clone().filter(|r| {
+                active
+                    .as_ref()
+                    .is_some_and(|a| a.workflow_id == r.workflow_id)
+            });
+            (active, report)
+        });
+        let Some(active) = active else {
+            let answer = control::no_rollout(action, &twd.key());
+            event(
+                ctx,
+                twd,
+                EventKind::Normal,
+                control::REASON_IGNORED,
+                answer.message().to_owned(),
             )
             .await;
+            continue;
+        };
+        let ended = report.as_ref().is_some_and(|r| {
+            matches!(
+                r.progress,
+                RolloutProgress::Complete | RolloutProgress::Superseded | RolloutProgress::Aborted
+            )
+        });
+        if !ended {
+            let _ = ctx
+                .external_workflow(active.workflow_id.clone(), None)
+                .signal(
+                    RolloutWorkflow::control,
+                    action,
+                    SignalWorkflowOptions::default(),
+                )
+                .await;
+            continue;
+        }
+        let state = ControlState {
+            build_id: active.build_id.clone(),
+            progress: report.as_ref().map(|r| r.progress),
+            blocked: None,
+            operator_paused: false,
+            spec_paused: false,
+            promote_requested: false,
+        };
+        match control::effect(action, &state) {
+            ControlEffect::Apply(message) if active.build_id == spec.build_id => {
+                // `retry` after an abort: roll the build out again.
+                ctx.state_mut(|s| s.aborted.retain(|b| *b != spec.build_id));
+                event(ctx, twd, EventKind::Normal, "Retrying", message).await;
+                start_rollout(ctx, twd, spec).await;
+            }
+            answer => {
+                let reason = answer.event_reason().unwrap_or(control::REASON_IGNORED);
+                event(
+                    ctx,
+                    twd,
+                    EventKind::Normal,
+                    reason,
+                    answer.message().to_owned(),
+                )
+                .await;
+            }
+        }
     }
 }
 
@@ -433,7 +547,14 @@ async fn retire_versions(
 ) -> Option<Duration> {
     let now = now_millis(ctx);
     let memory = ctx.state(|s| s.sunset.clone());
-    let plan = sunset::plan(observation, &memory, now);
+    // An aborted target is retired like any other non-current version.
+    let mut observation = observation.clone();
+    if let Some(spec) = observation.spec.as_mut()
+        && ctx.state(|s| s.aborted.contains(&spec.target_build_id))
+    {
+        spec.target_build_id.clear();
+    }
+    let plan = sunset::plan(&observation, &memory, now);
     ctx.state_mut(|s| s.sunset = plan.memory.clone());
     for action in plan.actions {
         match action {

@@ -1,6 +1,9 @@
 //! Reading a worker deployment and its versions (`DescribeWorkerDeployment`,
 //! `DescribeWorkerDeploymentVersion`), each read paid from the namespace's read budget.
 
+use std::future::Future;
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 use temporalio_client::grpc::WorkflowService;
 use temporalio_common::protos::temporal::api::{
@@ -61,6 +64,13 @@ pub(crate) fn fetch_blocked(
 ) -> Blocked {
     let message = if err.is_rate_limited() {
         format!("Rate limited by Temporal server: {}", err.server_message())
+    } else if err.class() == StatusClass::NamespaceNotFound {
+        format!(
+            "Temporal namespace '{namespace}' does not exist on the server of this \
+             TemporalConnection: fix spec.workerOptions.temporalNamespace or create the namespace \
+             ({})",
+            err.server_message()
+        )
     } else {
         format!(
             "cannot read worker deployment '{deployment_name}' in Temporal namespace '{namespace}': {err}"
@@ -72,8 +82,61 @@ pub(crate) fn fetch_blocked(
     }
 }
 
-/// Reads a worker deployment; `None` when it does not exist.
+/// Reads a worker deployment; `None` when it does not exist. A read refused because the worker
+/// deployment is busy is retried a few times (see [`with_busy_retries`]).
 pub(crate) async fn fetch_worker_deployment(
+    client: &TemporalClient,
+    namespace: &str,
+    deployment_name: &str,
+) -> Result<Option<TemporalState>, TemporalError> {
+    with_busy_retries(deployment_name, || {
+        describe_worker_deployment_once(client, namespace, deployment_name)
+    })
+    .await
+}
+
+/// Attempts of a read the server refuses because the worker deployment is busy.
+const BUSY_ATTEMPTS: u32 = 5;
+/// Delay before the first retry of such a read; doubled after each.
+const BUSY_FIRST_DELAY: Duration = Duration::from_millis(200);
+
+/// Whether the server refused a call because the worker deployment is busy applying a change
+/// ("too many requests issued to Worker Deployment '...'"), which clears within moments, unlike
+/// a namespace rate limit.
+pub(crate) fn is_busy_deployment(err: &TemporalError) -> bool {
+    err.is_rate_limited() && {
+        let message = err.server_message().to_ascii_lowercase();
+        message.contains("too many requests") && message.contains("worker deployment")
+    }
+}
+
+/// Runs `call` until it is not refused as [`is_busy_deployment`], at most [`BUSY_ATTEMPTS`]
+/// times with exponential delays (about 3 s in all). Right after a routing change the server
+/// refuses reads of the deployment for a moment; reporting that as a blocked rollout would make
+/// the TWD's conditions flap.
+async fn with_busy_retries<T, F, Fut>(
+    deployment_name: &str,
+    mut call: F,
+) -> Result<T, TemporalError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, TemporalError>>,
+{
+    let mut delay = BUSY_FIRST_DELAY;
+    for _ in 1..BUSY_ATTEMPTS {
+        match call().await {
+            Err(err) if is_busy_deployment(&err) => {
+                debug!(%deployment_name, error = %err, ?delay, "worker deployment busy; reading again");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            other => return other,
+        }
+    }
+    call().await
+}
+
+async fn describe_worker_deployment_once(
     client: &TemporalClient,
     namespace: &str,
     deployment_name: &str,
@@ -113,6 +176,18 @@ pub async fn version_task_queues(
 
 /// [`version_task_queues`] with the typed error.
 pub async fn fetch_version_task_queues(
+    client: &TemporalClient,
+    namespace: &str,
+    deployment_name: &str,
+    build_id: &str,
+) -> Result<Option<Vec<(String, TaskQueueKind)>>, TemporalError> {
+    with_busy_retries(deployment_name, || {
+        describe_version_once(client, namespace, deployment_name, build_id)
+    })
+    .await
+}
+
+async fn describe_version_once(
     client: &TemporalClient,
     namespace: &str,
     deployment_name: &str,
@@ -404,6 +479,47 @@ mod tests {
         assert!(state.version("v2").is_some_and(|v| v.drainage_known));
         let v5 = state.version("v5").expect("v5");
         assert!(!v5.drainage_known, "demoted, never checked: {v5:?}");
+    }
+
+    #[test]
+    fn busy_deployments_are_told_apart_from_rate_limits() {
+        use temporalio_client::tonic::Status;
+        let busy = TemporalError::rpc(
+            "DescribeWorkerDeployment",
+            "ns/d",
+            &Status::resource_exhausted(
+                "too many requests issued to Worker Deployment 'ns/d'. Please try again later",
+            ),
+        );
+        assert!(is_busy_deployment(&busy));
+        let limited = TemporalError::rpc(
+            "DescribeWorkerDeployment",
+            "ns/d",
+            &Status::resource_exhausted("namespace rate limit exceeded"),
+        );
+        assert!(!is_busy_deployment(&limited));
+        let other =
+            TemporalError::rpc("DescribeWorkerDeployment", "ns/d", &Status::unavailable(""));
+        assert!(!is_busy_deployment(&other));
+    }
+
+    #[test]
+    fn a_missing_namespace_is_named_in_the_message() {
+        use temporalio_client::tonic::Status;
+        let err = TemporalError::rpc(
+            "DescribeWorkerDeployment",
+            "ns/d",
+            &Status::not_found("Namespace nope is not found."),
+        );
+        let blocked = fetch_blocked(&err, "nope", "ns/d");
+        assert_eq!(blocked.reason, BlockReason::TemporalStateFetchFailed);
+        assert!(
+            blocked
+                .message
+                .starts_with("Temporal namespace 'nope' does not exist"),
+            "{}",
+            blocked.message
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ use temporalio_common::protos::temporal::api::{
     workflowservice::v1::{
         DescribeWorkflowExecutionRequest, GetWorkflowExecutionHistoryRequest,
         ListWorkflowExecutionsRequest, RequestCancelWorkflowExecutionRequest,
-        StartWorkflowExecutionRequest,
+        StartWorkflowExecutionRequest, TerminateWorkflowExecutionRequest,
     },
 };
 use tracing::{debug, info, warn};
@@ -399,6 +399,62 @@ pub async fn cancel_build_gates(
     deployment_name: &str,
     build_id: &str,
 ) -> Result<usize, TemporalError> {
+    let workflow_ids = running_build_gates(client, namespace, deployment_name, build_id).await?;
+    for workflow_id in &workflow_ids {
+        cancel_gate(client, namespace, workflow_id).await?;
+    }
+    Ok(workflow_ids.len())
+}
+
+/// Interval of the checks whether cancelled gates have closed.
+const STOP_POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Stops every running gate workflow of a build: requests cancellation (as
+/// [`cancel_build_gates`]), waits up to `grace` for the gates to close, then terminates those
+/// still running. A gate pinned to a build that is being retired may never see its cancellation
+/// (its workers are scaled away, or cannot run it), and would otherwise run until its one-hour
+/// timeout. Returns how many gates were stopped.
+pub async fn stop_build_gates(
+    client: &TemporalClient,
+    namespace: &str,
+    deployment_name: &str,
+    build_id: &str,
+    grace: Duration,
+) -> Result<usize, TemporalError> {
+    let workflow_ids = running_build_gates(client, namespace, deployment_name, build_id).await?;
+    for workflow_id in &workflow_ids {
+        cancel_gate(client, namespace, workflow_id).await?;
+    }
+    let deadline = tokio::time::Instant::now() + grace;
+    let mut running = workflow_ids.clone();
+    while !running.is_empty() {
+        let mut still = Vec::with_capacity(running.len());
+        for workflow_id in running {
+            match describe_execution(client, namespace, &workflow_id).await {
+                Ok((_, status)) if status != RUNNING => {}
+                Err(err) if err.class() == StatusClass::NotFound => {}
+                Ok(_) | Err(_) => still.push(workflow_id),
+            }
+        }
+        running = still;
+        if running.is_empty() || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(STOP_POLL_INTERVAL).await;
+    }
+    for workflow_id in &running {
+        terminate_gate(client, namespace, workflow_id).await?;
+    }
+    Ok(workflow_ids.len())
+}
+
+/// IDs of the running gate workflows of a build, from visibility.
+async fn running_build_gates(
+    client: &TemporalClient,
+    namespace: &str,
+    deployment_name: &str,
+    build_id: &str,
+) -> Result<Vec<String>, TemporalError> {
     let prefix = gate_workflow_id_prefix(deployment_name, build_id);
     let query = format!(
         "WorkflowId STARTS_WITH \"{}\" AND ExecutionStatus = \"Running\"",
@@ -425,14 +481,43 @@ pub async fn cancel_build_gates(
                 .filter_map(|e| e.execution.map(|x| x.workflow_id)),
         );
         if response.next_page_token.is_empty() {
-            break;
+            return Ok(workflow_ids);
         }
         page_token = response.next_page_token;
     }
-    for workflow_id in &workflow_ids {
-        cancel_gate(client, namespace, workflow_id).await?;
+}
+
+async fn terminate_gate(
+    client: &TemporalClient,
+    namespace: &str,
+    workflow_id: &str,
+) -> Result<(), TemporalError> {
+    let request = TerminateWorkflowExecutionRequest {
+        namespace: namespace.to_owned(),
+        workflow_execution: Some(WorkflowExecution {
+            workflow_id: workflow_id.to_owned(),
+            run_id: String::new(),
+        }),
+        reason: "rollout superseded or aborted; the gate did not stop when cancelled".to_owned(),
+        identity: client.identity().to_owned(),
+        ..Default::default()
+    };
+    let mut raw = client.raw().clone();
+    match WorkflowService::terminate_workflow_execution(&mut raw, request.into_request()).await {
+        Ok(_) => {
+            info!(%namespace, %workflow_id, "terminated gate workflow that ignored its cancellation");
+            Ok(())
+        }
+        Err(status) => {
+            let err = client.rpc_error("TerminateWorkflowExecution", workflow_id, &status);
+            if err.class() == StatusClass::NotFound {
+                debug!(%workflow_id, "gate workflow already closed or gone");
+                Ok(())
+            } else {
+                Err(err)
+            }
+        }
     }
-    Ok(workflow_ids.len())
 }
 
 async fn cancel_gate(

@@ -22,7 +22,7 @@ pub use describe::{
 pub use error::{StatusClass, TemporalError, classify};
 pub use gate::{
     cancel_build_gates, cancel_gates, gate_workflow_id, gate_workflow_id_prefix, start_gates,
-    wait_gates,
+    stop_build_gates, wait_gates,
 };
 pub use pool::{ClientPool, PoolKey, PoolOptions, TemporalClient};
 pub use routing::{reset_to_unversioned, set_routing};
@@ -56,5 +56,12 @@ mod tests {
         assert_send(&wait_gates(client, "", Vec::new(), || {}));
         assert_send(&cancel_gates(client, "", &[]));
         assert_send(&cancel_build_gates(client, "", "", ""));
+        assert_send(&stop_build_gates(
+            client,
+            "",
+            "",
+            "",
+            std::time::Duration::ZERO,
+        ));
     }
 }

@@ -18,7 +18,8 @@ pub struct CliOutput {
     pub stderr: String,
 }
 
-async fn run(mut command: Command, stdin: Option<&str>) -> CliOutput {
+/// Runs a command to completion, `stdin` piped in; panics only when it cannot be started.
+pub async fn run(mut command: Command, stdin: Option<&str>) -> CliOutput {
     command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

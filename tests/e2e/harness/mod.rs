@@ -3,6 +3,7 @@
 //! kubectl and temporal CLI calls, and waits with deadlines that dump server logs on failure.
 
 pub mod cli;
+pub mod controls;
 pub mod twd;
 pub mod wait;
 

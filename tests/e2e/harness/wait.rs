@@ -7,7 +7,21 @@ use super::env;
 
 /// Polls `probe` until it returns `Some`; panics after `timeout` with `what`, the last
 /// observation and the tails of the server logs.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    wait_for_with_logs(what, timeout, || server_logs(80), probe).await
+}
+
+/// [`wait_for`] with other logs on timeout (e.g. of servers a test started itself).
+pub async fn wait_for_with_logs<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    logs: impl Fn() -> String,
+    mut probe: F,
+) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, String>>,
@@ -22,7 +36,7 @@ where
         if tokio::time::Instant::now() >= deadline {
             panic!(
                 "timed out after {timeout:?} waiting for {what}\nlast observed: {last}\n{}",
-                server_logs(80)
+                logs()
             );
         }
         tokio::time::sleep(interval).await;

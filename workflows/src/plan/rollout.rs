@@ -25,6 +25,79 @@ pub struct RolloutMemory {
     pub promote_requested: bool,
     /// Operator hold (signal), in addition to `spec.rollout.paused`.
     pub pause_requested: bool,
+    /// Time spent held while a Progressive step was in force; it does not use up the step's
+    /// `pauseDuration`.
+    #[serde(default)]
+    pub held: HeldTime,
+}
+
+/// How long the rollout has been held (paused) during the Progressive step in force.
+///
+/// A step's clock is Temporal's ramp-changed time, which a pause leaves alone; the time held is
+/// added to the step's pause instead, so after `resume` the step's remaining pause continues.
+/// A new step (a new ramp-changed time) starts from zero.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldTime {
+    /// The step's clock (ramp-changed time) the time below belongs to.
+    pub step_clock: Option<UnixMillis>,
+    /// Milliseconds held in finished holds during that step.
+    pub held_ms: i64,
+    /// Start of the hold in progress, if held now.
+    pub held_since: Option<UnixMillis>,
+}
+
+/// A change between held and not held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HoldTransition {
+    /// The rollout became held.
+    Held,
+    /// The rollout is no longer held.
+    Released,
+}
+
+impl HeldTime {
+    /// Milliseconds the step with clock `step_clock` has been held so far, including a hold in
+    /// progress.
+    pub fn held_during(&self, step_clock: Option<UnixMillis>, now: UnixMillis) -> i64 {
+        let ongoing = self
+            .held_since
+            .map_or(0, |since| now.saturating_sub(since).max(0));
+        if self.step_clock == step_clock {
+            self.held_ms.saturating_add(ongoing)
+        } else {
+            ongoing
+        }
+    }
+
+    /// Records whether the rollout is `held` at `now` while the step with `step_clock` is in
+    /// force; returns the transition, if any.
+    pub fn track(
+        &mut self,
+        held: bool,
+        step_clock: Option<UnixMillis>,
+        now: UnixMillis,
+    ) -> Option<HoldTransition> {
+        if self.step_clock != step_clock {
+            self.step_clock = step_clock;
+            self.held_ms = 0;
+            // A hold in progress counts toward the new step from now on.
+            self.held_since = self.held_since.map(|_| now);
+        }
+        match (held, self.held_since) {
+            (true, None) => {
+                self.held_since = Some(now);
+                Some(HoldTransition::Held)
+            }
+            (false, Some(since)) => {
+                self.held_ms = self
+                    .held_ms
+                    .saturating_add(now.saturating_sub(since).max(0));
+                self.held_since = None;
+                Some(HoldTransition::Released)
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Where the gate stands for this build.
@@ -221,7 +294,14 @@ pub fn decide(
             } else {
                 None
             };
-            progressive(&spec.steps, live_ramp, temporal.ramp_changed_at, now)
+            let held_ms = memory.held.held_during(temporal.ramp_changed_at, now);
+            progressive(
+                &spec.steps,
+                live_ramp,
+                temporal.ramp_changed_at,
+                held_ms,
+                now,
+            )
         }
     }
 }
@@ -244,12 +324,14 @@ fn is_rollback(spec: &SpecView, version: Option<&TemporalVersion>, now: UnixMill
             .is_some_and(|at| now.saturating_sub(at) <= spec.rollback_window_ms)
 }
 
-/// Reference §3.7: snap to the last step at or below the live ramp, hold it for its pause, then
-/// move to the next step or, after the last one, to Current.
+/// Reference §3.7: snap to the last step at or below the live ramp, hold it for its pause
+/// (extended by `held_ms`, the time the rollout was paused during the step), then move to the
+/// next step or, after the last one, to Current.
 fn progressive(
     steps: &[StepView],
     ramp: Option<f32>,
     ramp_changed_at: Option<UnixMillis>,
+    held_ms: i64,
     now: UnixMillis,
 ) -> RolloutDecision {
     let Some(first) = steps.first() else {
@@ -275,7 +357,10 @@ fn progressive(
             step: index,
         };
     }
-    let until = ramp_changed_at.unwrap_or(now).saturating_add(step.pause_ms);
+    let until = ramp_changed_at
+        .unwrap_or(now)
+        .saturating_add(step.pause_ms)
+        .saturating_add(held_ms);
     if ramp_changed_at.is_none() || until > now {
         return RolloutDecision::HoldStep { step: index, until };
     }
@@ -331,6 +416,7 @@ mod tests {
             gate: GateState::NotRun,
             promote_requested: false,
             pause_requested: false,
+            held: HeldTime::default(),
         }
     }
 
@@ -1149,6 +1235,62 @@ mod tests {
         for (name, obs, expected) in cases {
             assert_eq!(decide(&obs, &memory(), now), expected, "{name}");
         }
+    }
+
+    #[test]
+    fn a_hold_does_not_use_up_the_step_pause() {
+        // Step 2 (50%, 10 s) set at 0 s; held from 2 s to 20 s; resumed at 21 s.
+        let obs = ramping(spec_for(Progressive), 50.0, Some(0));
+        let step_clock = Some(0);
+        let mut memory = memory();
+        assert_eq!(memory.held.track(false, step_clock, secs(1)), None);
+        assert_eq!(
+            memory.held.track(true, step_clock, secs(2)),
+            Some(HoldTransition::Held)
+        );
+        assert_eq!(memory.held.track(true, step_clock, secs(15)), None);
+        // Released at 20 s: 8 s of the step's pause are left, so it ends at 28 s.
+        assert_eq!(
+            decide(&obs, &memory, secs(20)),
+            RolloutDecision::HoldStep {
+                step: 1,
+                until: secs(28)
+            }
+        );
+        assert_eq!(
+            memory.held.track(false, step_clock, secs(20)),
+            Some(HoldTransition::Released)
+        );
+        let hold = RolloutDecision::HoldStep {
+            step: 1,
+            until: secs(28),
+        };
+        assert_eq!(decide(&obs, &memory, secs(21)), hold);
+        assert_eq!(
+            decide(&obs, &memory, secs(28)),
+            RolloutDecision::SetRamping {
+                percentage: 75,
+                step: 2
+            }
+        );
+    }
+
+    #[test]
+    fn a_new_step_starts_with_no_held_time() {
+        let mut memory = memory();
+        memory.held.track(true, Some(0), secs(1));
+        memory.held.track(false, Some(0), secs(60));
+        // The next step's ramp was set at 61 s: its clock is new, the earlier hold is forgotten.
+        let obs = ramping(spec_for(Progressive), 75.0, Some(secs(61)));
+        assert_eq!(memory.held.track(false, Some(secs(61)), secs(62)), None);
+        assert_eq!(memory.held.held_ms, 0);
+        assert_eq!(
+            decide(&obs, &memory, secs(62)),
+            RolloutDecision::HoldStep {
+                step: 2,
+                until: secs(91)
+            }
+        );
     }
 
     #[test]

@@ -1,0 +1,85 @@
+{{/* Full name of the release's objects: the release name, with "-twc" unless it says twc. */}}
+{{- define "twc.fullname" -}}
+{{- if contains "twc" .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-twc" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "twc.selectorLabels" -}}
+app.kubernetes.io/name: twc
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "twc.labels" -}}
+{{ include "twc.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "twc.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "twc.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "twc.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/*
+The controller's permissions, and only those; each rule names the code that needs it. The same
+rules are in deploy/manifests/clusterrole.yaml (a test compares them).
+*/}}
+{{- define "twc.rules" -}}
+# Watcher (src/watcher.rs): list+watch TWDs and connections, list TWDs when a connection
+# changes, patch away the temporal.io/rollout-action annotation. Activities: get TWDs and
+# connections (activities/src/k8s/twd.rs, connection.rs), list both and merge-patch their
+# temporal.io/delete-protection finalizer (finalizers.rs).
+- apiGroups: [temporal.io]
+  resources: [temporalworkerdeployments, temporalconnections]
+  verbs: [get, list, watch, patch]
+# Status writes are merge patches of the status subresource (status.rs).
+- apiGroups: [temporal.io]
+  resources: [temporalworkerdeployments/status, temporalconnections/status]
+  verbs: [patch]
+# Versioned Deployments carry a controller owner reference to their TWD with
+# blockOwnerDeletion: true; where the OwnerReferencesPermissionEnforcement admission plugin
+# is on (e.g. OpenShift), setting it requires update on the owner's finalizers.
+- apiGroups: [temporal.io]
+  resources: [temporalworkerdeployments/finalizers]
+  verbs: [update]
+# Versioned Deployments (deployments.rs): list by label, get, create if absent, delete when
+# retired. Nothing watches or updates them (update_deployment_connection, a PUT, would need
+# update once something calls it).
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, create, delete]
+# Scaling is a merge patch of the scale subresource (scale_deployment).
+- apiGroups: [apps]
+  resources: [deployments/scale]
+  verbs: [patch]
+# Connection credentials (connection.rs) and gate inputFrom secretKeyRef (gate_input.rs):
+# single reads by name.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+# Gate inputFrom configMapKeyRef (gate_input.rs): single reads by name.
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get]
+# Events on TWDs through kube-runtime's events Recorder (events.rs), which writes
+# events.k8s.io/v1; a new Recorder per event always creates, never patches a series.
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create]
+{{- end -}}
+
+{{/* Name of cluster-scoped objects: unique per release and namespace. */}}
+{{- define "twc.clusterName" -}}
+{{- printf "%s-%s" (include "twc.fullname" .) .Release.Namespace | trunc 63 | trimSuffix "-" -}}
+{{- end -}}

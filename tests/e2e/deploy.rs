@@ -1,0 +1,1048 @@
+//! `deploy/`: the Helm charts, the plain manifests and the CD recipes of the README.
+//!
+//! The RBAC proof installs the chart restricted to one namespace and runs the controller as the
+//! chart's ServiceAccount, with the command line of the chart's Deployment, through a whole
+//! rollout, a promotion by annotation, a sunset and a deletion. It does so in a second sandbox
+//! of its own: the suite's controller watches every namespace of the suite's sandbox and would
+//! run the same workflows (`twd/<ns>/<name>`) with admin rights.
+//!
+//! The chart and manifest checks need only the tools (`helm`, `kubectl`), no servers.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams};
+use serde_json::{Value, json};
+use tokio::process::Command;
+use twc_crds::{TemporalConnection, TemporalWorkerDeployment};
+use twc_sandbox::env::{ENV_FILE_NAME, SandboxEnv};
+
+use crate::harness::cli::{CliOutput, kubectl, run};
+use crate::harness::controls::{Via, send};
+use crate::harness::twd::{apply, condition, connection, deployments, get_twd, wait_ready, worker};
+use crate::harness::wait::{wait_for, wait_for_with_logs};
+use crate::harness::{env, kube_client, test_namespace};
+
+const REPO: &str = env!("CARGO_MANIFEST_DIR");
+const CHART: &str = "deploy/helm/twc";
+const CRD_CHART: &str = "deploy/helm/twc-crds";
+const MANIFESTS: &str = "deploy/manifests";
+const ROLLOUT: Duration = Duration::from_secs(150);
+/// Namespace the chart is installed in, in the RBAC proof and the manifest comparison.
+const RELEASE_NAMESPACE: &str = "twc-system";
+/// ServiceAccount (and Deployment) of release `twc`.
+const CONTROLLER: &str = "twc";
+
+// ---- tools ------------------------------------------------------------------------------------
+
+/// Where `make tools` installs things.
+fn tools_dir() -> PathBuf {
+    std::env::var_os("TWC_TOOLS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(REPO).join(".tools"))
+}
+
+/// A tool: `$<var>` if set, else its place under the tools dir.
+fn tool(var: &str, relative: &str) -> PathBuf {
+    std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| tools_dir().join(relative))
+}
+
+fn command(program: &Path, args: &[&str]) -> Command {
+    assert!(
+        program.exists(),
+        "{} is missing: run `make tools`",
+        program.display()
+    );
+    let mut command = Command::new(program);
+    command.args(args).current_dir(REPO);
+    command
+}
+
+/// Runs a tool and returns its standard output; panics with its error output on failure.
+async fn succeed(program: &Path, args: &[&str], stdin: Option<&str>) -> String {
+    let out = run(command(program, args), stdin).await;
+    assert!(
+        out.success,
+        "{} {} failed:\n{}{}",
+        program.display(),
+        args.join(" "),
+        out.stdout,
+        out.stderr
+    );
+    out.stdout
+}
+
+async fn helm(args: &[&str]) -> String {
+    succeed(&tool("TWC_HELM", "bin/helm"), args, None).await
+}
+
+/// The documents of a YAML stream (e.g. `helm template` output), as JSON values.
+fn documents(yaml: &str) -> Vec<Value> {
+    match serde_saphyr::from_multiple::<Value>(yaml) {
+        Ok(docs) => docs.into_iter().filter(|d| !d.is_null()).collect(),
+        Err(e) => panic!("parsing YAML: {e}\n{yaml}"),
+    }
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+fn only<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    match of_kind(docs, kind).as_slice() {
+        [one] => one,
+        other => panic!("expected one {kind}, found {}", other.len()),
+    }
+}
+
+/// `helm template twc deploy/helm/twc -n twc-system` with extra flags, parsed.
+async fn render_chart(extra: &[&str]) -> Vec<Value> {
+    let mut args = vec!["template", "twc", CHART, "--namespace", RELEASE_NAMESPACE];
+    args.extend_from_slice(extra);
+    documents(&helm(&args).await)
+}
+
+/// The controller's own rules (the ClusterRole or Role that grants Deployments), as opposed to
+/// the roles for people.
+fn is_controller_role(role: &Value) -> bool {
+    role["rules"].as_array().into_iter().flatten().any(|r| {
+        r["resources"]
+            .as_array()
+            .is_some_and(|rs| rs.contains(&json!("deployments")))
+    })
+}
+
+fn container_args(deployment: &Value) -> Vec<String> {
+    deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str().map(str::to_owned))
+        .collect()
+}
+
+// ---- charts and manifests (no servers) ---------------------------------------------------------
+
+#[tokio::test]
+async fn charts_pass_helm_lint_with_default_and_restricted_values() {
+    helm(&["lint", "--strict", CHART, CRD_CHART]).await;
+    helm(&[
+        "lint",
+        "--strict",
+        CHART,
+        "--set-json",
+        r#"rbac.watchNamespaces=["a","b"]"#,
+        "--set",
+        "engine.apiKey.secretName=engine-api-key,engine.tls.serverName=engine.example.com",
+    ])
+    .await;
+}
+
+/// Helm re-encodes the CRDs (fromYaml/toYaml), so `minimum: 1.0` comes out as `1`; OpenAPI
+/// numbers are floats either way.
+fn numbers_as_floats(value: &Value) -> Value {
+    match value {
+        Value::Number(n) => n.as_f64().map_or(Value::Null, |f| json!(f)),
+        Value::Array(items) => items.iter().map(numbers_as_floats).collect(),
+        Value::Object(fields) => fields
+            .iter()
+            .map(|(k, v)| (k.clone(), numbers_as_floats(v)))
+            .collect(),
+        other => other.clone(),
+    }
+}
+
+#[tokio::test]
+async fn crd_chart_renders_exactly_the_generated_crds_and_keeps_them_on_uninstall() {
+    let rendered = documents(&helm(&["template", "twc-crds", CRD_CHART]).await);
+    let mut generated = Vec::new();
+    for entry in std::fs::read_dir(Path::new(REPO).join("crds"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if entry.path().extension().is_some_and(|x| x == "yaml") {
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            generated.extend(documents(&text));
+        }
+    }
+    assert_eq!(generated.len(), 2, "crds/*.yaml");
+    assert_eq!(
+        rendered.len(),
+        generated.len(),
+        "one rendered CRD per crds/*.yaml"
+    );
+    for crd in &generated {
+        let name = &crd["metadata"]["name"];
+        let Some(chart) = rendered.iter().find(|r| &r["metadata"]["name"] == name) else {
+            panic!("the CRD chart lacks {name}");
+        };
+        assert!(
+            numbers_as_floats(&chart["spec"]) == numbers_as_floats(&crd["spec"]),
+            "the CRD chart's {name} differs from crds/: run `make crds`"
+        );
+        assert_eq!(
+            chart["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn plain_manifests_match_what_the_chart_renders_by_default() {
+    let chart = render_chart(&[]).await;
+    let kubectl_bin = tool("TWC_KUBECTL", "venv/bin/kubectl");
+    let plain = documents(&succeed(&kubectl_bin, &["kustomize", MANIFESTS], None).await);
+
+    for kind in [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Service",
+    ] {
+        assert_eq!(
+            of_kind(&chart, kind).len(),
+            of_kind(&plain, kind).len(),
+            "number of {kind} objects"
+        );
+    }
+    let role_key = |role: &Value| {
+        let name = role["metadata"]["name"].as_str().unwrap_or_default();
+        if is_controller_role(role) {
+            "controller"
+        } else if name.ends_with("-edit") {
+            "edit"
+        } else {
+            "view"
+        }
+    };
+    for role in of_kind(&chart, "ClusterRole") {
+        let key = role_key(role);
+        let twin = of_kind(&plain, "ClusterRole")
+            .into_iter()
+            .find(|r| role_key(r) == key);
+        assert_eq!(
+            twin.map(|r| &r["rules"]),
+            Some(&role["rules"]),
+            "rules of the {key} ClusterRole"
+        );
+    }
+    let (chart_binding, plain_binding) = (
+        only(&chart, "ClusterRoleBinding"),
+        only(&plain, "ClusterRoleBinding"),
+    );
+    assert_eq!(chart_binding["subjects"], plain_binding["subjects"]);
+    for (docs, binding) in [(&chart, chart_binding), (&plain, plain_binding)] {
+        let controller_role = of_kind(docs, "ClusterRole")
+            .into_iter()
+            .find(|r| is_controller_role(r))
+            .map(|r| r["metadata"]["name"].clone());
+        assert_eq!(Some(binding["roleRef"]["name"].clone()), controller_role);
+    }
+    let (chart_deployment, plain_deployment) =
+        (only(&chart, "Deployment"), only(&plain, "Deployment"));
+    for field in ["replicas", "selector"] {
+        assert_eq!(
+            plain_deployment["spec"][field], chart_deployment["spec"][field],
+            "Deployment spec.{field}"
+        );
+    }
+    // Helm's bookkeeping labels are the only intended difference in the pod template.
+    let template = |deployment: &Value| {
+        let mut template = deployment["spec"]["template"].clone();
+        if let Some(labels) = template["metadata"]["labels"].as_object_mut() {
+            labels
+                .retain(|k, _| k == "app.kubernetes.io/name" || k == "app.kubernetes.io/instance");
+        }
+        template
+    };
+    assert_eq!(
+        template(plain_deployment),
+        template(chart_deployment),
+        "Deployment spec.template"
+    );
+    assert_eq!(
+        only(&chart, "Service")["spec"],
+        only(&plain, "Service")["spec"]
+    );
+    assert_eq!(
+        only(&plain, "ServiceAccount")["metadata"]["name"],
+        only(&chart, "ServiceAccount")["metadata"]["name"]
+    );
+}
+
+#[tokio::test]
+async fn restricted_chart_binds_roles_only_in_the_watched_namespaces() {
+    let docs = render_chart(&["--set-json", r#"rbac.watchNamespaces=["team-a","team-b"]"#]).await;
+    assert!(
+        !of_kind(&docs, "ClusterRole")
+            .into_iter()
+            .any(is_controller_role),
+        "no cluster-wide rules for the controller"
+    );
+    assert!(of_kind(&docs, "ClusterRoleBinding").is_empty());
+    let namespaces = |kind| -> Vec<Value> {
+        of_kind(&docs, kind)
+            .iter()
+            .map(|r| r["metadata"]["namespace"].clone())
+            .collect()
+    };
+    assert_eq!(namespaces("Role"), vec![json!("team-a"), json!("team-b")]);
+    assert_eq!(
+        namespaces("RoleBinding"),
+        vec![json!("team-a"), json!("team-b")]
+    );
+    for binding in of_kind(&docs, "RoleBinding") {
+        assert_eq!(
+            binding["subjects"],
+            json!([{ "kind": "ServiceAccount", "name": CONTROLLER, "namespace": RELEASE_NAMESPACE }])
+        );
+    }
+    let args = container_args(only(&docs, "Deployment"));
+    assert!(
+        args.contains(&"--watch-namespaces=team-a,team-b".to_owned()),
+        "{args:?}"
+    );
+}
+
+// ---- the shipped RBAC suffices, in a sandbox of its own -----------------------------------------
+
+/// A second sandbox run by this test: `twc-sandbox exec --no-controller -- cat`, which lives
+/// as long as `cat` reads its standard input, i.e. until this struct is dropped or the test
+/// process ends, however it ends.
+struct NestedSandbox {
+    process: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    log: PathBuf,
+    env: SandboxEnv,
+}
+
+impl NestedSandbox {
+    /// Starts it under the suite's state dir and waits for its `env.json`.
+    async fn start(name: &str) -> Self {
+        let outer = env();
+        let base = outer
+            .logs_dir
+            .parent()
+            .unwrap_or(&outer.logs_dir)
+            .to_owned();
+        let state_dir = base.join(format!("nested-{name}"));
+        let log = base.join(format!("nested-{name}.log"));
+        let env_file = state_dir.join(ENV_FILE_NAME);
+        let output = match std::fs::File::create(&log) {
+            Ok(file) => file,
+            Err(e) => panic!("creating {}: {e}", log.display()),
+        };
+        let stderr = match output.try_clone() {
+            Ok(file) => file,
+            Err(e) => panic!("{}: {e}", log.display()),
+        };
+        let process = std::process::Command::new(outer.bin_dir.join("twc-sandbox"))
+            .arg("exec")
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .arg("--tools-dir")
+            .arg(tools_dir())
+            .arg("--repo-dir")
+            .arg(REPO)
+            .args(["--no-controller", "--", "cat"])
+            .stdin(Stdio::piped())
+            .stdout(output)
+            .stderr(stderr)
+            .spawn();
+        let mut process = match process {
+            Ok(process) => process,
+            Err(e) => panic!("starting the nested sandbox: {e}"),
+        };
+        let tail = log.clone();
+        let loaded = wait_for_with_logs(
+            "the nested sandbox's env.json",
+            Duration::from_secs(300),
+            || twc_sandbox::process::tail(&tail, 60),
+            || {
+                let exited = process.try_wait().ok().flatten();
+                let loaded = SandboxEnv::load(&env_file);
+                async move {
+                    if let Some(status) = exited {
+                        return Ok(Err(format!("the nested sandbox exited ({status})")));
+                    }
+                    loaded.map(Ok).map_err(|e| e.to_string())
+                }
+            },
+        )
+        .await;
+        let stdin = process.stdin.take();
+        match loaded {
+            Ok(env) => Self {
+                process,
+                stdin,
+                log,
+                env,
+            },
+            Err(message) => panic!("{message}\n{}", twc_sandbox::process::tail(&log, 60)),
+        }
+    }
+
+    fn kubectl(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(&self.env.kubectl);
+        command
+            .arg("--kubeconfig")
+            .arg(&self.env.kubeconfig)
+            .args(args);
+        command
+    }
+
+    async fn kubectl_ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = run(self.kubectl(args), stdin).await;
+        assert!(out.success, "kubectl {}: {}", args.join(" "), out.stderr);
+        out.stdout
+    }
+
+    async fn apply(&self, manifest: &Value) {
+        self.kubectl_ok(
+            &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+            Some(&manifest.to_string()),
+        )
+        .await;
+    }
+
+    /// Whether `account` may do `verb` on `resource` (`kind.group[/subresource]`) within
+    /// `scope` (`kubectl auth can-i --as`).
+    async fn can_i(&self, account: &str, verb: &str, resource: &str, scope: &[&str]) -> bool {
+        let (resource, subresource) = match resource.split_once('/') {
+            Some((resource, sub)) => (resource, Some(format!("--subresource={sub}"))),
+            None => (resource, None),
+        };
+        let mut args = vec!["auth", "can-i", verb, resource, "--as", account];
+        args.extend(subresource.as_deref());
+        args.extend_from_slice(scope);
+        let out: CliOutput = run(self.kubectl(&args), None).await;
+        match out.stdout.trim() {
+            "yes" => true,
+            "no" => false,
+            other => panic!("kubectl {}: {other} {}", args.join(" "), out.stderr),
+        }
+    }
+
+    /// Tails of the nested sandbox's logs and of `extra` (e.g. the restricted controller's).
+    fn logs(&self, extra: &Path) -> String {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&self.env.logs_dir)
+            .map(|dir| dir.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        files.sort();
+        files.push(self.log.clone());
+        files.push(extra.to_owned());
+        files
+            .iter()
+            .map(|f| {
+                format!(
+                    "===== {} =====\n{}\n",
+                    f.display(),
+                    twc_sandbox::process::tail(f, 60)
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for NestedSandbox {
+    fn drop(&mut self) {
+        // End of input ends `cat`; the sandbox then stops its servers and pods and exits.
+        drop(self.stdin.take());
+        let _ = self.process.wait();
+    }
+}
+
+/// A kubeconfig for the nested API server that authenticates as `namespace/account` with a
+/// fresh token, written next to the nested sandbox's log.
+async fn service_account_kubeconfig(
+    nested: &NestedSandbox,
+    namespace: &str,
+    account: &str,
+) -> PathBuf {
+    let token = nested
+        .kubectl_ok(
+            &[
+                "create",
+                "token",
+                account,
+                "-n",
+                namespace,
+                "--duration",
+                "2h",
+            ],
+            None,
+        )
+        .await;
+    let admin = nested
+        .kubectl_ok(&["config", "view", "--raw", "-o", "json"], None)
+        .await;
+    let mut config: Value = match serde_json::from_str(&admin) {
+        Ok(config) => config,
+        Err(e) => panic!("admin kubeconfig: {e}"),
+    };
+    for user in config["users"].as_array_mut().into_iter().flatten() {
+        user["user"] = json!({ "token": token.trim() });
+    }
+    let path = nested.log.with_extension("sa-kubeconfig");
+    if let Err(e) = std::fs::write(&path, config.to_string()) {
+        panic!("writing {}: {e}", path.display());
+    }
+    path
+}
+
+/// Waits until the TWD is Ready for its current generation, with the nested logs on timeout.
+async fn wait_ready_in(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    logs: &dyn Fn() -> String,
+) -> TemporalWorkerDeployment {
+    wait_for_with_logs(&format!("TWD {ns}/{name} Ready"), ROLLOUT, logs, || async {
+        let twd = get_twd(client, ns, name).await?;
+        let ready =
+            condition(&twd, "Ready").is_some_and(|(s, r, _)| s == "True" && r == "RolloutComplete");
+        let fresh =
+            twd.status.as_ref().and_then(|s| s.observed_generation) == twd.metadata.generation;
+        if ready && fresh {
+            Ok(twd)
+        } else {
+            Err(serde_json::to_string(&twd.status).unwrap_or_default())
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
+    const WATCHED: &str = "workers";
+    const OTHER: &str = "elsewhere";
+    let nested = NestedSandbox::start("rbac").await;
+    let admin = match twc_sandbox::apiserver::client(&nested.env.kubeconfig).await {
+        Ok(client) => client,
+        Err(e) => panic!("nested kube client: {e}"),
+    };
+    for ns in [RELEASE_NAMESPACE, WATCHED, OTHER] {
+        nested.kubectl_ok(&["create", "namespace", ns], None).await;
+    }
+
+    // Install what the chart renders for one watched namespace.
+    let suffix = format!("{:x}", std::process::id());
+    let task_queue = format!("twc-rbac-{suffix}");
+    let rendered = helm(&[
+        "template",
+        "twc",
+        CHART,
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--set",
+        &format!(
+            "engine.address={},engine.taskQueue={task_queue},logFormat=text",
+            nested.env.temporal_address
+        ),
+        "--set-json",
+        &format!(r#"rbac.watchNamespaces=["{WATCHED}"]"#),
+    ])
+    .await;
+    nested
+        .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&rendered))
+        .await;
+
+    // Run the container of the chart's Deployment here: its arguments, its plain env values,
+    // and the ServiceAccount's token instead of the in-cluster one.
+    let deployment = match Api::<Deployment>::namespaced(admin.clone(), RELEASE_NAMESPACE)
+        .get(CONTROLLER)
+        .await
+    {
+        Ok(d) => d,
+        Err(e) => panic!("the chart's Deployment: {e}"),
+    };
+    let container = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.into_iter().next());
+    let Some(container) = container else {
+        panic!("the chart's Deployment has no container");
+    };
+    let args = container.args.unwrap_or_default();
+    assert!(
+        args.contains(&format!("--watch-namespaces={WATCHED}")),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&format!("--task-queue={task_queue}")),
+        "{args:?}"
+    );
+    let kubeconfig = service_account_kubeconfig(&nested, RELEASE_NAMESPACE, CONTROLLER).await;
+    let controller_log = nested.log.with_extension("controller.log");
+    let log_file = match std::fs::File::create(&controller_log) {
+        Ok(f) => f,
+        Err(e) => panic!("creating {}: {e}", controller_log.display()),
+    };
+    let log_err = match log_file.try_clone() {
+        Ok(f) => f,
+        Err(e) => panic!("{e}"),
+    };
+    let mut controller = Command::new(env().bin_dir.join("twc"));
+    controller.args(&args);
+    for (key, _) in
+        std::env::vars().filter(|(k, _)| k.starts_with("TWC_") || k == "TEMPORAL_ADDRESS")
+    {
+        controller.env_remove(key);
+    }
+    for var in container.env.unwrap_or_default() {
+        if let Some(value) = var.value {
+            controller.env(var.name, value);
+        }
+    }
+    let _controller = match controller
+        .env("KUBECONFIG", &kubeconfig)
+        .env("POD_NAME", "twc-rbac-test")
+        .stdin(Stdio::null())
+        .stdout(log_file)
+        .stderr(log_err)
+        .kill_on_drop(true)
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => panic!("starting the restricted controller: {e}"),
+    };
+    let logs = || nested.logs(&controller_log);
+
+    // A rollout whose gate reads a ConfigMap, then one whose gate reads a Secret, held by its
+    // ramp until promoted by annotation, then scaled, then the TWD deleted.
+    nested
+        .apply(&json!({
+            "apiVersion": "temporal.io/v1alpha1", "kind": "TemporalConnection",
+            "metadata": { "name": "dev", "namespace": WATCHED },
+            "spec": { "hostPort": nested.env.temporal_address }
+        }))
+        .await;
+    let payload = r#"{"checks":["smoke"],"fail":false}"#;
+    nested
+        .apply(&json!({ "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": "gate-input", "namespace": WATCHED }, "data": { "input.json": payload } }))
+        .await;
+    nested
+        .apply(&json!({ "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": "gate-input", "namespace": WATCHED }, "stringData": { "input.json": payload } }))
+        .await;
+    let gate = |source: &str| {
+        json!({ "workflowType": "RolloutGate",
+            "inputFrom": { source: { "name": "gate-input", "key": "input.json" } } })
+    };
+    nested
+        .apply(&worker(
+            WATCHED,
+            "hello",
+            "v1",
+            json!({ "strategy": "AllAtOnce", "gate": gate("configMapKeyRef") }),
+        ))
+        .await;
+    // Ready: the gate input was read (a missing read blocks as PlanGenerationFailed).
+    wait_ready_in(&admin, WATCHED, "hello", &logs).await;
+
+    let held = json!({ "strategy": "Progressive", "gate": gate("secretKeyRef"),
+        "steps": [ { "rampPercentage": 50, "pauseDuration": "1h" } ] });
+    nested
+        .apply(&worker(WATCHED, "hello", "v2", held.clone()))
+        .await;
+    wait_for_with_logs("v2 ramping", ROLLOUT, &logs, || async {
+        let twd = get_twd(&admin, WATCHED, "hello").await?;
+        match condition(&twd, "Ready") {
+            Some((_, reason, _)) if reason == "Ramping" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    nested
+        .kubectl_ok(
+            &[
+                "annotate",
+                "twd",
+                "hello",
+                "-n",
+                WATCHED,
+                "temporal.io/rollout-action=promote",
+            ],
+            None,
+        )
+        .await;
+    let twd = wait_ready_in(&admin, WATCHED, "hello", &logs).await;
+    assert!(
+        !twd.metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("temporal.io/rollout-action"),
+        "the watcher removed the control annotation"
+    );
+    // A replica change scales the active version through the scale subresource. (Sunsetting the
+    // first version would too, but this sandbox refreshes drainage at Temporal's pace: minutes.)
+    let mut scaled = worker(WATCHED, "hello", "v2", held);
+    scaled["spec"]["replicas"] = json!(2);
+    nested.apply(&scaled).await;
+    wait_for_with_logs("v2 scaled to 2 replicas", ROLLOUT, &logs, || async {
+        let versions = deployments(&admin, WATCHED, "hello").await;
+        let second = versions
+            .iter()
+            .find(|(_, build, _)| build.starts_with("v2-"));
+        match second {
+            Some((_, _, Some(2))) => Ok(()),
+            _ => Err(format!("{versions:?}")),
+        }
+    })
+    .await;
+
+    // Events went through events.k8s.io as the ServiceAccount.
+    let events: Api<Event> = Api::namespaced(admin.clone(), WATCHED);
+    let recorded = events
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    assert!(
+        recorded
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("RolloutComplete")
+                && e.reporting_controller.as_deref() == Some("twc")
+                && e.reporting_instance.as_deref() == Some("twc-rbac-test")),
+        "a RolloutComplete event by the restricted controller: {:?}",
+        recorded
+            .iter()
+            .map(|e| (&e.reason, &e.reporting_controller))
+            .collect::<Vec<_>>()
+    );
+
+    // Deletion: Deployments deleted, finalizers released on the TWD and its connection.
+    nested
+        .kubectl_ok(
+            &["delete", "twd", "hello", "-n", WATCHED, "--wait=false"],
+            None,
+        )
+        .await;
+    let twds: Api<TemporalWorkerDeployment> = Api::namespaced(admin.clone(), WATCHED);
+    let connections: Api<TemporalConnection> = Api::namespaced(admin.clone(), WATCHED);
+    wait_for_with_logs("the TWD is cleaned up and gone", ROLLOUT, &logs, || async {
+        let twd = twds.get_opt("hello").await.map_err(|e| e.to_string())?;
+        let left = deployments(&admin, WATCHED, "hello").await.len();
+        let connection = connections.get("dev").await.map_err(|e| e.to_string())?;
+        let held = connection.metadata.finalizers.unwrap_or_default();
+        if twd.is_none() && left == 0 && held.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "twd present: {}; deployments: {left}; connection finalizers: {held:?}",
+                twd.is_some()
+            ))
+        }
+    })
+    .await;
+
+    // Nothing was refused along the way, and the grant is no wider than the code needs.
+    let log = std::fs::read_to_string(&controller_log).unwrap_or_default();
+    assert!(
+        !log.to_lowercase().contains("forbidden"),
+        "a request was refused:\n{}",
+        logs()
+    );
+    let account = format!("system:serviceaccount:{RELEASE_NAMESPACE}:{CONTROLLER}");
+    let here: &[&str] = &["-n", WATCHED];
+    let all: &[&str] = &["--all-namespaces"];
+    let other: &[&str] = &["-n", OTHER];
+    let release: &[&str] = &["-n", RELEASE_NAMESPACE];
+    let granted = [
+        ("get temporalworkerdeployments.temporal.io", here),
+        ("watch temporalworkerdeployments.temporal.io", here),
+        ("patch temporalworkerdeployments.temporal.io", here),
+        ("patch temporalworkerdeployments.temporal.io/status", here),
+        (
+            "update temporalworkerdeployments.temporal.io/finalizers",
+            here,
+        ),
+        ("list temporalconnections.temporal.io", here),
+        ("patch temporalconnections.temporal.io/status", here),
+        ("create deployments.apps", here),
+        ("delete deployments.apps", here),
+        ("patch deployments.apps/scale", here),
+        ("get secrets", here),
+        ("get configmaps", here),
+        ("create events.events.k8s.io", here),
+    ];
+    let refused = [
+        ("list secrets", all),
+        ("list secrets", here),
+        ("watch secrets", here),
+        ("get secrets", other),
+        ("get secrets", release),
+        ("list configmaps", here),
+        ("list temporalworkerdeployments.temporal.io", all),
+        ("get temporalworkerdeployments.temporal.io", other),
+        ("create temporalworkerdeployments.temporal.io", here),
+        ("delete temporalworkerdeployments.temporal.io", here),
+        ("update temporalworkerdeployments.temporal.io", here),
+        ("update temporalworkerdeployments.temporal.io/status", here),
+        ("watch deployments.apps", here),
+        ("patch deployments.apps", here),
+        ("update deployments.apps", here),
+        ("update deployments.apps/scale", here),
+        ("create deployments.apps", other),
+        ("create events", here),
+        ("patch events.events.k8s.io", here),
+        ("create pods", here),
+        ("get namespaces", all),
+    ];
+    let mut wrong = Vec::new();
+    for (expected, table) in [(true, &granted[..]), (false, &refused[..])] {
+        for &(request, scope) in table {
+            let (verb, resource) = request.split_once(' ').unwrap_or((request, ""));
+            if nested.can_i(&account, verb, resource, scope).await != expected {
+                let answer = if expected { "yes" } else { "no" };
+                wrong.push(format!("{request} {}: should be {answer}", scope.join(" ")));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "kubectl auth can-i:\n{}",
+        wrong.join("\n")
+    );
+}
+
+// ---- CD recipes: kstatus (Flux, Helm 4), Argo CD's health check, kubectl wait ---------------------
+
+/// One line of `twc-kstatus` output.
+#[derive(Debug, serde::Deserialize)]
+struct Verdict {
+    status: String,
+    message: String,
+}
+
+/// The kstatus verdict on the TWD as it is now, and the TWD as JSON.
+async fn kstatus(namespace: &str, name: &str) -> Result<(Verdict, Value), String> {
+    let object = kubectl(&["get", "twd", name, "-n", namespace, "-o", "json"], None).await;
+    if !object.success {
+        return Err(object.stderr);
+    }
+    let twd: Value = serde_json::from_str(&object.stdout).map_err(|e| e.to_string())?;
+    let kstatus = tool("TWC_KSTATUS", "bin/twc-kstatus");
+    let out = run(command(&kstatus, &[]), Some(&object.stdout)).await;
+    if !out.success {
+        return Err(out.stderr);
+    }
+    let verdict =
+        serde_json::from_str(out.stdout.trim()).map_err(|e| format!("{e}: {}", out.stdout))?;
+    Ok((verdict, twd))
+}
+
+/// The Lua health check of the README's Argo CD recipe, as written there.
+fn argo_health_script() -> String {
+    const KEY: &str = "resource.customizations.health.temporal.io_TemporalWorkerDeployment";
+    let readme = std::fs::read_to_string(Path::new(REPO).join("README.md")).unwrap_or_default();
+    let block = readme
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .find(|block| block.contains(KEY));
+    let Some(block) = block else {
+        panic!("README.md has no yaml block with {KEY}");
+    };
+    let config: Value = match serde_saphyr::from_str(block) {
+        Ok(config) => config,
+        Err(e) => panic!("the README's argocd-cm snippet: {e}"),
+    };
+    match config["data"][KEY].as_str() {
+        Some(script) => script.to_owned(),
+        None => panic!("no {KEY} in the README's argocd-cm snippet"),
+    }
+}
+
+/// Runs the health check on `object` the way Argo CD does (Lua 5.1, the object as the global
+/// `obj`, absent fields nil); returns (status, message).
+fn argo_health(object: &Value) -> (String, String) {
+    use mlua::LuaSerdeExt;
+    let lua = mlua::Lua::new();
+    let options = mlua::SerializeOptions::new()
+        .serialize_none_to_null(false)
+        .serialize_unit_to_null(false);
+    let result = lua
+        .to_value_with(object, options)
+        .and_then(|obj| lua.globals().set("obj", obj))
+        .and_then(|()| lua.load(argo_health_script()).eval::<mlua::Table>())
+        .and_then(|health| Ok((health.get("status")?, health.get("message")?)));
+    match result {
+        Ok(health) => health,
+        Err(e) => panic!("the Argo CD health check failed on {object}: {e}"),
+    }
+}
+
+#[test]
+fn argo_health_check_maps_conditions_to_health() {
+    let twd = |generation: i64, observed: i64, ready: (&str, &str), progressing: (&str, &str)| {
+        json!({
+            "metadata": { "name": "hello", "generation": generation },
+            "status": { "observedGeneration": observed, "conditions": [
+                { "type": "Ready", "status": ready.0, "reason": ready.1, "message": "ready says" },
+                { "type": "Progressing", "status": progressing.0, "reason": progressing.1, "message": "progressing says" },
+            ] }
+        })
+    };
+    let cases = [
+        (json!({ "metadata": { "generation": 1 } }), "Progressing"),
+        (
+            twd(
+                2,
+                1,
+                ("True", "RolloutComplete"),
+                ("False", "RolloutComplete"),
+            ),
+            "Progressing",
+        ),
+        (
+            twd(
+                2,
+                2,
+                ("True", "RolloutComplete"),
+                ("False", "RolloutComplete"),
+            ),
+            "Healthy",
+        ),
+        (
+            twd(2, 2, ("False", "Ramping"), ("True", "Ramping")),
+            "Progressing",
+        ),
+        (
+            twd(
+                2,
+                2,
+                ("False", "WaitingForPollers"),
+                ("True", "WaitingForPollers"),
+            ),
+            "Progressing",
+        ),
+        (
+            twd(
+                2,
+                2,
+                ("False", "WaitingForPromotion"),
+                ("True", "WaitingForPromotion"),
+            ),
+            "Suspended",
+        ),
+        (
+            twd(2, 2, ("False", "Paused"), ("False", "Paused")),
+            "Suspended",
+        ),
+        (
+            twd(2, 2, ("False", "GateFailed"), ("False", "GateFailed")),
+            "Degraded",
+        ),
+        (
+            twd(2, 2, ("False", "Aborted"), ("False", "Aborted")),
+            "Degraded",
+        ),
+    ];
+    for (object, expected) in cases {
+        let (status, message) = argo_health(&object);
+        assert_eq!(status, expected, "{object}: {message}");
+    }
+}
+
+#[tokio::test]
+async fn cd_health_checks_see_a_held_rollout_in_progress_then_current() {
+    let client = kube_client().await;
+    let ns = test_namespace(&client, "cdhealth").await;
+    apply(&connection(&ns)).await;
+    apply(&worker(
+        &ns,
+        "hello",
+        "v1",
+        json!({ "strategy": "AllAtOnce" }),
+    ))
+    .await;
+    wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    let (verdict, twd) = kstatus(&ns, "hello")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(verdict.status, "Current", "{verdict:?}");
+    assert_eq!(argo_health(&twd).0, "Healthy");
+
+    // v2 ramps to 50% and holds there for an hour, until promoted.
+    let held = json!({ "strategy": "Progressive", "steps": [ { "rampPercentage": 50, "pauseDuration": "1h" } ] });
+    apply(&worker(&ns, "hello", "v2", held)).await;
+    let generation = get_twd(&client, &ns, "hello")
+        .await
+        .ok()
+        .and_then(|t| t.metadata.generation)
+        .unwrap_or_default();
+    let seen = kubectl(
+        &[
+            "wait",
+            "twd/hello",
+            "-n",
+            &ns,
+            &format!("--for=jsonpath={{.status.observedGeneration}}={generation}"),
+            "--timeout=60s",
+        ],
+        None,
+    )
+    .await;
+    assert!(
+        seen.success,
+        "kubectl wait for observedGeneration: {seen:?}"
+    );
+    let (in_progress, twd) = wait_for("kstatus InProgress while v2 ramps", ROLLOUT, || async {
+        let (verdict, twd) = kstatus(&ns, "hello").await?;
+        let ramping = twd["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["reason"] == "Ramping");
+        if ramping && verdict.status == "InProgress" {
+            Ok((verdict, twd))
+        } else {
+            Err(format!("{verdict:?}; status: {}", twd["status"]))
+        }
+    })
+    .await;
+    assert!(!in_progress.message.is_empty(), "{in_progress:?}");
+    assert_eq!(argo_health(&twd).0, "Progressing");
+
+    let wait_ready_cli = |timeout: &'static str| {
+        let ns = ns.clone();
+        async move {
+            let args = [
+                "wait",
+                "--for=condition=Ready",
+                "twd/hello",
+                "-n",
+                &ns,
+                timeout,
+            ];
+            kubectl(&args, None).await
+        }
+    };
+    let held_back = wait_ready_cli("--timeout=1s").await;
+    assert!(
+        !held_back.success,
+        "kubectl wait returned while the rollout is held: {held_back:?}"
+    );
+    let (finished, ()) = tokio::join!(
+        wait_ready_cli("--timeout=150s"),
+        send(Via::Annotation, "promote", &ns, "hello")
+    );
+    assert!(
+        finished.success,
+        "kubectl wait after promotion: {finished:?}"
+    );
+    let (verdict, twd) = kstatus(&ns, "hello")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(verdict.status, "Current", "{verdict:?}");
+    assert_eq!(argo_health(&twd).0, "Healthy");
+}
