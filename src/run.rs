@@ -1,10 +1,18 @@
 //! `twc run`: the controller process.
 
+// The observability modules belong to `twc run`; declared here rather than in main.rs.
+#[path = "telemetry/mod.rs"]
+pub mod telemetry;
+
+use std::sync::Arc;
+
 use anyhow::Context;
 use tokio::signal::unix::{SignalKind, signal};
 use twc_activities::engine::EngineActivities;
-use twc_worker::{connect_engine, run_engine_worker};
+use twc_activities::metrics::Metrics;
+use twc_worker::{connect_engine, run_engine_worker_reporting};
 
+use self::telemetry::{BindAddress, Health, Task};
 use crate::cli::engine::EngineArgs;
 use crate::watcher::{self, WatcherConfig};
 
@@ -26,6 +34,14 @@ pub struct RunArgs {
     /// Do not set the Twc* search attributes on rollouts (use when they are not registered).
     #[arg(long, env = "TWC_NO_SEARCH_ATTRIBUTES")]
     no_search_attributes: bool,
+    /// Where Prometheus `/metrics` is served: `host:port`, `:port` (every interface, IPv6 too
+    /// where available), port 0 for any free port, or `0` to turn it off.
+    #[arg(long, env = "TWC_METRICS_BIND_ADDRESS", default_value = "0.0.0.0:8080")]
+    metrics_bind_address: BindAddress,
+    /// Where the `/healthz` (liveness) and `/readyz` (readiness) probes are served, in the same
+    /// forms; the same address as the metrics serves all three on one port.
+    #[arg(long, env = "TWC_HEALTH_BIND_ADDRESS", default_value = "0.0.0.0:8081")]
+    health_bind_address: BindAddress,
 }
 
 /// Runs the controller until SIGINT/SIGTERM.
@@ -45,7 +61,19 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         .map(|n| n.trim().to_owned())
         .filter(|n| !n.is_empty())
         .collect();
-    let kube = kube::Client::try_default()
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+    // Serve the probes first: liveness holds while connecting, readiness waits for the rest.
+    telemetry::server::serve(
+        args.metrics_bind_address,
+        args.health_bind_address,
+        telemetry::State {
+            metrics: Arc::clone(&metrics),
+            health: Arc::clone(&health),
+        },
+    )
+    .await?;
+    let kube = telemetry::kube::client(Arc::clone(&metrics))
         .await
         .context("connecting to Kubernetes")?;
     let engine = connect_engine(&config).await?;
@@ -57,26 +85,46 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         namespaces: watch_namespaces,
         task_queue: config.task_queue.clone(),
         search_attributes: !args.no_search_attributes,
+        metrics: Arc::clone(&metrics),
     };
     let mut stop_watcher = stop_rx.clone();
-    let watcher = tokio::spawn(watcher::run(
-        kube.clone(),
-        engine.clone(),
-        watcher_config,
-        async move {
-            let _ = stop_watcher.wait_for(|stop| *stop).await;
-        },
-    ));
-    let activities = EngineActivities::new(kube, config.identity.clone());
-    let mut stop_worker = stop_rx;
-    let worker = run_engine_worker(engine, &config, activities, async move {
-        let _ = stop_worker.wait_for(|stop| *stop).await;
+    let watcher_health = Arc::clone(&health);
+    let (watcher_kube, watcher_engine) = (kube.clone(), engine.clone());
+    let watcher = tokio::spawn(async move {
+        let _running = watcher_health.guard(Task::Watcher);
+        watcher::run(
+            watcher_kube,
+            watcher_engine,
+            watcher_config,
+            || watcher_health.watcher_synced(),
+            async move {
+                let _ = stop_watcher.wait_for(|stop| *stop).await;
+            },
+        )
+        .await;
     });
+    let activities = EngineActivities::new(kube, config.identity.clone(), Arc::clone(&metrics));
+    let mut stop_worker = stop_rx;
+    let worker_health = Arc::clone(&health);
+    let worker = async {
+        let _running = worker_health.guard(Task::Worker);
+        run_engine_worker_reporting(
+            engine,
+            &config,
+            activities,
+            || worker_health.worker_running(),
+            async move {
+                let _ = stop_worker.wait_for(|stop| *stop).await;
+            },
+        )
+        .await
+    };
     tokio::pin!(worker);
     let result = tokio::select! {
         result = &mut worker => result.map_err(anyhow::Error::from),
         () = shutdown_signal() => {
             tracing::info!("shutting down");
+            health.shutting_down();
             let _ = stop_tx.send(true);
             worker.await.map_err(anyhow::Error::from)
         }

@@ -6,8 +6,13 @@
 //! It also carries the kubectl-only control path: a `temporal.io/rollout-action` annotation on a
 //! TWD becomes the `control` signal, then the annotation is removed (a bad value is answered
 //! with a Warning event and removed too).
+//!
+//! Every replica's watcher sees every TWD, status included, so it sets the per-TWD gauges
+//! (`twc_ramp_percentage`, `twc_versions`), and it reports when it has handled the initial list
+//! of every watch (readiness).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -16,6 +21,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use temporalio_client::errors::WorkflowInteractionError;
 use temporalio_client::{Client, WorkflowSignalOptions, WorkflowStartOptions};
+use twc_activities::metrics::Metrics;
 use twc_crds::{TemporalConnection, TemporalWorkerDeployment};
 use twc_workflows::contract::EventKind;
 use twc_workflows::control::{self, ROLLOUT_ACTION_ANNOTATION};
@@ -31,6 +37,8 @@ pub struct WatcherConfig {
     pub task_queue: String,
     /// Whether rollouts carry search attributes.
     pub search_attributes: bool,
+    /// Where signals and per-TWD gauges are recorded.
+    pub metrics: Arc<Metrics>,
 }
 
 /// Last signal sent per TWD, to skip status-only updates.
@@ -40,11 +48,13 @@ type Sent = HashMap<(String, String), (String, i64, bool)>;
 /// without the annotation: watch events from before its removal must not resend the control.
 type Actions = HashMap<(String, String), (String, String)>;
 
-/// Watches until the stream ends (it does not, normally) or `shutdown` completes.
+/// Watches until the stream ends (it does not, normally) or `shutdown` completes. `synced` is
+/// called once, when the initial list of every watch has been handled.
 pub async fn run(
     kube: kube::Client,
     engine: Client,
     config: WatcherConfig,
+    synced: impl FnOnce(),
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let twds = merged_stream::<TemporalWorkerDeployment>(&kube, &config.namespaces);
@@ -57,21 +67,33 @@ pub async fn run(
     let mut retry = tokio::time::interval(Duration::from_secs(5));
     let mut failed: Vec<TemporalWorkerDeployment> = Vec::new();
     let mut actions: Actions = HashMap::new();
+    let watches = config.namespaces.len().max(1);
+    let mut sync = InitialSync::new(watches, synced);
+    let mut gauges = Gauges::default();
     loop {
         tokio::select! {
             () = &mut shutdown => return,
             Some(event) = twds.next() => match event {
-                Ok(twd) => {
+                Ok(Watched::Applied(watch, twd)) => {
+                    gauges.applied(&config.metrics, watch, &twd);
                     let signalled = signal_twd(&engine, &config, &mut sent, &twd, false).await
-                        && rollout_action(&kube, &engine, &mut actions, &twd).await;
+                        && rollout_action(&kube, &engine, &config, &mut actions, &twd).await;
                     if !signalled {
                         failed.push(twd);
                     }
                 }
+                Ok(Watched::Deleted(watch, twd)) => gauges.deleted(&config.metrics, watch, &twd),
+                Ok(Watched::Listing(watch)) => gauges.listing(watch),
+                Ok(Watched::Listed(watch)) => {
+                    gauges.listed(&config.metrics, watch);
+                    sync.listed(Kind::Twd, watch);
+                }
                 Err(e) => tracing::warn!("watching TemporalWorkerDeployments: {e}"),
             },
             Some(event) = connections.next() => match event {
-                Ok(connection) => {
+                Ok(Watched::Listed(watch)) => sync.listed(Kind::Connection, watch),
+                Ok(Watched::Listing(_) | Watched::Deleted(..)) => {}
+                Ok(Watched::Applied(_, connection)) => {
                     // Only spec changes (and first sight) matter; status writes are ignored.
                     let key = (connection.metadata.namespace.clone().unwrap_or_default(), connection.metadata.name.clone().unwrap_or_default());
                     let generation = connection.metadata.generation.unwrap_or_default();
@@ -84,7 +106,7 @@ pub async fn run(
             _ = retry.tick() => {
                 for twd in std::mem::take(&mut failed) {
                     let signalled = signal_twd(&engine, &config, &mut sent, &twd, false).await
-                        && rollout_action(&kube, &engine, &mut actions, &twd).await;
+                        && rollout_action(&kube, &engine, &config, &mut actions, &twd).await;
                     if !signalled {
                         failed.push(twd);
                     }
@@ -94,11 +116,111 @@ pub async fn run(
     }
 }
 
-/// Applied objects of a kind across the watched namespaces, with the watcher's backoff.
+/// What a watch reports, tagged with the index of the watch (one per watched namespace, or one
+/// for all).
+#[derive(Debug)]
+enum Watched<K> {
+    /// Created or changed (or listed).
+    Applied(usize, K),
+    /// Deleted.
+    Deleted(usize, K),
+    /// A (re-)list began: what it does not list again is gone.
+    Listing(usize),
+    /// A (re-)list ended: every object of the watch was reported since `Listing`.
+    Listed(usize),
+}
+
+/// Which stream a watch belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    Twd,
+    Connection,
+}
+
+/// Calls `synced` once every watch of both kinds has finished its first list.
+struct InitialSync<F> {
+    watches: usize,
+    listed: HashSet<(Kind, usize)>,
+    synced: Option<F>,
+}
+
+impl<F: FnOnce()> InitialSync<F> {
+    fn new(watches: usize, synced: F) -> Self {
+        Self {
+            watches,
+            listed: HashSet::new(),
+            synced: Some(synced),
+        }
+    }
+
+    fn listed(&mut self, kind: Kind, watch: usize) {
+        self.listed.insert((kind, watch));
+        if self.listed.len() >= 2 * self.watches
+            && let Some(synced) = self.synced.take()
+        {
+            tracing::info!(
+                watches = self.watches,
+                "initial lists of TemporalWorkerDeployments and TemporalConnections handled"
+            );
+            synced();
+        }
+    }
+}
+
+/// The TWDs each watch reported, to drop the gauges of those a re-list no longer shows (deleted
+/// while the watch was down, which no Deleted event reports).
+#[derive(Default)]
+struct Gauges {
+    known: HashMap<usize, HashSet<(String, String)>>,
+    relisted: HashMap<usize, HashSet<(String, String)>>,
+}
+
+impl Gauges {
+    fn key(twd: &TemporalWorkerDeployment) -> (String, String) {
+        (
+            twd.metadata.namespace.clone().unwrap_or_default(),
+            twd.metadata.name.clone().unwrap_or_default(),
+        )
+    }
+
+    fn applied(&mut self, metrics: &Metrics, watch: usize, twd: &TemporalWorkerDeployment) {
+        let key = Self::key(twd);
+        metrics.twd_status(&key.0, &key.1, twd.status.as_ref());
+        if let Some(relisted) = self.relisted.get_mut(&watch) {
+            relisted.insert(key.clone());
+        }
+        self.known.entry(watch).or_default().insert(key);
+    }
+
+    fn deleted(&mut self, metrics: &Metrics, watch: usize, twd: &TemporalWorkerDeployment) {
+        let key = Self::key(twd);
+        metrics.forget_twd(&key.0, &key.1);
+        if let Some(known) = self.known.get_mut(&watch) {
+            known.remove(&key);
+        }
+    }
+
+    fn listing(&mut self, watch: usize) {
+        self.relisted.insert(watch, HashSet::new());
+    }
+
+    fn listed(&mut self, metrics: &Metrics, watch: usize) {
+        let Some(relisted) = self.relisted.remove(&watch) else {
+            return;
+        };
+        let known = self.known.entry(watch).or_default();
+        for (namespace, name) in known.difference(&relisted) {
+            metrics.forget_twd(namespace, name);
+        }
+        *known = relisted;
+    }
+}
+
+/// Objects of a kind across the watched namespaces, with the watcher's backoff.
 fn merged_stream<K>(
     kube: &kube::Client,
     namespaces: &[String],
-) -> futures::stream::BoxStream<'static, Result<K, watcher::Error>>
+) -> futures::stream::BoxStream<'static, Result<Watched<K>, watcher::Error>>
 where
     K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
         + Clone
@@ -117,15 +239,16 @@ where
             .map(|ns| Api::namespaced(kube.clone(), ns))
             .collect()
     };
-    let streams = apis.into_iter().map(|api| {
+    let streams = apis.into_iter().enumerate().map(|(watch, api)| {
         watcher::watcher(api, watcher::Config::default())
             .default_backoff()
-            .filter_map(|event| async move {
-                match event {
-                    Ok(Event::Apply(o) | Event::InitApply(o)) => Some(Ok(o)),
-                    Ok(_) => None,
-                    Err(e) => Some(Err(e)),
-                }
+            .map(move |event| {
+                event.map(|event| match event {
+                    Event::Apply(o) | Event::InitApply(o) => Watched::Applied(watch, o),
+                    Event::Delete(o) => Watched::Deleted(watch, o),
+                    Event::Init => Watched::Listing(watch),
+                    Event::InitDone => Watched::Listed(watch),
+                })
             })
             .boxed()
     });
@@ -178,10 +301,18 @@ async fn signal_twd(
         Ok(_) => {
             tracing::info!(twd = %twd_ref.key(), generation, build_id = %signal.build_id, deleting, "signalled TWD workflow");
             sent.insert(key, (uid, generation, deleting));
+            config.metrics.watcher_signal("spec_changed", true);
+            config
+                .metrics
+                .temporal_request("SignalWithStartWorkflowExecution", "success");
             true
         }
         Err(e) => {
             tracing::warn!(twd = %twd_ref.key(), "signalling TWD workflow failed (will retry): {e}");
+            config.metrics.watcher_signal("spec_changed", false);
+            config
+                .metrics
+                .temporal_request("SignalWithStartWorkflowExecution", "error");
             false
         }
     }
@@ -223,6 +354,7 @@ async fn nudge_users(
 async fn rollout_action(
     kube: &kube::Client,
     engine: &Client,
+    config: &WatcherConfig,
     actions: &mut Actions,
     twd: &TemporalWorkerDeployment,
 ) -> bool {
@@ -257,6 +389,15 @@ async fn rollout_action(
                     WorkflowSignalOptions::default(),
                 )
                 .await;
+            let outcome = match &sent {
+                Ok(()) => "success",
+                Err(WorkflowInteractionError::NotFound(_)) => "not_found",
+                Err(_) => "error",
+            };
+            config.metrics.watcher_signal("control", sent.is_ok());
+            config
+                .metrics
+                .temporal_request("SignalWorkflowExecution", outcome);
             match sent {
                 Ok(()) => {
                     tracing::info!(twd = %twd_ref.key(), action = control::action_name(action), "rollout action annotation sent as a signal");
@@ -331,5 +472,77 @@ async fn warn_event(kube: &kube::Client, twd: &TwdRef, reason: &str, message: &s
         twc_activities::k8s::emit_event(kube, twd, EventKind::Warning, reason, message).await
     {
         tracing::warn!(twd = %twd.key(), reason, "recording an event failed: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn twd(namespace: &str, name: &str) -> TemporalWorkerDeployment {
+        TemporalWorkerDeployment {
+            metadata: ObjectMeta {
+                namespace: Some(namespace.to_owned()),
+                name: Some(name.to_owned()),
+                ..Default::default()
+            },
+            spec: twc_crds::worker_deployment::test_support::spec_with_image("w:v1"),
+            status: None,
+        }
+    }
+
+    fn series(metrics: &Metrics) -> Vec<String> {
+        metrics
+            .render()
+            .lines()
+            .filter(|l| l.starts_with("twc_versions{"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn synced_once_every_watch_of_both_kinds_listed() {
+        let calls = Cell::new(0);
+        let mut sync = InitialSync::new(2, || calls.set(calls.get() + 1));
+        sync.listed(Kind::Twd, 0);
+        sync.listed(Kind::Twd, 1);
+        sync.listed(Kind::Twd, 0);
+        sync.listed(Kind::Connection, 0);
+        assert_eq!(calls.get(), 0);
+        sync.listed(Kind::Connection, 1);
+        sync.listed(Kind::Connection, 1);
+        assert_eq!(calls.get(), 1);
+    }
+
+    #[test]
+    fn gauges_go_with_deleted_twds_and_with_those_a_relist_misses() {
+        let metrics = Metrics::new();
+        let mut gauges = Gauges::default();
+        gauges.listing(0);
+        for name in ["a", "b", "c"] {
+            gauges.applied(&metrics, 0, &twd("demo", name));
+        }
+        gauges.listed(&metrics, 0);
+        assert_eq!(series(&metrics).len(), 3);
+        gauges.deleted(&metrics, 0, &twd("demo", "a"));
+        assert_eq!(
+            series(&metrics),
+            vec![
+                r#"twc_versions{namespace="demo",name="b"} 0"#,
+                r#"twc_versions{namespace="demo",name="c"} 0"#
+            ]
+        );
+        // The watch was down while c was deleted: the re-list does not show it.
+        gauges.listing(0);
+        gauges.applied(&metrics, 0, &twd("demo", "b"));
+        gauges.listed(&metrics, 0);
+        assert_eq!(
+            series(&metrics),
+            vec![r#"twc_versions{namespace="demo",name="b"} 0"#]
+        );
     }
 }

@@ -21,6 +21,7 @@ use twc_workflows::model::{BlockReason, Blocked, Observation, SpecView, Temporal
 use twc_workflows::plan::spec_view::spec_view;
 
 use crate::k8s;
+use crate::metrics::{self, Metrics};
 use crate::temporal::{
     self, ClientPool, PoolOptions, TaskQueueKind, TemporalClient, TemporalError,
 };
@@ -31,11 +32,12 @@ const POLL_INTERVAL: Duration = Duration::from_millis(500);
 const GATE_STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// Shared state of the engine's activities: the Kubernetes client, the pool of clients for the
-/// workers' Temporal servers, and the controller identity.
+/// workers' Temporal servers, the controller identity and the metrics.
 pub struct EngineActivities {
     kube: kube::Client,
     pool: ClientPool,
     identity: String,
+    metrics: Arc<Metrics>,
     /// Last Ready state written per TemporalConnection, to avoid rewriting it on every observe.
     connection_states: Mutex<HashMap<(String, String), (bool, String)>>,
 }
@@ -48,13 +50,18 @@ struct Resolved {
 }
 
 impl EngineActivities {
-    /// Activities using `kube` and claiming `identity` as manager of worker deployments.
-    pub fn new(kube: kube::Client, identity: String) -> Self {
-        let pool = ClientPool::new(PoolOptions::new(identity.clone()));
+    /// Activities using `kube` and claiming `identity` as manager of worker deployments; they
+    /// count what they observe (rollout starts, completions and failures in the statuses they
+    /// write, Temporal calls, poller waits) in `metrics`.
+    pub fn new(kube: kube::Client, identity: String, metrics: Arc<Metrics>) -> Self {
+        let mut options = PoolOptions::new(identity.clone());
+        options.metrics = Arc::clone(&metrics);
+        let pool = ClientPool::new(options);
         Self {
             kube,
             pool,
             identity,
+            metrics,
             connection_states: Mutex::new(HashMap::new()),
         }
     }
@@ -276,8 +283,9 @@ impl EngineActivities {
         ctx: ActivityContext,
         request: WaitForPollersRequest,
     ) -> Result<PollerWaitOutcome, ActivityError> {
-        let deadline = tokio::time::Instant::now()
-            + Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0));
+        let started = tokio::time::Instant::now();
+        let deadline =
+            started + Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0));
         let resolved = match self.resolve(&request.twd).await? {
             None => {
                 return Ok(not_ready(
@@ -319,6 +327,7 @@ impl EngineActivities {
             };
             let done = registered && available;
             if done || tokio::time::Instant::now() >= deadline || ctx.is_cancelled() {
+                self.metrics.waited_for_pollers(started.elapsed(), done);
                 let blocked = queues.err();
                 return Ok(PollerWaitOutcome {
                     registered,
@@ -543,10 +552,21 @@ impl EngineActivities {
         _ctx: ActivityContext,
         request: StatusRequest,
     ) -> Result<(), ActivityError> {
-        k8s::write_twd_status(&self.kube, &request.twd, request.status)
+        let twd = &request.twd;
+        let (write, before) = k8s::write_twd_status_seen(&self.kube, twd, request.status.clone())
             .await
-            .map(|_| ())
-            .map_err(retryable)
+            .map_err(retryable)?;
+        if let (k8s::StatusWrite::Written | k8s::StatusWrite::Unchanged, Some(before)) =
+            (write, before)
+        {
+            self.metrics.status_written(
+                metrics::strategy_label(&before.spec.rollout.strategy),
+                before.status.as_ref(),
+                &request.status,
+                k8s_openapi::jiff::Timestamp::now(),
+            );
+        }
+        Ok(())
     }
 
     /// Records an Event on the TWD.

@@ -4,4 +4,5 @@
 pub mod connection;
 pub mod engine;
 pub mod k8s;
+pub mod metrics;
 pub mod temporal;

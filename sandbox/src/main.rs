@@ -273,6 +273,7 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
         kubeconfig      : {kc}\n\
         logs            : {logs}\n\
         controller      : {controller}\n\
+        metrics, probes : {metrics}, {health}/healthz, {health}/readyz\n\
         \n\
         Try:\n\
         \x20 export KUBECONFIG={kc}\n\
@@ -296,6 +297,8 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
         },
         kubectl_bin = env.kubectl.display(),
         temporal = env.temporal_cli.display(),
+        metrics = env.controller_metrics_url.as_deref().unwrap_or("-"),
+        health = env.controller_health_url.as_deref().unwrap_or("-"),
     );
     let _ = kubectl;
 }

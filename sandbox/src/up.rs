@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 use crate::apiserver::{self, ApiServer};
 use crate::env::{ENV_FILE_NAME, SandboxEnv};
 use crate::podrunner::{self, PodRunnerConfig};
+use crate::ports::free_port;
 use crate::process::{Supervised, spawn_logged, tail};
 use crate::temporal::{self, TemporalOptions, TemporalServer};
 
@@ -126,6 +127,8 @@ impl Sandbox {
             bin_dir: options.bin_dir.clone(),
             controller_log: None,
             controller_pid_file: None,
+            controller_metrics_url: None,
+            controller_health_url: None,
         };
         let controller = if options.controller {
             Some(start_controller(&mut env, &[])?)
@@ -207,6 +210,7 @@ impl Sandbox {
             &self.controller_env,
             &format!("controller-{n}"),
             &log,
+            TelemetryPorts::free()?,
         )?;
         self.extra_controllers.push(process);
         Ok(log)
@@ -314,12 +318,16 @@ async fn stop(process: &mut Supervised, how: StopMode) {
     }
 }
 
-fn start_controller(
-    env: &mut SandboxEnv,
-    vars: &[(String, String)],
-) -> anyhow::Result<Supervised> {
+fn start_controller(env: &mut SandboxEnv, vars: &[(String, String)]) -> anyhow::Result<Supervised> {
     let log = env.logs_dir.join("controller.log");
-    let process = spawn_controller(env, vars, "controller", &log)?;
+    // A restarted controller keeps the ports the env file names.
+    let ports = match TelemetryPorts::of(env) {
+        Some(ports) => ports,
+        None => TelemetryPorts::free()?,
+    };
+    let process = spawn_controller(env, vars, "controller", &log, ports)?;
+    env.controller_metrics_url = Some(ports.metrics_url());
+    env.controller_health_url = Some(ports.health_url());
     let pid_file = env.logs_dir.with_file_name("controller.pid");
     std::fs::write(
         &pid_file,
@@ -330,17 +338,61 @@ fn start_controller(
     Ok(process)
 }
 
+/// Loopback ports of a controller's `/metrics` and `/healthz` + `/readyz`: free ones, so
+/// controllers of several sandboxes (and replicas) run side by side.
+#[derive(Debug, Clone, Copy)]
+struct TelemetryPorts {
+    metrics: u16,
+    health: u16,
+}
+
+impl TelemetryPorts {
+    fn free() -> std::io::Result<Self> {
+        Ok(Self {
+            metrics: free_port()?,
+            health: free_port()?,
+        })
+    }
+
+    /// The ports the env file names for the controller, if any.
+    fn of(env: &SandboxEnv) -> Option<Self> {
+        let port = |url: &Option<String>| -> Option<u16> {
+            let authority = url.as_deref()?.strip_prefix("http://")?;
+            let authority = authority.split('/').next()?;
+            authority.rsplit_once(':')?.1.parse().ok()
+        };
+        Some(Self {
+            metrics: port(&env.controller_metrics_url)?,
+            health: port(&env.controller_health_url)?,
+        })
+    }
+
+    fn metrics_url(self) -> String {
+        format!("http://127.0.0.1:{}/metrics", self.metrics)
+    }
+
+    fn health_url(self) -> String {
+        format!("http://127.0.0.1:{}", self.health)
+    }
+}
+
 /// `twc run` against the sandbox's servers with extra environment `vars`, output appended to
-/// `log`.
+/// `log`, serving its metrics and probes on `ports` of 127.0.0.1.
 fn spawn_controller(
     env: &SandboxEnv,
     vars: &[(String, String)],
     name: &str,
     log: &Path,
+    ports: TelemetryPorts,
 ) -> anyhow::Result<Supervised> {
     let mut command = Command::new(env.bin_dir.join("twc"));
     command
         .arg("run")
+        .arg(format!(
+            "--metrics-bind-address=127.0.0.1:{}",
+            ports.metrics
+        ))
+        .arg(format!("--health-bind-address=127.0.0.1:{}", ports.health))
         .env("KUBECONFIG", &env.kubeconfig)
         .env("TWC_ENGINE_ADDRESS", &env.temporal_address)
         .env("TWC_ENGINE_NAMESPACE", &env.temporal_namespace)

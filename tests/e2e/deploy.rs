@@ -278,6 +278,48 @@ async fn plain_manifests_match_what_the_chart_renders_by_default() {
 }
 
 #[tokio::test]
+async fn chart_binds_metrics_and_probes_to_the_ports_it_declares() {
+    for (extra, metrics, health) in [
+        (None, 8080, 8081),
+        (Some("metrics.port=9090,probes.port=9091"), 9090, 9091),
+    ] {
+        let docs = match extra {
+            Some(values) => render_chart(&["--set", values]).await,
+            None => render_chart(&[]).await,
+        };
+        let deployment = only(&docs, "Deployment");
+        let args = container_args(deployment);
+        assert!(
+            args.contains(&format!("--metrics-bind-address=:{metrics}")),
+            "{args:?}"
+        );
+        assert!(
+            args.contains(&format!("--health-bind-address=:{health}")),
+            "{args:?}"
+        );
+        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+        let port = |name: &str| {
+            container["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|p| p["name"] == json!(name))
+                .and_then(|p| p["containerPort"].as_u64())
+        };
+        assert_eq!(port("metrics"), Some(metrics));
+        assert_eq!(port("http-health"), Some(health));
+        assert_eq!(
+            container["livenessProbe"]["httpGet"]["path"],
+            json!("/healthz")
+        );
+        assert_eq!(
+            container["readinessProbe"]["httpGet"]["path"],
+            json!("/readyz")
+        );
+    }
+}
+
+#[tokio::test]
 async fn restricted_chart_binds_roles_only_in_the_watched_namespaces() {
     let docs = render_chart(&["--set-json", r#"rbac.watchNamespaces=["team-a","team-b"]"#]).await;
     assert!(
@@ -570,7 +612,7 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
     let Some(container) = container else {
         panic!("the chart's Deployment has no container");
     };
-    let args = container.args.unwrap_or_default();
+    let mut args = container.args.unwrap_or_default();
     assert!(
         args.contains(&format!("--watch-namespaces={WATCHED}")),
         "{args:?}"
@@ -579,6 +621,14 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
         args.contains(&format!("--task-queue={task_queue}")),
         "{args:?}"
     );
+    // The chart's probe and metrics ports (8080, 8081 on every interface) would collide with
+    // other controllers on this machine: any free loopback port instead.
+    for flag in ["--metrics-bind-address", "--health-bind-address"] {
+        let Some(arg) = args.iter_mut().find(|a| a.starts_with(&format!("{flag}="))) else {
+            panic!("the chart passes no {flag}: {args:?}");
+        };
+        *arg = format!("{flag}=127.0.0.1:0");
+    }
     let kubeconfig = service_account_kubeconfig(&nested, RELEASE_NAMESPACE, CONTROLLER).await;
     let controller_log = nested.log.with_extension("controller.log");
     let log_file = match std::fs::File::create(&controller_log) {

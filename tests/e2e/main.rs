@@ -8,5 +8,6 @@ mod controls;
 mod crd_validation;
 mod deploy;
 mod engine;
+mod metrics;
 mod pod_runner;
 mod rollout;

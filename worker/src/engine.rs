@@ -140,6 +140,18 @@ pub async fn run_engine_worker(
     activities: EngineActivities,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), WorkerError> {
+    run_engine_worker_reporting(client, config, activities, || {}, shutdown).await
+}
+
+/// [`run_engine_worker`], calling `running` once the worker is built and enters its polling
+/// loop (readiness of `twc run`).
+pub async fn run_engine_worker_reporting(
+    client: Client,
+    config: &EngineConfig,
+    activities: EngineActivities,
+    running: impl FnOnce(),
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), WorkerError> {
     let runtime = Runtime::from_current_tokio(Default::default())
         .map_err(|e| WorkerError::Worker(e.to_string()))?;
     let options = WorkerOptions::new(config.task_queue.clone())
@@ -153,6 +165,7 @@ pub async fn run_engine_worker(
     let mut worker =
         Worker::new(&runtime, client, options).map_err(|e| WorkerError::Worker(e.to_string()))?;
     let shutdown_handle = worker.shutdown_handle();
+    running();
     let run = async {
         let running = worker.run();
         tokio::pin!(running);

@@ -3,4 +3,7 @@
 
 pub mod engine;
 
-pub use engine::{EngineConfig, EngineTls, WorkerError, connect_engine, run_engine_worker};
+pub use engine::{
+    EngineConfig, EngineTls, WorkerError, connect_engine, run_engine_worker,
+    run_engine_worker_reporting,
+};

@@ -37,6 +37,8 @@ use crate::rollout_workflow::{
 /// Patch: reports of a rollout other than the one in flight are ignored (histories recorded
 /// before it let a superseded rollout's last report replace the active one's).
 const PATCH_IGNORE_SUPERSEDED_REPORTS: &str = "ignore-superseded-reports";
+/// Patch: a signal that arrives while a turn runs ends the next wait at once.
+const PATCH_SIGNALS_DURING_A_TURN: &str = "signals-during-a-turn";
 /// Level-triggered resync interval when nothing else is due.
 const RESYNC: Duration = Duration::from_secs(300);
 /// Retry interval of the deletion path.
@@ -160,16 +162,23 @@ impl TwdWorkflow {
         let mut next_wake = Duration::ZERO;
         let mut turns = 0u32;
         // Signals counted before a turn starts are handled by it; one that arrives while the
-        // turn runs (a control during an activity) ends the next wait at once.
+        // turn runs (a control during an activity) ends the next wait at once. Histories from
+        // before the patch counted from the start of the wait, missing such signals.
         let mut seen = ctx.state(|s| s.wakeups);
         loop {
+            let counted_at_turn_start = ctx.patched(PATCH_SIGNALS_DURING_A_TURN);
+            if !counted_at_turn_start {
+                seen = ctx.state(|s| s.wakeups);
+            }
             if !next_wake.is_zero() {
                 select! {
                     _ = ctx.timer(next_wake) => {}
                     _ = ctx.wait_condition(move |s: &Self| s.wakeups != seen) => {}
                 };
             }
-            seen = ctx.state(|s| s.wakeups);
+            if counted_at_turn_start {
+                seen = ctx.state(|s| s.wakeups);
+            }
             turns += 1;
             let Some(spec) = ctx.state(|s| s.spec.clone()) else {
                 next_wake = RESYNC;

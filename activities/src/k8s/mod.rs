@@ -34,5 +34,5 @@ pub use events::emit_event;
 pub use finalizers::{ensure_finalizers, release_finalizers};
 pub use gate_input::gate_input;
 pub use injection::ServerCa;
-pub use status::{StatusWrite, write_connection_status, write_twd_status};
+pub use status::{StatusWrite, write_connection_status, write_twd_status, write_twd_status_seen};
 pub use twd::get_twd;

@@ -37,6 +37,18 @@ pub async fn write_twd_status(
     twd: &TwdRef,
     status: TemporalWorkerDeploymentStatus,
 ) -> Result<StatusWrite, K8sError> {
+    write_twd_status_seen(client, twd, status)
+        .await
+        .map(|(write, _)| write)
+}
+
+/// [`write_twd_status`], also returning the TWD as read just before the write (`None` when it
+/// does not exist), for callers that compare the old status with the new one.
+pub async fn write_twd_status_seen(
+    client: &Client,
+    twd: &TwdRef,
+    status: TemporalWorkerDeploymentStatus,
+) -> Result<(StatusWrite, Option<Box<TemporalWorkerDeployment>>), K8sError> {
     let object = ObjectName::new("TemporalWorkerDeployment", &twd.namespace, &twd.name);
     let api: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), &twd.namespace);
     retry_on_conflict("write status of", &object, || async {
@@ -45,7 +57,7 @@ pub async fn write_twd_status(
             .await
             .map_err(K8sError::api("get", &object))?
         else {
-            return Ok(StatusWrite::NotFound);
+            return Ok((StatusWrite::NotFound, None));
         };
         let mut desired = status.clone();
         let current_conditions = current
@@ -56,7 +68,7 @@ pub async fn write_twd_status(
         carry_transition_times(&mut desired.conditions, current_conditions);
         if !status_changed(current.status.as_ref(), &desired) {
             tracing::debug!(%object, "status unchanged; not writing");
-            return Ok(StatusWrite::Unchanged);
+            return Ok((StatusWrite::Unchanged, Some(Box::new(current))));
         }
         patch_status(
             &api,
@@ -67,7 +79,7 @@ pub async fn write_twd_status(
         )
         .await?;
         tracing::debug!(%object, "wrote status");
-        Ok(StatusWrite::Written)
+        Ok((StatusWrite::Written, Some(Box::new(current))))
     })
     .await
 }

@@ -147,7 +147,13 @@ async fn describe_worker_deployment_once(
         deployment_name: deployment_name.to_owned(),
     });
     let mut raw = client.raw().clone();
-    match WorkflowService::describe_worker_deployment(&mut raw, request).await {
+    match client
+        .observe(
+            "DescribeWorkerDeployment",
+            WorkflowService::describe_worker_deployment(&mut raw, request),
+        )
+        .await
+    {
         Ok(response) => Ok(Some(state_from_response(response.into_inner()))),
         Err(status) => {
             let err = client.rpc_error("DescribeWorkerDeployment", deployment_name, &status);
@@ -201,22 +207,27 @@ async fn describe_version_once(
         ..Default::default()
     });
     let mut raw = client.raw().clone();
-    let response =
-        match WorkflowService::describe_worker_deployment_version(&mut raw, request).await {
-            Ok(response) => response.into_inner(),
-            Err(status) => {
-                let err = client.rpc_error(
-                    "DescribeWorkerDeploymentVersion",
-                    format!("{deployment_name}:{build_id}"),
-                    &status,
-                );
-                return if err.class() == StatusClass::NotFound {
-                    Ok(None)
-                } else {
-                    Err(err)
-                };
-            }
-        };
+    let response = match client
+        .observe(
+            "DescribeWorkerDeploymentVersion",
+            WorkflowService::describe_worker_deployment_version(&mut raw, request),
+        )
+        .await
+    {
+        Ok(response) => response.into_inner(),
+        Err(status) => {
+            let err = client.rpc_error(
+                "DescribeWorkerDeploymentVersion",
+                format!("{deployment_name}:{build_id}"),
+                &status,
+            );
+            return if err.class() == StatusClass::NotFound {
+                Ok(None)
+            } else {
+                Err(err)
+            };
+        }
+    };
     let mut queues: Vec<(String, TaskQueueKind)> = response
         .version_task_queues
         .iter()

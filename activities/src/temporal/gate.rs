@@ -184,7 +184,13 @@ async fn start_gate(client: &TemporalClient, gate: &Gate<'_>) -> Result<GateRun,
         ..Default::default()
     };
     let mut raw = client.raw().clone();
-    match WorkflowService::start_workflow_execution(&mut raw, request.into_request()).await {
+    match client
+        .observe(
+            "StartWorkflowExecution",
+            WorkflowService::start_workflow_execution(&mut raw, request.into_request()),
+        )
+        .await
+    {
         Ok(response) => {
             let response = response.into_inner();
             info!(
@@ -243,7 +249,11 @@ async fn describe_execution(
         }),
     };
     let mut raw = client.raw().clone();
-    let response = WorkflowService::describe_workflow_execution(&mut raw, request.into_request())
+    let response = client
+        .observe(
+            "DescribeWorkflowExecution",
+            WorkflowService::describe_workflow_execution(&mut raw, request.into_request()),
+        )
         .await
         .map_err(|s| client.rpc_error("DescribeWorkflowExecution", workflow_id, &s))?
         .into_inner();
@@ -305,11 +315,15 @@ async fn wait_gate(
             ..Default::default()
         };
         let mut raw = client.raw().clone();
-        let response = match WorkflowService::get_workflow_execution_history(
-            &mut raw,
-            request.clone().into_request(),
-        )
-        .await
+        let response = match client
+            .observe(
+                "GetWorkflowExecutionHistory",
+                WorkflowService::get_workflow_execution_history(
+                    &mut raw,
+                    request.clone().into_request(),
+                ),
+            )
+            .await
         {
             Ok(response) => response.into_inner(),
             Err(status) => {
@@ -470,7 +484,11 @@ async fn running_build_gates(
             query: query.clone(),
         };
         let mut raw = client.raw().clone();
-        let response = WorkflowService::list_workflow_executions(&mut raw, request.into_request())
+        let response = client
+            .observe(
+                "ListWorkflowExecutions",
+                WorkflowService::list_workflow_executions(&mut raw, request.into_request()),
+            )
             .await
             .map_err(|s| client.rpc_error("ListWorkflowExecutions", prefix.clone(), &s))?
             .into_inner();
@@ -503,7 +521,13 @@ async fn terminate_gate(
         ..Default::default()
     };
     let mut raw = client.raw().clone();
-    match WorkflowService::terminate_workflow_execution(&mut raw, request.into_request()).await {
+    match client
+        .observe(
+            "TerminateWorkflowExecution",
+            WorkflowService::terminate_workflow_execution(&mut raw, request.into_request()),
+        )
+        .await
+    {
         Ok(_) => {
             info!(%namespace, %workflow_id, "terminated gate workflow that ignored its cancellation");
             Ok(())
@@ -537,7 +561,12 @@ async fn cancel_gate(
         ..Default::default()
     };
     let mut raw = client.raw().clone();
-    match WorkflowService::request_cancel_workflow_execution(&mut raw, request.into_request()).await
+    match client
+        .observe(
+            "RequestCancelWorkflowExecution",
+            WorkflowService::request_cancel_workflow_execution(&mut raw, request.into_request()),
+        )
+        .await
     {
         Ok(_) => {
             info!(%namespace, %workflow_id, "requested cancellation of gate workflow");

@@ -17,6 +17,7 @@ use twc_workflows::model::{BlockReason, Blocked};
 
 use crate::{
     connection::{ConnectionAuth, ConnectionConfig},
+    metrics::Metrics,
     temporal::{
         budget::{DEFAULT_READ_BURST, DEFAULT_READ_RATE, TokenBucket},
         error::TemporalError,
@@ -38,6 +39,8 @@ pub struct PoolOptions {
     pub connect_timeout: Duration,
     /// Clients unused for this long are dropped from the cache (default 1 h).
     pub idle_ttl: Duration,
+    /// Where every call to Temporal is counted (default: a registry of its own).
+    pub metrics: Arc<Metrics>,
 }
 
 impl PoolOptions {
@@ -49,6 +52,7 @@ impl PoolOptions {
             read_burst: DEFAULT_READ_BURST,
             connect_timeout: Duration::from_secs(10),
             idle_ttl: Duration::from_secs(3600),
+            metrics: Arc::new(Metrics::new()),
         }
     }
 }
@@ -202,6 +206,7 @@ impl ClientPool {
             key,
             budget: self.budget(&config.host_port, &config.temporal_namespace),
             identity: self.inner.options.identity.clone(),
+            metrics: Arc::clone(&self.inner.options.metrics),
             pool: Arc::downgrade(&self.inner),
             entry: Arc::downgrade(&entry),
         })
@@ -285,6 +290,7 @@ pub struct TemporalClient {
     key: PoolKey,
     budget: Arc<TokenBucket>,
     identity: String,
+    metrics: Arc<Metrics>,
     pool: Weak<PoolInner>,
     entry: Weak<Entry>,
 }
@@ -320,6 +326,22 @@ impl TemporalClient {
         self.budget.acquire().await;
     }
 
+    /// Awaits one `WorkflowService` call and counts it in `twc_temporal_requests_total` under
+    /// `operation` (the RPC name), with its outcome (`success` or the gRPC status code).
+    pub async fn observe<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, temporalio_client::tonic::Status>>,
+    ) -> Result<T, temporalio_client::tonic::Status> {
+        let result = call.await;
+        let outcome = match &result {
+            Ok(_) => "success",
+            Err(status) => code_label(status.code()),
+        };
+        self.metrics.temporal_request(operation, outcome);
+        result
+    }
+
     /// Drops this client from its pool, so the next `get` reconnects with fresh credentials.
     pub fn evict(&self) {
         if let Some(pool) = self.pool.upgrade() {
@@ -341,6 +363,31 @@ impl TemporalClient {
             self.evict();
         }
         err
+    }
+}
+
+/// The `outcome` label of a failed call: its gRPC status code in snake case (`not_found`,
+/// `unavailable`, ...).
+pub fn code_label(code: temporalio_client::tonic::Code) -> &'static str {
+    use temporalio_client::tonic::Code;
+    match code {
+        Code::Ok => "success",
+        Code::Cancelled => "cancelled",
+        Code::Unknown => "unknown",
+        Code::InvalidArgument => "invalid_argument",
+        Code::DeadlineExceeded => "deadline_exceeded",
+        Code::NotFound => "not_found",
+        Code::AlreadyExists => "already_exists",
+        Code::PermissionDenied => "permission_denied",
+        Code::ResourceExhausted => "resource_exhausted",
+        Code::FailedPrecondition => "failed_precondition",
+        Code::Aborted => "aborted",
+        Code::OutOfRange => "out_of_range",
+        Code::Unimplemented => "unimplemented",
+        Code::Internal => "internal",
+        Code::Unavailable => "unavailable",
+        Code::DataLoss => "data_loss",
+        Code::Unauthenticated => "unauthenticated",
     }
 }
 
@@ -420,7 +467,14 @@ async fn connect(
         .build();
     let connecting = Connection::connect(connection_options);
     // The connect timeout covers TCP/TLS only; bound the first call (get_system_info) too.
-    let connection = match tokio::time::timeout(options.connect_timeout * 2, connecting).await {
+    let connected = tokio::time::timeout(options.connect_timeout * 2, connecting).await;
+    let outcome = match &connected {
+        Ok(Ok(_)) => "success",
+        Ok(Err(_)) => "error",
+        Err(_) => "timeout",
+    };
+    options.metrics.temporal_request("Connect", outcome);
+    let connection = match connected {
         Ok(Ok(connection)) => connection,
         Ok(Err(err)) => return Err(TemporalError::connect(&config.host_port, &err)),
         Err(_) => {

@@ -259,7 +259,11 @@ async fn claim_manager(
         identity: identity.to_owned(),
     };
     let mut raw = client.raw().clone();
-    let response = WorkflowService::set_worker_deployment_manager(&mut raw, request.into_request())
+    let response = client
+        .observe(
+            "SetWorkerDeploymentManager",
+            WorkflowService::set_worker_deployment_manager(&mut raw, request.into_request()),
+        )
         .await
         .map_err(|s| client.rpc_error("SetWorkerDeploymentManager", deployment_name, &s))?;
     info!(%namespace, %deployment_name, %identity, "claimed the manager identity");
@@ -286,16 +290,22 @@ async fn set_current(
         ..Default::default()
     };
     let mut raw = client.raw().clone();
-    let response =
-        WorkflowService::set_worker_deployment_current_version(&mut raw, request.into_request())
-            .await
-            .map_err(|s| {
-                client.rpc_error(
-                    "SetWorkerDeploymentCurrentVersion",
-                    format!("{deployment_name}:{build_id}"),
-                    &s,
-                )
-            })?;
+    let response = client
+        .observe(
+            "SetWorkerDeploymentCurrentVersion",
+            WorkflowService::set_worker_deployment_current_version(
+                &mut raw,
+                request.into_request(),
+            ),
+        )
+        .await
+        .map_err(|s| {
+            client.rpc_error(
+                "SetWorkerDeploymentCurrentVersion",
+                format!("{deployment_name}:{build_id}"),
+                &s,
+            )
+        })?;
     Ok(response.into_inner().conflict_token)
 }
 
@@ -320,16 +330,22 @@ async fn set_ramping(
         ..Default::default()
     };
     let mut raw = client.raw().clone();
-    let response =
-        WorkflowService::set_worker_deployment_ramping_version(&mut raw, request.into_request())
-            .await
-            .map_err(|s| {
-                client.rpc_error(
-                    "SetWorkerDeploymentRampingVersion",
-                    format!("{deployment_name}:{build_id}"),
-                    &s,
-                )
-            })?;
+    let response = client
+        .observe(
+            "SetWorkerDeploymentRampingVersion",
+            WorkflowService::set_worker_deployment_ramping_version(
+                &mut raw,
+                request.into_request(),
+            ),
+        )
+        .await
+        .map_err(|s| {
+            client.rpc_error(
+                "SetWorkerDeploymentRampingVersion",
+                format!("{deployment_name}:{build_id}"),
+                &s,
+            )
+        })?;
     Ok(response.into_inner().conflict_token)
 }
 
@@ -361,7 +377,14 @@ async fn stamp_metadata(
         ..Default::default()
     };
     let mut raw = client.raw().clone();
-    WorkflowService::update_worker_deployment_version_metadata(&mut raw, request.into_request())
+    client
+        .observe(
+            "UpdateWorkerDeploymentVersionMetadata",
+            WorkflowService::update_worker_deployment_version_metadata(
+                &mut raw,
+                request.into_request(),
+            ),
+        )
         .await
         .map_err(|s| {
             client.rpc_error(

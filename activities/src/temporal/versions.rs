@@ -34,8 +34,12 @@ pub async fn delete_version(
         ..Default::default()
     };
     let mut raw = client.raw().clone();
-    let result =
-        WorkflowService::delete_worker_deployment_version(&mut raw, request.into_request()).await;
+    let result = client
+        .observe(
+            "DeleteWorkerDeploymentVersion",
+            WorkflowService::delete_worker_deployment_version(&mut raw, request.into_request()),
+        )
+        .await;
     match result {
         Ok(_) => {
             info!(%namespace, %deployment_name, %build_id, skip_drainage, "deleted worker deployment version");
@@ -63,7 +67,13 @@ pub async fn delete_worker_deployment(
         identity: identity.to_owned(),
     };
     let mut raw = client.raw().clone();
-    match WorkflowService::delete_worker_deployment(&mut raw, request.into_request()).await {
+    match client
+        .observe(
+            "DeleteWorkerDeployment",
+            WorkflowService::delete_worker_deployment(&mut raw, request.into_request()),
+        )
+        .await
+    {
         Ok(_) => {
             info!(%namespace, %deployment_name, "deleted worker deployment");
             Ok(DeleteVersionOutcome::Deleted)

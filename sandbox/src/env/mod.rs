@@ -39,6 +39,13 @@ pub struct SandboxEnv {
     /// File holding the controller's current process ID. The sandbox restarts the controller
     /// when it dies (as a Deployment would), so crash tests can SIGKILL it.
     pub controller_pid_file: Option<PathBuf>,
+    /// The controller's Prometheus metrics (`http://127.0.0.1:<port>/metrics`), when the sandbox
+    /// runs a controller. A restarted controller keeps the port.
+    #[serde(default)]
+    pub controller_metrics_url: Option<String>,
+    /// Base URL of the controller's `/healthz` and `/readyz` (`http://127.0.0.1:<port>`).
+    #[serde(default)]
+    pub controller_health_url: Option<String>,
 }
 
 /// The env file could not be read.

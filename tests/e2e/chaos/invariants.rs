@@ -30,6 +30,7 @@ pub struct Expected {
 /// Waits until the TWD has settled on its expected build (see [`settled`]); panics with the
 /// last violation and the logs otherwise.
 pub async fn assert_settled(cluster: &Cluster, expected: &Expected) {
+    let started = std::time::Instant::now();
     cluster
         .wait(
             &format!(
@@ -40,6 +41,13 @@ pub async fn assert_settled(cluster: &Cluster, expected: &Expected) {
             || settled(cluster, expected),
         )
         .await;
+    eprintln!(
+        "{}/{} settled on {} in {:.1}s",
+        expected.namespace,
+        expected.name,
+        expected.build,
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// One TWD's end state:

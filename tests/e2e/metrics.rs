@@ -1,0 +1,361 @@
+//! Observability of the sandbox's controller: `/healthz` and `/readyz` answer 200 once it is
+//! up, and its Prometheus `/metrics` page follows real rollouts: the rollout counters by
+//! strategy move, the per-TWD ramp and version gauges follow the status (and go with the TWD),
+//! and the Temporal, Kubernetes, poller-wait and watcher-signal metrics count.
+//!
+//! The controller is shared with the other tests of the run, so counters are compared with a
+//! scrape taken before this test's rollouts (they may move more, never less).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use twc_crds::TemporalWorkerDeployment;
+
+use crate::harness::twd::{apply, connection, wait_ready, wait_reason, worker};
+use crate::harness::wait::wait_for;
+use crate::harness::{env, kube_client, test_namespace};
+
+const ROLLOUT: Duration = Duration::from_secs(120);
+
+/// Status line and body of `GET url` (plain HTTP on loopback, as a kubelet probe or a
+/// Prometheus scrape does it).
+async fn get(url: &str) -> Result<(u16, String, String), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("not an http URL: {url}"))?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let mut stream = TcpStream::connect(authority)
+        .await
+        .map_err(|e| format!("connecting to {authority}: {e}"))?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("sending to {url}: {e}"))?;
+    let mut response = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        stream.read_to_string(&mut response),
+    )
+    .await
+    .map_err(|_| format!("no answer from {url} within 10s"))?
+    .map_err(|e| format!("reading from {url}: {e}"))?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP header in {response:?}"))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status in {head:?}"))?;
+    Ok((status, head.to_owned(), body.to_owned()))
+}
+
+fn metrics_url() -> String {
+    match &env().controller_metrics_url {
+        Some(url) => url.clone(),
+        None => {
+            panic!("the sandbox env names no controller metrics URL (is a controller running?)")
+        }
+    }
+}
+
+fn health_url(path: &str) -> String {
+    match &env().controller_health_url {
+        Some(url) => format!("{url}{path}"),
+        None => panic!("the sandbox env names no controller health URL (is a controller running?)"),
+    }
+}
+
+/// One scrape: every sample line, `name{labels}` to value.
+#[derive(Debug, Clone, Default)]
+struct Scrape(HashMap<String, f64>);
+
+impl Scrape {
+    async fn take() -> Result<Self, String> {
+        let url = metrics_url();
+        let (status, head, body) = get(&url).await?;
+        if status != 200 {
+            return Err(format!("{url}: {head}\n{body}"));
+        }
+        Ok(Self::parse(&body))
+    }
+
+    fn parse(page: &str) -> Self {
+        Self(
+            page.lines()
+                .filter(|l| !l.starts_with('#') && !l.is_empty())
+                .filter_map(|l| {
+                    let (series, value) = l.rsplit_once(' ')?;
+                    Some((series.to_owned(), value.parse().ok()?))
+                })
+                .collect(),
+        )
+    }
+
+    /// A sample's value; 0 when the series does not exist (yet).
+    fn value(&self, series: &str) -> f64 {
+        self.0.get(series).copied().unwrap_or_default()
+    }
+
+    fn has(&self, series: &str) -> bool {
+        self.0.contains_key(series)
+    }
+
+    /// Sum of the samples of a family whose labels contain every `label="value"` given.
+    fn sum(&self, name: &str, labels: &[&str]) -> f64 {
+        self.0
+            .iter()
+            .filter(|(series, _)| {
+                series.split('{').next() == Some(name) && labels.iter().all(|l| series.contains(l))
+            })
+            .map(|(_, v)| v)
+            .sum()
+    }
+}
+
+/// Waits until a scrape satisfies `check` (which says what it saw otherwise).
+async fn wait_metrics(what: &str, check: impl Fn(&Scrape) -> Result<(), String>) -> Scrape {
+    wait_for(what, ROLLOUT, || async {
+        let scrape = Scrape::take().await?;
+        check(&scrape).map(|()| scrape)
+    })
+    .await
+}
+
+/// `counter >= at least`, or what it is.
+fn at_least(scrape: &Scrape, series: &str, least: f64) -> Result<(), String> {
+    let value = scrape.value(series);
+    if value >= least {
+        Ok(())
+    } else {
+        Err(format!("{series} = {value}, want >= {least}"))
+    }
+}
+
+fn equals(scrape: &Scrape, series: &str, want: f64) -> Result<(), String> {
+    match scrape.0.get(series) {
+        Some(value) if *value == want => Ok(()),
+        other => Err(format!("{series} = {other:?}, want {want}")),
+    }
+}
+
+#[tokio::test]
+async fn probes_answer_200_and_metrics_are_prometheus_text() {
+    for path in ["/healthz", "/readyz"] {
+        let url = health_url(path);
+        // The controller may still be listing or starting its worker: readiness can lag.
+        let body = wait_for(&format!("{url} answers 200"), ROLLOUT, || async {
+            let (status, head, body) = get(&url).await?;
+            if status == 200 {
+                Ok(body)
+            } else {
+                Err(format!("{head}\n{body}"))
+            }
+        })
+        .await;
+        assert_eq!(body, "ok\n", "{url}");
+    }
+    // The probes are not on the metrics port, nor the metrics on the probe port.
+    let (status, _, _) = get(&health_url("/metrics"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(status, 404);
+
+    let url = metrics_url();
+    let (status, head, page) = get(&url).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(status, 200, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    for family in [
+        "twc_rollouts_started_total counter",
+        "twc_rollouts_completed_total counter",
+        "twc_rollouts_failed_total counter",
+        "twc_rollout_duration_seconds histogram",
+        "twc_ramp_percentage gauge",
+        "twc_versions gauge",
+        "twc_temporal_requests_total counter",
+        "twc_kubernetes_requests_total counter",
+        "twc_wait_for_pollers_seconds histogram",
+        "twc_watcher_signals_total counter",
+    ] {
+        assert!(
+            page.contains(&format!("# TYPE {family}\n")),
+            "no {family}:\n{page}"
+        );
+    }
+    // The watcher's list and watch already went through the counted client.
+    let scrape = Scrape::parse(&page);
+    assert!(
+        scrape.sum(
+            "twc_kubernetes_requests_total",
+            &[
+                r#"resource="temporalworkerdeployments""#,
+                r#"outcome="success""#
+            ]
+        ) >= 1.0,
+        "{page}"
+    );
+}
+
+#[tokio::test]
+async fn rollout_metrics_move_with_real_rollouts() {
+    let client = kube_client().await;
+    let ns = test_namespace(&client, "metrics").await;
+    let before = Scrape::take().await.unwrap_or_else(|e| panic!("{e}"));
+    let twd_labels = format!(r#"{{namespace="{ns}",name="hello"}}"#);
+    let ramp = format!("twc_ramp_percentage{twd_labels}");
+    let versions = format!("twc_versions{twd_labels}");
+    assert!(!before.has(&ramp), "{ramp} before the TWD exists");
+    let started = |s: &str| format!(r#"twc_rollouts_started_total{{strategy="{s}"}}"#);
+    let completed = |s: &str| format!(r#"twc_rollouts_completed_total{{strategy="{s}"}}"#);
+    let durations = |s: &str| format!(r#"twc_rollout_duration_seconds_count{{strategy="{s}"}}"#);
+
+    // 1. AllAtOnce: started, completed with a duration, the build Current (ramp 100).
+    apply(&connection(&ns)).await;
+    apply(&worker(
+        &ns,
+        "hello",
+        "v1",
+        json!({ "strategy": "AllAtOnce" }),
+    ))
+    .await;
+    wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    wait_metrics("the AllAtOnce rollout counted and its gauges set", |s| {
+        at_least(
+            s,
+            &started("AllAtOnce"),
+            before.value(&started("AllAtOnce")) + 1.0,
+        )?;
+        at_least(
+            s,
+            &completed("AllAtOnce"),
+            before.value(&completed("AllAtOnce")) + 1.0,
+        )?;
+        at_least(
+            s,
+            &durations("AllAtOnce"),
+            before.value(&durations("AllAtOnce")) + 1.0,
+        )?;
+        equals(s, &ramp, 100.0)?;
+        equals(s, &versions, 1.0)
+    })
+    .await;
+
+    // 2. Progressive: the ramp gauge shows the step while it holds, with both versions.
+    let progressive = json!({ "strategy": "Progressive", "steps": [ { "rampPercentage": 40, "pauseDuration": "20s" } ] });
+    apply(&worker(&ns, "hello", "v2", progressive)).await;
+    wait_metrics("the ramp gauge at the 40% step", |s| {
+        at_least(
+            s,
+            &started("Progressive"),
+            before.value(&started("Progressive")) + 1.0,
+        )?;
+        equals(s, &ramp, 40.0)?;
+        equals(s, &versions, 2.0)
+    })
+    .await;
+    wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    wait_metrics("the Progressive rollout completed", |s| {
+        at_least(
+            s,
+            &completed("Progressive"),
+            before.value(&completed("Progressive")) + 1.0,
+        )?;
+        equals(s, &ramp, 100.0)
+    })
+    .await;
+
+    // 3. A failing gate counts a failure with its reason.
+    let failing = json!({ "strategy": "AllAtOnce", "gate": { "workflowType": "RolloutGate", "input": { "fail": true } } });
+    apply(&worker(&ns, "hello", "v3", failing)).await;
+    wait_reason(&client, &ns, "hello", "Ready", "GateFailed", ROLLOUT).await;
+    let failed = r#"twc_rollouts_failed_total{strategy="AllAtOnce",reason="GateFailed"}"#;
+    let after = wait_metrics("the gate failure counted", |s| {
+        at_least(s, failed, before.value(failed) + 1.0)?;
+        equals(s, &ramp, 0.0)
+    })
+    .await;
+
+    // 4. What the rollouts did through the clients and the watcher was counted too.
+    let moved = |name: &str, labels: &[&str]| {
+        let (was, is) = (before.sum(name, labels), after.sum(name, labels));
+        assert!(is > was, "{name} {labels:?}: {was} -> {is}");
+    };
+    moved(
+        "twc_temporal_requests_total",
+        &[
+            r#"operation="DescribeWorkerDeployment""#,
+            r#"outcome="success""#,
+        ],
+    );
+    moved(
+        "twc_temporal_requests_total",
+        &[
+            r#"operation="SetWorkerDeploymentCurrentVersion""#,
+            r#"outcome="success""#,
+        ],
+    );
+    moved(
+        "twc_temporal_requests_total",
+        &[
+            r#"operation="SetWorkerDeploymentRampingVersion""#,
+            r#"outcome="success""#,
+        ],
+    );
+    moved(
+        "twc_kubernetes_requests_total",
+        &[
+            r#"verb="patch""#,
+            r#"resource="temporalworkerdeployments/status""#,
+            r#"outcome="success""#,
+        ],
+    );
+    moved(
+        "twc_kubernetes_requests_total",
+        &[
+            r#"verb="create""#,
+            r#"resource="deployments""#,
+            r#"outcome="success""#,
+        ],
+    );
+    moved(
+        "twc_wait_for_pollers_seconds_count",
+        &[r#"outcome="ready""#],
+    );
+    let signals = r#"twc_watcher_signals_total{signal="spec_changed",outcome="success"}"#;
+    assert!(
+        after.value(signals) >= before.value(signals) + 3.0,
+        "{signals}: {} -> {}",
+        before.value(signals),
+        after.value(signals)
+    );
+
+    // 5. The per-TWD series go with the TWD.
+    let api: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), &ns);
+    if let Err(e) = api.delete("hello", &DeleteParams::default()).await {
+        panic!("deleting TWD: {e}");
+    }
+    wait_metrics("the TWD's gauges dropped after its deletion", |s| {
+        if s.has(&ramp) || s.has(&versions) {
+            Err(format!(
+                "{ramp} = {:?}, {versions} = {:?}",
+                s.0.get(&ramp),
+                s.0.get(&versions)
+            ))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+}
