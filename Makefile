@@ -118,6 +118,16 @@ e2e: tools build ## End-to-end tests against a real Temporal dev server and kube
 	$(BIN_DIR)/twc-sandbox exec --state-dir $(TARGET_DIR)/e2e-env -- \
 		$(CARGO) test --test e2e -- --test-threads=$${E2E_THREADS:-4}
 
+# The reliability suite (tests/e2e/chaos.rs) also runs in `make e2e`, at small sizes; this is
+# its full size. A fresh seed each run unless CHAOS_SEED is given (the tests print theirs).
+.PHONY: chaos
+chaos: tools build ## Full-size reliability suite: 20 rollouts under controller kills, restarts, replicas (CHAOS_SEED=n replays)
+	$(CARGO) test --test e2e --no-run
+	CHAOS_ROLLOUTS=$${CHAOS_ROLLOUTS:-20} CHAOS_REPLICA_ROLLOUTS=$${CHAOS_REPLICA_ROLLOUTS:-8} \
+	CHAOS_SEED=$${CHAOS_SEED:-$$(date +%s)} \
+	$(BIN_DIR)/twc-sandbox exec --state-dir $(TARGET_DIR)/chaos-env -- \
+		$(CARGO) test --test e2e -- chaos:: --test-threads=$${CHAOS_THREADS:-2}
+
 .PHONY: docker-lint
 docker-lint: ## Check deploy/Dockerfile's structure, then run its build command (in debug: --release takes ~10 min)
 	python3 deploy/docker-lint.py deploy/Dockerfile .

@@ -39,6 +39,11 @@ use crate::rollout_workflow::{
 const PATCH_IGNORE_SUPERSEDED_REPORTS: &str = "ignore-superseded-reports";
 /// Patch: a signal that arrives while a turn runs ends the next wait at once.
 const PATCH_SIGNALS_DURING_A_TURN: &str = "signals-during-a-turn";
+/// Patch: a rollout that reported `Superseded` while the last spec signal still names its build
+/// is run again only once an observation confirms the build is the target (histories recorded
+/// before it re-ran it at once; when the rollout had seen a newer spec than the watcher had
+/// signalled yet, it was superseded again, in a loop, until the signal came).
+const PATCH_CONFIRM_RETARGET: &str = "confirm-retarget";
 /// Level-triggered resync interval when nothing else is due.
 const RESYNC: Duration = Duration::from_secs(300);
 /// Retry interval of the deletion path.
@@ -221,17 +226,7 @@ impl TwdWorkflow {
     /// The TWD changed (from the watcher). Older generations are ignored.
     #[signal(name = "spec_changed")]
     pub fn spec_changed(&mut self, _ctx: &mut SyncWorkflowContext<Self>, signal: SpecSignal) {
-        let newer = match &self.spec {
-            None => true,
-            Some(current) => {
-                signal.generation > current.generation || (signal.deleting && !current.deleting)
-            }
-        };
-        if newer {
-            // An aborted build rolls out again once the spec has moved on and come back to it.
-            self.aborted.retain(|build| *build == signal.build_id);
-            self.spec = Some(signal);
-        } else {
+        if !self.take_spec(signal) {
             // A duplicate is a hint that something around the TWD changed (its connection).
             self.poked = true;
         }
@@ -312,6 +307,22 @@ impl TwdWorkflow {
 }
 
 impl TwdWorkflow {
+    /// Takes `signal` as the spec when it is newer than the one held; returns whether it was.
+    fn take_spec(&mut self, signal: SpecSignal) -> bool {
+        let newer = match &self.spec {
+            None => true,
+            Some(current) => {
+                signal.generation > current.generation || (signal.deleting && !current.deleting)
+            }
+        };
+        if newer {
+            // An aborted build rolls out again once the spec has moved on and come back to it.
+            self.aborted.retain(|build| *build == signal.build_id);
+            self.spec = Some(signal);
+        }
+        newer
+    }
+
     fn push_control(&mut self, action: ControlAction) {
         self.controls.push(action);
         self.wakeups += 1;
@@ -354,7 +365,13 @@ async fn dispatch_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, 
     let spec_changed = spec.generation > active.notified_generation;
     match ended {
         // It exited as superseded while its build became the target again: run it again.
-        Some(RolloutProgress::Superseded) if !aborted => start_rollout(ctx, twd, spec).await,
+        Some(RolloutProgress::Superseded) if !aborted => {
+            if !ctx.patched(PATCH_CONFIRM_RETARGET) {
+                start_rollout(ctx, twd, spec).await;
+            } else if let Some(spec) = confirm_target(ctx, twd, &active.build_id).await {
+                start_rollout(ctx, twd, &spec).await;
+            }
+        }
         // Finished: a spec change (e.g. replicas) gets a fresh run, which ends at once when the
         // build is still Current.
         Some(RolloutProgress::Complete) if spec_changed => start_rollout(ctx, twd, spec).await,
@@ -368,6 +385,39 @@ async fn dispatch_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, 
             });
         }
         None => {}
+    }
+}
+
+/// The spec to run the superseded rollout of `build_id` again with, if an observation of the
+/// TWD confirms that build is its target. The rollout may have been superseded by a spec newer
+/// than the last signal (the watcher lags behind, e.g. while it re-establishes its watch after
+/// an API server restart): such a spec is taken over, and its turn follows at once.
+async fn confirm_target(
+    ctx: &mut WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+    build_id: &str,
+) -> Option<SpecSignal> {
+    let summary = format!("observe: is {build_id} still the target?");
+    let observation = run_activity(ctx, Observe, twd.clone(), &summary, short_options())
+        .await
+        .ok()?;
+    // The TWD is gone: its deletion signal follows.
+    let observed = observation.spec?;
+    let confirmed = !observed.deleting && observed.target_build_id == build_id;
+    let signal = SpecSignal {
+        generation: observed.generation,
+        build_id: observed.target_build_id,
+        deleting: observed.deleting,
+    };
+    ctx.state_mut(|s| {
+        if s.take_spec(signal) {
+            s.wakeups += 1;
+        }
+    });
+    if confirmed {
+        ctx.state(|s| s.spec.clone())
+    } else {
+        None
     }
 }
 

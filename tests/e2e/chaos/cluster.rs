@@ -325,7 +325,9 @@ impl Cluster {
                 let twd = get_twd(&self.client, namespace, name).await?;
                 let ready = condition(&twd, "Ready")
                     .is_some_and(|(s, r, _)| s == "True" && r == "RolloutComplete");
-                if ready && fresh(&twd) && target_build(&twd).is_some_and(|b| b.starts_with(&prefix))
+                if ready
+                    && fresh(&twd)
+                    && target_build(&twd).is_some_and(|b| b.starts_with(&prefix))
                 {
                     Ok(twd)
                 } else {

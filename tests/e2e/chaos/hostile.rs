@@ -23,7 +23,11 @@ fn all_at_once() -> Value {
 
 /// Asserts that every run of the TWD's own workflows (`twd/...` and `rollout/...`) has a small
 /// history; returns the sizes seen.
-async fn assert_small_histories(cluster: &Cluster, namespace: &str, name: &str) -> Vec<(String, u64)> {
+async fn assert_small_histories(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+) -> Vec<(String, u64)> {
     let query = format!(
         "WorkflowId = 'twd/{namespace}/{name}' OR WorkflowId STARTS_WITH 'rollout/{namespace}/{name}/'"
     );
@@ -31,7 +35,10 @@ async fn assert_small_histories(cluster: &Cluster, namespace: &str, name: &str) 
         .workflows(&query)
         .await
         .unwrap_or_else(|e| panic!("listing workflows: {e}"));
-    assert!(rows.len() >= 2, "the TWD and rollout workflows are listed: {rows:?}");
+    assert!(
+        rows.len() >= 2,
+        "the TWD and rollout workflows are listed: {rows:?}"
+    );
     let mut sizes = Vec::new();
     for row in rows {
         let size = cluster
@@ -97,7 +104,10 @@ async fn gate_input_near_the_object_size_limit_is_rejected_or_rolled_out_with_sm
         .history_size(&gate.workflow_id, &gate_rows[0].run_id)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    assert!(gate_size > MIB as u64, "the gate got its 1.3 MiB input: {gate_size} bytes");
+    assert!(
+        gate_size > MIB as u64,
+        "the gate got its 1.3 MiB input: {gate_size} bytes"
+    );
     let sizes = assert_small_histories(&cluster, &ns, "hello").await;
     eprintln!("biggate: gate history {gate_size} bytes; engine histories {sizes:?}");
     assert_settled(
@@ -125,7 +135,9 @@ async fn gate_input_that_is_not_json_is_invalid_spec_without_quoting_it_until_fi
         })
     };
     cluster
-        .apply(&config_map("{\"checks\": [smoke], \"token\": hunter2-not-json"))
+        .apply(&config_map(
+            "{\"checks\": [smoke], \"token\": hunter2-not-json",
+        ))
         .await;
     let rollout = json!({ "strategy": "AllAtOnce", "gate": { "workflowType": "RolloutGate",
         "inputFrom": { "configMapKeyRef": { "name": "gate-input", "key": "payload.json" } } } });
@@ -135,7 +147,10 @@ async fn gate_input_that_is_not_json_is_invalid_spec_without_quoting_it_until_fi
         .await;
     assert_eq!(status, "False", "{message}");
     assert!(message.contains("not valid JSON"), "{message}");
-    assert!(message.contains("gate-input"), "names the ConfigMap: {message}");
+    assert!(
+        message.contains("gate-input"),
+        "names the ConfigMap: {message}"
+    );
     assert!(!message.contains("hunter2"), "quotes the input: {message}");
     let deployment_name = format!("{ns}/hello");
     let r = cluster
@@ -216,7 +231,11 @@ async fn names_at_their_length_limits_roll_out_end_to_end() {
         .await;
     let twd = cluster.wait_ready(&ns, &name, "v1", ROLLOUT).await;
     let build = target_build(&twd).unwrap_or_default();
-    assert!(build.len() <= 63, "build ID {build} has {} characters", build.len());
+    assert!(
+        build.len() <= 63,
+        "build ID {build} has {} characters",
+        build.len()
+    );
     assert!(build_id_charset(&build), "build ID {build}");
     let deps = deployments(&cluster.client, &ns, &name).await;
     assert_eq!(deps.len(), 1, "{deps:?}");

@@ -70,9 +70,15 @@ pub async fn settled(cluster: &Cluster, expected: &Expected) -> Result<(), Strin
     let twd = get_twd(&cluster.client, namespace, name).await?;
     let status = twd.status.clone().unwrap_or_default();
     let ready = condition(&twd, "Ready");
-    if !fresh(&twd) || !ready.as_ref().is_some_and(|(s, r, _)| s == "True" && r == "RolloutComplete")
+    if !fresh(&twd)
+        || !ready
+            .as_ref()
+            .is_some_and(|(s, r, _)| s == "True" && r == "RolloutComplete")
     {
-        return Err(format!("not Ready: {ready:?}, generation {:?}/{:?}", status.observed_generation, twd.metadata.generation));
+        return Err(format!(
+            "not Ready: {ready:?}, generation {:?}/{:?}",
+            status.observed_generation, twd.metadata.generation
+        ));
     }
     let target = target_build(&twd);
     let current = status.current_version.as_ref().map(|v| v.build_id.clone());
@@ -88,23 +94,35 @@ pub async fn settled(cluster: &Cluster, expected: &Expected) -> Result<(), Strin
     }
 
     let routing = cluster
-        .routing_in(&twd.spec.worker_options.temporal_namespace, &format!("{namespace}/{name}"))
+        .routing_in(
+            &twd.spec.worker_options.temporal_namespace,
+            &format!("{namespace}/{name}"),
+        )
         .await?;
     if routing.current.as_deref() != Some(build) || routing.ramping.is_some() {
-        return Err(format!("routing {routing:?} does not match status (current {build})"));
+        return Err(format!(
+            "routing {routing:?} does not match status (current {build})"
+        ));
     }
     if routing.versions != [build.clone()] {
-        return Err(format!("Temporal still knows versions {:?}", routing.versions));
+        return Err(format!(
+            "Temporal still knows versions {:?}",
+            routing.versions
+        ));
     }
 
     let deps = deployments(&cluster.client, namespace, name).await;
     let replicas = twd.spec.replicas.or(Some(1));
     if deps.len() != 1 || deps[0].1 != *build || deps[0].2 != replicas {
-        return Err(format!("Deployments {deps:?}; want one of {build} with {replicas:?} replicas"));
+        return Err(format!(
+            "Deployments {deps:?}; want one of {build} with {replicas:?} replicas"
+        ));
     }
 
     let rollouts = cluster
-        .workflows(&format!("WorkflowId STARTS_WITH 'rollout/{namespace}/{name}/'"))
+        .workflows(&format!(
+            "WorkflowId STARTS_WITH 'rollout/{namespace}/{name}/'"
+        ))
         .await?;
     one_run_each(&rollouts, "rollout")?;
     if let Some(open) = rollouts.iter().find(|r| r.status == "RUNNING") {
@@ -116,7 +134,9 @@ pub async fn settled(cluster: &Cluster, expected: &Expected) -> Result<(), Strin
         ))
         .await?;
     if complete.len() != 1 {
-        return Err(format!("rollout of {build} not recorded as Complete: {complete:?}"));
+        return Err(format!(
+            "rollout of {build} not recorded as Complete: {complete:?}"
+        ));
     }
 
     let gates = cluster
@@ -132,15 +152,24 @@ pub async fn settled(cluster: &Cluster, expected: &Expected) -> Result<(), Strin
     let listed: Vec<String> = status
         .target_version
         .as_ref()
-        .map(|t| t.test_workflows.iter().map(|w| w.workflow_id.clone()).collect())
+        .map(|t| {
+            t.test_workflows
+                .iter()
+                .map(|w| w.workflow_id.clone())
+                .collect()
+        })
         .unwrap_or_default();
     let of_build: Vec<String> = gates
         .iter()
-        .filter(|g| g.id.starts_with(&format!("gate/{namespace}/{name}/{build}/")))
+        .filter(|g| {
+            g.id.starts_with(&format!("gate/{namespace}/{name}/{build}/"))
+        })
         .map(|g| g.id.clone())
         .collect();
     if *gated && (of_build.is_empty() || sorted(&of_build) != sorted(&listed)) {
-        return Err(format!("gate runs of {build} {of_build:?}; status lists {listed:?}"));
+        return Err(format!(
+            "gate runs of {build} {of_build:?}; status lists {listed:?}"
+        ));
     }
     if !*gated && !gates.is_empty() {
         return Err(format!("gates ran without a gate: {gates:?}"));
@@ -215,7 +244,10 @@ fn one_run_each(rows: &[WorkflowRow], what: &str) -> Result<(), String> {
         runs.entry(&row.id).or_default().push(&row.status);
     }
     match runs.iter().find(|(_, r)| r.len() > 1) {
-        Some((id, statuses)) => Err(format!("{what} {id} ran {} times: {statuses:?}", statuses.len())),
+        Some((id, statuses)) => Err(format!(
+            "{what} {id} ran {} times: {statuses:?}",
+            statuses.len()
+        )),
         None => Ok(()),
     }
 }

@@ -64,13 +64,20 @@ async fn secrets_never_reach_histories_memos_objects_events_or_logs() {
     } = Private::start("secrets").await;
     // Debug logs of the controller's own crates: the most it ever says.
     let debug = "info,twc=debug,twc_activities=debug,twc_worker=debug,twc_workflows=debug";
-    if let Err(e) = sandbox.restart_controller_with_env(&[("RUST_LOG", debug)]).await {
+    if let Err(e) = sandbox
+        .restart_controller_with_env(&[("RUST_LOG", debug)])
+        .await
+    {
         panic!("restarting the controller with debug logs: {e:#}");
     }
     let created = cluster
         .temporal(&["operator", "namespace", "create", "--namespace", WORKERS])
         .await;
-    assert!(created.success, "creating namespace {WORKERS}: {}", created.stderr);
+    assert!(
+        created.success,
+        "creating namespace {WORKERS}: {}",
+        created.stderr
+    );
     cluster
         .wait(
             "the workers namespace serves requests",
@@ -108,7 +115,13 @@ async fn secrets_never_reach_histories_memos_objects_events_or_logs() {
     keyed["spec"]["workerOptions"]["temporalNamespace"] = json!(WORKERS);
     cluster.apply(&keyed).await;
     let (status, message) = cluster
-        .wait_reason(&ns, "keyed", "Progressing", "TemporalClientCreationFailed", ROLLOUT)
+        .wait_reason(
+            &ns,
+            "keyed",
+            "Progressing",
+            "TemporalClientCreationFailed",
+            ROLLOUT,
+        )
         .await;
     assert_eq!(status, "False", "{message}");
 
@@ -123,7 +136,10 @@ async fn secrets_never_reach_histories_memos_objects_events_or_logs() {
         assert!(target_build(&twd).is_some());
     }
 
-    let secrets = [("API key", api_key.as_str()), ("gate input", gate_token.as_str())];
+    let secrets = [
+        ("API key", api_key.as_str()),
+        ("gate input", gate_token.as_str()),
+    ];
     let mut leaks = Leaks::new();
     let mut seen_in_gates = 0;
 
@@ -134,7 +150,12 @@ async fn secrets_never_reach_histories_memos_objects_events_or_logs() {
         engine.iter().map(|(r, _)| &r.id).collect::<Vec<_>>()
     );
     for (row, text) in &engine {
-        scan(&format!("engine workflow {} ({})", row.id, row.run_id), text, &secrets, &mut leaks);
+        scan(
+            &format!("engine workflow {} ({})", row.id, row.run_id),
+            text,
+            &secrets,
+            &mut leaks,
+        );
     }
     let workers = workflow_texts(&cluster, WORKERS).await;
     for (row, text) in &workers {
@@ -148,7 +169,12 @@ async fn secrets_never_reach_histories_memos_objects_events_or_logs() {
                 &mut leaks,
             );
         } else {
-            scan(&format!("worker workflow {}", row.id), text, &secrets, &mut leaks);
+            scan(
+                &format!("worker workflow {}", row.id),
+                text,
+                &secrets,
+                &mut leaks,
+            );
         }
     }
     assert!(
@@ -160,20 +186,44 @@ async fn secrets_never_reach_histories_memos_objects_events_or_logs() {
     for name in ["keyed", "gated"] {
         let described = cluster
             .temporal(&[
-                "worker", "deployment", "describe", "--namespace", WORKERS, "--name",
-                &format!("{ns}/{name}"), "--output", "json",
+                "worker",
+                "deployment",
+                "describe",
+                "--namespace",
+                WORKERS,
+                "--name",
+                &format!("{ns}/{name}"),
+                "--output",
+                "json",
             ])
             .await;
-        scan(&format!("worker deployment {ns}/{name}"), &described.stdout, &secrets, &mut leaks);
+        scan(
+            &format!("worker deployment {ns}/{name}"),
+            &described.stdout,
+            &secrets,
+            &mut leaks,
+        );
     }
     let objects = cluster
         .kubectl(
-            &["get", "events,twd,tconn,deploy,configmaps", "-n", &ns, "-o", "json"],
+            &[
+                "get",
+                "events,twd,tconn,deploy,configmaps",
+                "-n",
+                &ns,
+                "-o",
+                "json",
+            ],
             None,
         )
         .await;
     assert!(objects.success, "{}", objects.stderr);
-    scan("Kubernetes objects and events", &objects.stdout, &secrets, &mut leaks);
+    scan(
+        "Kubernetes objects and events",
+        &objects.stdout,
+        &secrets,
+        &mut leaks,
+    );
     for log in sandbox
         .controller_logs()
         .into_iter()
