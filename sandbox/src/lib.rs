@@ -4,6 +4,7 @@
 
 pub mod apiserver;
 pub mod env;
+pub mod http;
 pub mod podrunner;
 pub mod ports;
 pub mod process;

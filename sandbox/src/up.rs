@@ -5,12 +5,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::process::Command;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 use crate::apiserver::{self, ApiServer};
 use crate::env::{ENV_FILE_NAME, SandboxEnv};
-use crate::podrunner::{self, PodRunnerConfig};
+use crate::podrunner::PodRunnerConfig;
+use crate::podrunner::thread::PodRunnerThread;
 use crate::ports::free_port;
 use crate::process::{Supervised, spawn_logged, tail};
 use crate::temporal::{self, TemporalOptions, TemporalServer};
@@ -57,8 +56,7 @@ pub struct Sandbox {
     extra_controllers: Vec<Supervised>,
     /// Extra environment of controllers started from now on (e.g. `RUST_LOG`).
     controller_env: Vec<(String, String)>,
-    pod_runner: JoinHandle<Result<(), podrunner::PodRunnerError>>,
-    stop_pod_runner: Option<oneshot::Sender<()>>,
+    pod_runner: PodRunnerThread,
 }
 
 impl Sandbox {
@@ -104,15 +102,13 @@ impl Sandbox {
         let client = apiserver::client(&apiserver.kubeconfig).await?;
         apiserver::install_crds(&client).await?;
 
-        let (stop_tx, stop_rx) = oneshot::channel();
         let runner_config = PodRunnerConfig {
             images_file: options.repo_dir.join("examples/images.yaml"),
             bin_dirs: vec![options.bin_dir.clone()],
             work_dir: pods_dir.clone(),
         };
-        let pod_runner = tokio::spawn(podrunner::run(client, runner_config, async {
-            let _ = stop_rx.await;
-        }));
+        let pod_runner = PodRunnerThread::start(apiserver.kubeconfig.clone(), runner_config)
+            .map_err(|e| anyhow::anyhow!("starting the pod runner thread: {e}"))?;
 
         let mut env = SandboxEnv {
             temporal_address: temporal.address.clone(),
@@ -147,7 +143,6 @@ impl Sandbox {
             extra_controllers: Vec::new(),
             controller_env: Vec::new(),
             pod_runner,
-            stop_pod_runner: Some(stop_tx),
         })
     }
 
@@ -156,6 +151,11 @@ impl Sandbox {
         [&mut self.temporal.process, &mut self.apiserver.process]
             .into_iter()
             .find_map(|p| p.exited().map(|status| (p.name.clone(), status)))
+            .or_else(|| {
+                self.pod_runner
+                    .ended()
+                    .map(|how| ("pod runner".to_owned(), how))
+            })
     }
 
     /// Restarts the controller if it exited (crash tests SIGKILL it); returns how it ended.
@@ -295,15 +295,7 @@ impl Sandbox {
         {
             controller.stop(grace).await;
         }
-        if let Some(stop) = self.stop_pod_runner.take() {
-            let _ = stop.send(());
-        }
-        match tokio::time::timeout(Duration::from_secs(30), &mut self.pod_runner).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::warn!("pod runner ended with an error: {e}"),
-            Ok(Err(e)) => tracing::warn!("pod runner task failed: {e}"),
-            Err(_) => tracing::warn!("pod runner did not stop within 30s"),
-        }
+        self.pod_runner.stop(Duration::from_secs(30)).await;
         tokio::join!(
             self.temporal.process.stop(grace),
             self.apiserver.process.stop(grace)

@@ -379,12 +379,13 @@ async fn step_list_edits_and_manual_ramps_snap_to_the_step_grid() {
     wait_ramp(&deployment_name, &v2, 10, &seen).await;
 
     // Steps edited: the live 10% is no step any more; the last step at or below it is 5%, whose
-    // short pause leads on to 30%, which holds for ten minutes.
+    // short pause leads on to 30%, which holds for ten minutes. (The pause is long enough for a
+    // reader to see 5% although Temporal refuses reads for a moment after each routing change.)
     apply(&worker(
         &ns,
         NAME,
         "v2",
-        progressive(&[(5, "3s"), (30, "10m"), (60, "10m")]),
+        progressive(&[(5, "10s"), (30, "10m"), (60, "10m")]),
     ))
     .await;
     wait_ramp(&deployment_name, &v2, 30, &seen).await;

@@ -11,8 +11,6 @@ use std::time::Duration;
 
 use kube::api::{Api, DeleteParams};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use twc_crds::TemporalWorkerDeployment;
 
 use crate::harness::twd::{apply, connection, wait_ready, wait_reason, worker};
@@ -21,41 +19,10 @@ use crate::harness::{env, kube_client, test_namespace};
 
 const ROLLOUT: Duration = Duration::from_secs(120);
 
-/// Status line and body of `GET url` (plain HTTP on loopback, as a kubelet probe or a
-/// Prometheus scrape does it).
+/// Status, head and body of `GET url`.
 async fn get(url: &str) -> Result<(u16, String, String), String> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("not an http URL: {url}"))?;
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    let mut stream = TcpStream::connect(authority)
-        .await
-        .map_err(|e| format!("connecting to {authority}: {e}"))?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .map_err(|e| format!("sending to {url}: {e}"))?;
-    let mut response = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        stream.read_to_string(&mut response),
-    )
-    .await
-    .map_err(|_| format!("no answer from {url} within 10s"))?
-    .map_err(|e| format!("reading from {url}: {e}"))?;
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("no HTTP header in {response:?}"))?;
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("no status in {head:?}"))?;
-    Ok((status, head.to_owned(), body.to_owned()))
+    let response = twc_sandbox::http::get(url).await?;
+    Ok((response.status, response.head, response.body))
 }
 
 fn metrics_url() -> String {

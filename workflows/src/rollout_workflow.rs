@@ -53,6 +53,10 @@ const MAX_ACTIVITY_WAIT: Duration = Duration::from_secs(60);
 /// Patch: a superseded or aborted rollout whose gate is undecided stops its gate workflows too
 /// (histories recorded before it only cancelled gates last seen running).
 const PATCH_STOP_UNDECIDED_GATES: &str = "stop-undecided-gates";
+/// Decisions take "now" after the observation they are based on, not before it: a slow
+/// observation (reads refused for a moment right after a routing change) no longer lengthens
+/// the step pause that follows by its own duration.
+const PATCH_NOW_AFTER_OBSERVE: &str = "now-after-observe";
 /// Longest wait while holding a Progressive step before re-reading routing (reference §3.7: a
 /// ramp changed by hand is snapped back to the step grid at the next look).
 const ROUTING_RECHECK: Duration = Duration::from_secs(10);
@@ -191,6 +195,11 @@ impl RolloutWorkflow {
                     wait_for_change(ctx, BLOCKED_RECHECK).await;
                     continue;
                 }
+            };
+            let now = if ctx.patched(PATCH_NOW_AFTER_OBSERVE) {
+                now_millis(ctx)
+            } else {
+                now
             };
             answer_controls(ctx, &twd, &observation).await;
             apply_operator_flags(ctx);

@@ -66,6 +66,38 @@ pub async fn list_versioned_deployments(
     Ok(deployments.iter().filter_map(deployment_view).collect())
 }
 
+/// Changes of the TWD's versioned Deployments (any of them: created, status written,
+/// deleted), as a stream that yields once per change. A watch, so a waiting activity hears of a
+/// Deployment becoming Available at once instead of at its next poll. Watch errors are retried
+/// with back-off and never end the stream; callers bound their waits with a timer anyway.
+pub fn versioned_deployment_changes(
+    client: &Client,
+    twd: &TwdRef,
+) -> impl futures::Stream<Item = ()> + Send + use<> {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let api: Api<Deployment> = Api::namespaced(client.clone(), &twd.namespace);
+    let selector = format!(
+        "{}={}",
+        labels::DEPLOYMENT_NAME,
+        naming::deployment_name_label(&twd.name)
+    );
+    watcher(api, watcher::Config::default().labels(&selector))
+        .default_backoff()
+        .filter_map(|event| async move {
+            match event {
+                Ok(
+                    watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone,
+                ) => Some(()),
+                Ok(_) => None,
+                Err(e) => {
+                    tracing::debug!("watching versioned Deployments: {e}");
+                    None
+                }
+            }
+        })
+}
+
 /// Creates `deployment` unless a Deployment of that name exists. An existing one is accepted
 /// only when it is controlled by the same owner and not being deleted, so a retried call never
 /// yields two Deployments or adopts a stranger's.

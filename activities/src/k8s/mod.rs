@@ -27,7 +27,7 @@ pub use create_version::create_versioned_deployment;
 pub use deployment_builder::build_deployment;
 pub use deployments::{
     CreateOutcome, create_deployment_if_absent, delete_deployment, list_versioned_deployments,
-    scale_deployment, update_deployment_connection,
+    scale_deployment, update_deployment_connection, versioned_deployment_changes,
 };
 pub use error::{K8sError, ObjectName};
 pub use events::emit_event;

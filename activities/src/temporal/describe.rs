@@ -89,16 +89,85 @@ pub(crate) async fn fetch_worker_deployment(
     namespace: &str,
     deployment_name: &str,
 ) -> Result<Option<TemporalState>, TemporalError> {
-    with_busy_retries(deployment_name, || {
+    let state = with_busy_retries(deployment_name, || {
         describe_worker_deployment_once(client, namespace, deployment_name)
     })
-    .await
+    .await?;
+    let Some(mut state) = state else {
+        return Ok(None);
+    };
+    confirm_stale_draining(client, namespace, deployment_name, &mut state, now_millis()).await;
+    Ok(Some(state))
 }
 
-/// Attempts of a read the server refuses because the worker deployment is busy.
-const BUSY_ATTEMPTS: u32 = 5;
-/// Delay before the first retry of such a read; doubled after each.
-const BUSY_FIRST_DELAY: Duration = Duration::from_millis(200);
+/// How long after leaving routing a version's summary may say Draining before the version
+/// itself is asked. The deployment's summary of a version is a copy the server updates when
+/// the version reports its drainage; that report can get lost (seen on a dev server after
+/// quick successive routing changes: the version said drained, the summary said Draining for
+/// good), and sunset would then wait forever.
+pub const DRAINING_CONFIRM_AFTER_MS: i64 = 10_000;
+
+/// Asks each version whose summary has said Draining for longer than
+/// [`DRAINING_CONFIRM_AFTER_MS`] for its own drainage status (one extra read per such
+/// version) and takes that when it says Drained. A failed read keeps the summary's word.
+async fn confirm_stale_draining(
+    client: &TemporalClient,
+    namespace: &str,
+    deployment_name: &str,
+    state: &mut TemporalState,
+    now: i64,
+) {
+    for version in &mut state.versions {
+        if !draining_for_long(version, now) {
+            continue;
+        }
+        let drainage = with_busy_retries(deployment_name, || {
+            describe_version_once(client, namespace, deployment_name, &version.build_id)
+        })
+        .await;
+        match drainage {
+            Ok(Some(described)) => apply_version_drainage(version, &described),
+            Ok(None) => {}
+            Err(err) => {
+                debug!(%deployment_name, build_id = %version.build_id, error = %err, "could not confirm drainage; keeping the summary's status");
+            }
+        }
+    }
+}
+
+/// Whether the summary has said Draining for longer than [`DRAINING_CONFIRM_AFTER_MS`].
+fn draining_for_long(version: &TemporalVersion, now: i64) -> bool {
+    version.state == VersionState::Draining
+        && version
+            .deactivated_at
+            .is_some_and(|at| now.saturating_sub(at) > DRAINING_CONFIRM_AFTER_MS)
+}
+
+/// Takes the version's own word when it says Drained.
+fn apply_version_drainage(version: &mut TemporalVersion, described: &DescribedVersion) {
+    if described.drainage != Some(VersionDrainageStatus::Drained) {
+        return;
+    }
+    debug!(build_id = %version.build_id, "the version says drained while the deployment's summary says draining");
+    version.state = VersionState::Drained;
+    version.drainage_known = true;
+    version.drained_since = described.drained_since.or(version.deactivated_at);
+}
+
+fn now_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// How long a read refused because the worker deployment is busy is retried. The server
+/// refuses reads of a deployment while it applies a routing change (1-3 s on a dev server).
+const BUSY_PATIENCE: Duration = Duration::from_secs(4);
+/// Delay before the first retry of such a read; each retry waits 100 ms longer, up to
+/// [`BUSY_MAX_DELAY`], so the read lands soon after the busy period ends.
+const BUSY_FIRST_DELAY: Duration = Duration::from_millis(100);
+/// Longest delay between two such retries.
+const BUSY_MAX_DELAY: Duration = Duration::from_millis(300);
 
 /// Whether the server refused a call because the worker deployment is busy applying a change
 /// ("too many requests issued to Worker Deployment '...'"), which clears within moments, unlike
@@ -110,10 +179,10 @@ pub(crate) fn is_busy_deployment(err: &TemporalError) -> bool {
     }
 }
 
-/// Runs `call` until it is not refused as [`is_busy_deployment`], at most [`BUSY_ATTEMPTS`]
-/// times with exponential delays (about 3 s in all). Right after a routing change the server
-/// refuses reads of the deployment for a moment; reporting that as a blocked rollout would make
-/// the TWD's conditions flap.
+/// Runs `call` until it is not refused as [`is_busy_deployment`], for at most
+/// [`BUSY_PATIENCE`]. Right after a routing change the server refuses reads of the deployment
+/// for a moment; reporting that as a blocked rollout would make the TWD's conditions flap, and
+/// long back-off steps would delay the read well past the end of the busy period.
 async fn with_busy_retries<T, F, Fut>(
     deployment_name: &str,
     mut call: F,
@@ -122,18 +191,18 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, TemporalError>>,
 {
+    let started = tokio::time::Instant::now();
     let mut delay = BUSY_FIRST_DELAY;
-    for _ in 1..BUSY_ATTEMPTS {
+    loop {
         match call().await {
-            Err(err) if is_busy_deployment(&err) => {
+            Err(err) if is_busy_deployment(&err) && started.elapsed() + delay < BUSY_PATIENCE => {
                 debug!(%deployment_name, error = %err, ?delay, "worker deployment busy; reading again");
                 tokio::time::sleep(delay).await;
-                delay *= 2;
+                delay = (delay + BUSY_FIRST_DELAY).min(BUSY_MAX_DELAY);
             }
             other => return other,
         }
     }
-    call().await
 }
 
 async fn describe_worker_deployment_once(
@@ -187,10 +256,22 @@ pub async fn fetch_version_task_queues(
     deployment_name: &str,
     build_id: &str,
 ) -> Result<Option<Vec<(String, TaskQueueKind)>>, TemporalError> {
-    with_busy_retries(deployment_name, || {
+    let described = with_busy_retries(deployment_name, || {
         describe_version_once(client, namespace, deployment_name, build_id)
     })
-    .await
+    .await?;
+    Ok(described.map(|d| d.task_queues))
+}
+
+/// What a `DescribeWorkerDeploymentVersion` says that the engine uses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct DescribedVersion {
+    /// Task queues the version polled, sorted.
+    task_queues: Vec<(String, TaskQueueKind)>,
+    /// The version's own drainage status, when it has one.
+    drainage: Option<VersionDrainageStatus>,
+    /// When that status last changed.
+    drained_since: Option<i64>,
 }
 
 async fn describe_version_once(
@@ -198,7 +279,7 @@ async fn describe_version_once(
     namespace: &str,
     deployment_name: &str,
     build_id: &str,
-) -> Result<Option<Vec<(String, TaskQueueKind)>>, TemporalError> {
+) -> Result<Option<DescribedVersion>, TemporalError> {
     client.acquire_read().await;
     let request = read_request(DescribeWorkerDeploymentVersionRequest {
         namespace: namespace.to_owned(),
@@ -244,7 +325,15 @@ async fn describe_version_once(
     }
     queues.sort();
     queues.dedup();
-    Ok(Some(queues))
+    let drainage_info = response
+        .worker_deployment_version_info
+        .as_ref()
+        .and_then(|info| info.drainage_info.as_ref());
+    Ok(Some(DescribedVersion {
+        task_queues: queues,
+        drainage: drainage_info.and_then(|d| VersionDrainageStatus::try_from(d.status).ok()),
+        drained_since: drainage_info.and_then(|d| millis(d.last_changed_time.as_ref())),
+    }))
 }
 
 fn task_queue_kind(raw: i32) -> Option<TaskQueueKind> {
@@ -564,5 +653,56 @@ mod tests {
         );
         assert_eq!(state.ramping_build_id, None);
         assert_eq!(state.ramp_percentage, None);
+    }
+
+    fn draining(deactivated_at: Option<i64>) -> TemporalVersion {
+        TemporalVersion {
+            build_id: "v1".into(),
+            state: VersionState::Draining,
+            drained_since: None,
+            drainage_known: true,
+            last_current_at: Some(1_000),
+            deactivated_at,
+        }
+    }
+
+    #[test]
+    fn only_versions_draining_for_long_are_confirmed() {
+        let now = 100_000;
+        assert!(draining_for_long(&draining(Some(now - 10_001)), now));
+        assert!(!draining_for_long(&draining(Some(now - 10_000)), now));
+        assert!(!draining_for_long(&draining(None), now));
+        let mut drained = draining(Some(0));
+        drained.state = VersionState::Drained;
+        assert!(!draining_for_long(&drained, now));
+    }
+
+    #[test]
+    fn the_versions_own_drained_status_wins_over_a_stale_summary() {
+        let mut version = draining(Some(5_000));
+        apply_version_drainage(
+            &mut version,
+            &DescribedVersion {
+                drainage: Some(VersionDrainageStatus::Drained),
+                drained_since: Some(7_000),
+                ..Default::default()
+            },
+        );
+        assert_eq!(version.state, VersionState::Drained);
+        assert_eq!(version.drained_since, Some(7_000));
+        assert!(version.drainage_known);
+
+        // Still draining (or no word) leaves the summary's status.
+        for drainage in [Some(VersionDrainageStatus::Draining), None] {
+            let mut version = draining(Some(5_000));
+            apply_version_drainage(
+                &mut version,
+                &DescribedVersion {
+                    drainage,
+                    ..Default::default()
+                },
+            );
+            assert_eq!(version, draining(Some(5_000)));
+        }
     }
 }

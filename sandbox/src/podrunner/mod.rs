@@ -74,6 +74,7 @@ pub mod sources;
 pub mod spawner;
 pub mod status;
 pub mod supervisor;
+pub mod thread;
 pub mod volumes;
 
 use std::collections::BTreeSet;

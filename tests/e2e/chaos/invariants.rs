@@ -105,9 +105,11 @@ pub async fn settled(cluster: &Cluster, expected: &Expected) -> Result<(), Strin
         ));
     }
     if routing.versions != [build.clone()] {
+        let deps = deployments(&cluster.client, namespace, name).await;
         return Err(format!(
-            "Temporal still knows versions {:?}",
-            routing.versions
+            "Temporal still knows versions {:?}; status deprecatedVersions {}; Deployments {deps:?}",
+            routing.versions,
+            serde_json::to_string(&status.deprecated_versions).unwrap_or_default()
         ));
     }
 

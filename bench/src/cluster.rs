@@ -1,0 +1,313 @@
+//! The sandbox's servers as the benchmarks see them: Kubernetes and Temporal clients, metric
+//! pages, the controller process, and TWD manifests.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, anyhow, bail};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+use temporalio_client::grpc::WorkflowService;
+use temporalio_client::tonic::IntoRequest;
+use temporalio_client::{Client, ClientOptions, Connection, ConnectionOptions, Url};
+use temporalio_common::protos::temporal::api::common::v1::WorkflowExecution;
+use temporalio_common::protos::temporal::api::deployment::v1::{
+    WorkerDeploymentInfo, WorkerDeploymentVersion, WorkerDeploymentVersionInfo,
+};
+use temporalio_common::protos::temporal::api::workflowservice::v1::{
+    DescribeWorkerDeploymentRequest, DescribeWorkerDeploymentVersionRequest,
+    DescribeWorkflowExecutionRequest,
+};
+use twc_crds::TemporalWorkerDeployment;
+use twc_sandbox::env::SandboxEnv;
+
+use crate::prom::{self, Sample};
+
+/// Field manager of the benchmark's applies.
+const MANAGER: &str = "twc-bench";
+
+/// The sandbox, connected.
+pub struct Cluster {
+    /// What the sandbox wrote about itself.
+    pub env: SandboxEnv,
+    /// Kubernetes client (admin).
+    pub kube: kube::Client,
+    temporal: Client,
+}
+
+impl Cluster {
+    /// Connects to the sandbox named by `TWC_SANDBOX_ENV` (set by `twc-sandbox exec`).
+    pub async fn connect() -> anyhow::Result<Self> {
+        let env = SandboxEnv::from_env_var()
+            .context("run the benchmarks through `make bench` (twc-sandbox exec)")?;
+        let kube = twc_sandbox::apiserver::client(&env.kubeconfig).await?;
+        let url = Url::parse(&format!("http://{}", env.temporal_address))?;
+        let connection = Connection::connect(
+            ConnectionOptions::new(url)
+                .identity(MANAGER.to_owned())
+                .build(),
+        )
+        .await
+        .with_context(|| format!("connecting to Temporal at {}", env.temporal_address))?;
+        let temporal = Client::new(
+            connection,
+            ClientOptions::new(env.temporal_namespace.clone()).build(),
+        )?;
+        Ok(Self {
+            env,
+            kube,
+            temporal,
+        })
+    }
+
+    /// Process ID of the running controller.
+    pub fn controller_pid(&self) -> anyhow::Result<u32> {
+        let file = self
+            .env
+            .controller_pid_file
+            .as_deref()
+            .ok_or_else(|| anyhow!("the sandbox runs no controller"))?;
+        read_pid(file)
+    }
+
+    /// The kube-apiserver's `/metrics`.
+    pub async fn apiserver_metrics(&self) -> anyhow::Result<Vec<Sample>> {
+        let request = http::Request::get("/metrics").body(Vec::new())?;
+        let page = self.kube.request_text(request).await?;
+        Ok(prom::parse(&page))
+    }
+
+    /// Creates namespace `name` with a TemporalConnection `dev` to the sandbox's Temporal.
+    pub async fn namespace(&self, name: &str) -> anyhow::Result<()> {
+        let namespaces: Api<Namespace> = Api::all(self.kube.clone());
+        let namespace: Namespace = serde_json::from_value(json!({ "metadata": { "name": name } }))?;
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await
+            .with_context(|| format!("creating namespace {name}"))?;
+        self.apply(&json!({
+            "apiVersion": "temporal.io/v1alpha1",
+            "kind": "TemporalConnection",
+            "metadata": { "name": "dev", "namespace": name },
+            "spec": { "hostPort": self.env.temporal_address }
+        }))
+        .await
+    }
+
+    /// Server-side apply of a namespaced temporal.io manifest (as `kubectl apply
+    /// --server-side` does it).
+    pub async fn apply(&self, manifest: &Value) -> anyhow::Result<()> {
+        let kind = manifest["kind"].as_str().unwrap_or_default();
+        let plural = match kind {
+            "TemporalWorkerDeployment" => "temporalworkerdeployments",
+            "TemporalConnection" => "temporalconnections",
+            other => bail!("cannot apply kind {other:?}"),
+        };
+        let resource = ApiResource {
+            group: twc_crds::GROUP.into(),
+            version: twc_crds::VERSION.into(),
+            api_version: format!("{}/{}", twc_crds::GROUP, twc_crds::VERSION),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let namespace = manifest["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default();
+        let name = manifest["metadata"]["name"].as_str().unwrap_or_default();
+        let api: Api<DynamicObject> = Api::namespaced_with(self.kube.clone(), namespace, &resource);
+        api.patch(
+            name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(manifest),
+        )
+        .await
+        .with_context(|| format!("applying {kind} {namespace}/{name}"))?;
+        Ok(())
+    }
+
+    /// Waits until every TWD of `expected` (name → build ID prefix) in `namespace` is Ready with
+    /// a target build of that prefix; returns when each became so (as seen by a watch).
+    pub async fn wait_all_ready(
+        &self,
+        namespace: &str,
+        expected: &BTreeMap<String, String>,
+        timeout: Duration,
+    ) -> anyhow::Result<BTreeMap<String, Instant>> {
+        let api: Api<TemporalWorkerDeployment> = Api::namespaced(self.kube.clone(), namespace);
+        let mut events = Box::pin(watcher(api, watcher::Config::default()).default_backoff());
+        let mut ready = BTreeMap::new();
+        let deadline = tokio::time::Instant::now() + timeout;
+        while ready.len() < expected.len() {
+            let event = tokio::time::timeout_at(deadline, events.next())
+                .await
+                .map_err(|_| {
+                    let missing: BTreeSet<&String> = expected
+                        .keys()
+                        .filter(|k| !ready.contains_key(*k))
+                        .collect();
+                    anyhow!("timed out after {timeout:?}; not Ready: {missing:?}")
+                })?;
+            let twd = match event {
+                Some(Ok(watcher::Event::Apply(twd) | watcher::Event::InitApply(twd))) => twd,
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => {
+                    tracing::warn!("watching TWDs: {e}");
+                    continue;
+                }
+                None => bail!("the TWD watch ended"),
+            };
+            let name = twd.metadata.name.clone().unwrap_or_default();
+            if let Some(prefix) = expected.get(&name)
+                && !ready.contains_key(&name)
+                && is_ready_with(&twd, prefix)
+            {
+                ready.insert(name, Instant::now());
+            }
+        }
+        Ok(ready)
+    }
+
+    /// `DescribeWorkerDeployment`.
+    pub async fn describe_deployment(
+        &self,
+        deployment_name: &str,
+    ) -> anyhow::Result<WorkerDeploymentInfo> {
+        let request = DescribeWorkerDeploymentRequest {
+            namespace: self.env.temporal_namespace.clone(),
+            deployment_name: deployment_name.to_owned(),
+        };
+        let mut raw = self.temporal.clone();
+        let response =
+            WorkflowService::describe_worker_deployment(&mut raw, request.into_request())
+                .await
+                .with_context(|| format!("describing worker deployment {deployment_name}"))?;
+        response
+            .into_inner()
+            .worker_deployment_info
+            .ok_or_else(|| anyhow!("no info for worker deployment {deployment_name}"))
+    }
+
+    /// `DescribeWorkerDeploymentVersion`.
+    pub async fn describe_version(
+        &self,
+        deployment_name: &str,
+        build_id: &str,
+    ) -> anyhow::Result<WorkerDeploymentVersionInfo> {
+        let request = DescribeWorkerDeploymentVersionRequest {
+            namespace: self.env.temporal_namespace.clone(),
+            deployment_version: Some(WorkerDeploymentVersion {
+                deployment_name: deployment_name.to_owned(),
+                build_id: build_id.to_owned(),
+            }),
+            ..Default::default()
+        };
+        let mut raw = self.temporal.clone();
+        let response =
+            WorkflowService::describe_worker_deployment_version(&mut raw, request.into_request())
+                .await
+                .with_context(|| format!("describing version {deployment_name}:{build_id}"))?;
+        response
+            .into_inner()
+            .worker_deployment_version_info
+            .ok_or_else(|| anyhow!("no info for version {deployment_name}:{build_id}"))
+    }
+
+    /// Events in the history of the latest run of `workflow_id`.
+    pub async fn history_length(&self, workflow_id: &str) -> anyhow::Result<i64> {
+        let request = DescribeWorkflowExecutionRequest {
+            namespace: self.env.temporal_namespace.clone(),
+            execution: Some(WorkflowExecution {
+                workflow_id: workflow_id.to_owned(),
+                run_id: String::new(),
+            }),
+        };
+        let mut raw = self.temporal.clone();
+        let response =
+            WorkflowService::describe_workflow_execution(&mut raw, request.into_request())
+                .await
+                .with_context(|| format!("describing workflow {workflow_id}"))?;
+        Ok(response
+            .into_inner()
+            .workflow_execution_info
+            .map_or(0, |i| i.history_length))
+    }
+}
+
+/// Whether `twd` is Ready (RolloutComplete) for its current generation with a target build
+/// starting with `prefix`.
+pub fn is_ready_with(twd: &TemporalWorkerDeployment, prefix: &str) -> bool {
+    let Some(status) = &twd.status else {
+        return false;
+    };
+    let fresh = status.observed_generation.is_some()
+        && status.observed_generation == twd.metadata.generation;
+    let ready = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True" && c.reason == "RolloutComplete");
+    let target = status
+        .target_version
+        .as_ref()
+        .is_some_and(|t| t.version.build_id.starts_with(prefix));
+    fresh && ready && target
+}
+
+/// A TWD of the sample worker with image tag `tag` (each tag is its own build, with build ID
+/// prefix `tag-`), one replica and short sunset delays.
+pub fn worker(namespace: &str, name: &str, tag: &str, rollout: Value) -> Value {
+    json!({
+        "apiVersion": "temporal.io/v1alpha1",
+        "kind": "TemporalWorkerDeployment",
+        "metadata": { "name": name, "namespace": namespace },
+        "spec": {
+            "replicas": 1,
+            "workerOptions": { "connectionRef": { "name": "dev" }, "temporalNamespace": "default" },
+            "rollout": rollout,
+            "sunset": { "scaledownDelay": "2s", "deleteDelay": "3s" },
+            "template": { "spec": { "containers": [
+                { "name": "worker", "image": format!("twc.local/sample-worker:{tag}") }
+            ] } }
+        }
+    })
+}
+
+/// Seconds from `earlier` to `later` (negative when `later` is before).
+pub fn seconds_between(earlier: SystemTime, later: SystemTime) -> f64 {
+    match later.duration_since(earlier) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    }
+}
+
+/// A protobuf timestamp as a `SystemTime`; `None` when unset.
+pub fn system_time(ts: Option<&prost_wkt_types::Timestamp>) -> Option<SystemTime> {
+    let ts = ts?;
+    if ts.seconds <= 0 {
+        return None;
+    }
+    let secs = u64::try_from(ts.seconds).ok()?;
+    let nanos = u32::try_from(ts.nanos).ok()?;
+    Some(SystemTime::UNIX_EPOCH + Duration::new(secs, nanos))
+}
+
+/// A Prometheus page.
+pub async fn scrape(url: &str) -> anyhow::Result<Vec<Sample>> {
+    let response = twc_sandbox::http::get(url).await.map_err(|e| anyhow!(e))?;
+    if response.status != 200 {
+        bail!("GET {url}: HTTP {}", response.status);
+    }
+    Ok(prom::parse(&response.body))
+}
+
+fn read_pid(file: &Path) -> anyhow::Result<u32> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    text.trim()
+        .parse()
+        .with_context(|| format!("no process ID in {}", file.display()))
+}

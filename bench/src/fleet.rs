@@ -1,0 +1,343 @@
+//! Many TWDs at once: the burst (N TWDs applied together, time to all Ready, peak read rate,
+//! memory, history size) and the idle cost of a fleet that is fully rolled out.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::anyhow;
+use futures::{StreamExt, TryStreamExt, stream};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::cluster::{Cluster, seconds_between, system_time, worker};
+use crate::procstat;
+use crate::prom;
+use crate::sampler::{Counters, Sampler, Tick, peak_rate};
+use crate::stats::Summary;
+
+/// Applies in flight at once.
+const APPLY_CONCURRENCY: usize = 16;
+/// Concurrent reads after a burst (history lengths, version create times).
+const READ_CONCURRENCY: usize = 8;
+
+/// The burst results.
+#[derive(Debug, Clone, Serialize)]
+pub struct Burst {
+    /// TWDs applied together.
+    pub twds: usize,
+    /// First apply → every TWD Ready, s.
+    pub all_ready_after_apply_s: f64,
+    /// The last build's first poller → every TWD Ready, s (the target compares with 60 s).
+    pub all_ready_after_last_poller_s: f64,
+    /// First apply → the last build's first poller, s (pods starting on this machine).
+    pub last_poller_after_apply_s: f64,
+    /// Per TWD: first apply → Ready, s.
+    pub ready_after_apply_s: Option<Summary>,
+    /// Highest worker-deployment read rate the Temporal frontend served, per second.
+    pub peak_server_reads_per_s: f64,
+    /// Highest worker-deployment read rate of the controller, per second.
+    pub peak_controller_reads_per_s: f64,
+    /// Controller calls refused with ResourceExhausted during the burst.
+    pub rate_limited_calls: f64,
+    /// Controller resident set: highest sample, MiB.
+    pub controller_peak_rss_mib: f64,
+    /// Controller CPU during the burst, s.
+    pub controller_cpu_s: f64,
+    /// Events in each rollout workflow's history.
+    pub rollout_history_events: Option<Summary>,
+    /// Events in each TWD workflow's history (current run).
+    pub twd_history_events: Option<Summary>,
+}
+
+/// The idle results.
+#[derive(Debug, Clone, Serialize)]
+pub struct Idle {
+    /// TWDs in the fleet, all rolled out.
+    pub twds: usize,
+    /// Length of the measured window, s.
+    pub window_s: f64,
+    /// Worker-deployment reads of the controller per minute (one value per minute).
+    pub controller_reads_per_min: Option<Summary>,
+    /// Worker-deployment reads the Temporal frontend served per minute.
+    pub server_reads_per_min: Option<Summary>,
+    /// Controller reads per TWD per 5 minutes over the whole window.
+    pub reads_per_twd_per_5min: f64,
+    /// Kubernetes API requests of the controller per minute.
+    pub controller_kube_requests_per_min: Option<Summary>,
+    /// Resource requests the kube-apiserver served per minute (every client: controller, pod
+    /// runner).
+    pub apiserver_requests_per_min: Option<Summary>,
+    /// Controller CPU, percent of one core, per minute.
+    pub controller_cpu_pct: Option<Summary>,
+    /// Controller resident set over the window, MiB.
+    pub controller_rss_mib: Option<Summary>,
+}
+
+/// `count` TWDs named `w000`… in `namespace`, applied together, until all are Ready.
+pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Result<Burst> {
+    cluster.namespace(namespace).await?;
+    let names: Vec<String> = (0..count).map(|i| format!("w{i:03}")).collect();
+    let expected: BTreeMap<String, String> = names
+        .iter()
+        .map(|n| (n.clone(), "burst-".to_owned()))
+        .collect();
+    let sampler = Sampler::start(cluster, Duration::from_secs(1));
+    let before = Counters::read(&cluster.env).await?;
+    let cpu_before = controller_cpu(cluster)?;
+    let started = Instant::now();
+    let started_at = SystemTime::now();
+    let (ready, ()) = tokio::try_join!(
+        cluster.wait_all_ready(namespace, &expected, Duration::from_secs(900)),
+        apply_all(cluster, namespace, &names, "burst"),
+    )?;
+    let all_ready = ready.values().max().copied().unwrap_or(started);
+    let all_ready_at = started_at + all_ready.saturating_duration_since(started);
+    let ticks = sampler.finish().await;
+    let after = Counters::read(&cluster.env).await?;
+    let cpu_after = controller_cpu(cluster)?;
+
+    let deployment_names: Vec<String> = names.iter().map(|n| format!("{namespace}/{n}")).collect();
+    let first_pollers = first_poller_times(cluster, &deployment_names).await?;
+    let last_poller = first_pollers
+        .iter()
+        .max()
+        .copied()
+        .ok_or_else(|| anyhow!("no version was created"))?;
+    let (rollout_events, twd_events) = history_lengths(cluster, namespace, &names).await?;
+    Ok(Burst {
+        twds: count,
+        all_ready_after_apply_s: all_ready.saturating_duration_since(started).as_secs_f64(),
+        all_ready_after_last_poller_s: seconds_between(last_poller, all_ready_at),
+        last_poller_after_apply_s: seconds_between(started_at, last_poller),
+        ready_after_apply_s: Summary::of(
+            &ready
+                .values()
+                .map(|t| t.saturating_duration_since(started).as_secs_f64())
+                .collect::<Vec<_>>(),
+        ),
+        peak_server_reads_per_s: peak_rate(&ticks, |c| c.server_reads),
+        peak_controller_reads_per_s: peak_rate(&ticks, |c| c.controller_reads),
+        rate_limited_calls: after.controller_rate_limited - before.controller_rate_limited,
+        controller_peak_rss_mib: ticks.iter().map(|t| t.controller_rss).max().unwrap_or(0) as f64
+            / MIB,
+        controller_cpu_s: cpu_after - cpu_before,
+        rollout_history_events: Summary::of(&rollout_events),
+        twd_history_events: Summary::of(&twd_events),
+    })
+}
+
+/// Makes the fleet `total` TWDs strong (adding TWDs named `i000`… in `namespace`), waits until
+/// all are rolled out and quiet, then measures for `window`.
+pub async fn idle(
+    cluster: &Cluster,
+    existing: usize,
+    namespace: &str,
+    total: usize,
+    window: Duration,
+) -> anyhow::Result<Idle> {
+    let added = total.saturating_sub(existing);
+    if added > 0 {
+        cluster.namespace(namespace).await?;
+        let names: Vec<String> = (0..added).map(|i| format!("i{i:03}")).collect();
+        let expected: BTreeMap<String, String> = names
+            .iter()
+            .map(|n| (n.clone(), "idle-".to_owned()))
+            .collect();
+        tokio::try_join!(
+            cluster.wait_all_ready(namespace, &expected, Duration::from_secs(900)),
+            apply_all(cluster, namespace, &names, "idle"),
+        )?;
+    }
+    wait_quiet(cluster).await?;
+    tracing::info!(
+        twds = total,
+        ?window,
+        "fleet rolled out and quiet; measuring idle cost"
+    );
+
+    let minute = Duration::from_secs(60).min(window);
+    let sampler = Sampler::start(cluster, Duration::from_secs(1));
+    let mut snapshots = vec![Snapshot::take(cluster).await?];
+    let started = Instant::now();
+    while started.elapsed() + Duration::from_millis(1) < window {
+        let next = (minute * u32::try_from(snapshots.len()).unwrap_or(u32::MAX)).min(window);
+        tokio::time::sleep_until(tokio::time::Instant::from_std(started + next)).await;
+        snapshots.push(Snapshot::take(cluster).await?);
+    }
+    let ticks: Vec<Tick> = sampler.finish().await;
+
+    let per_minute = |f: fn(&Snapshot) -> f64| {
+        let rates: Vec<f64> = snapshots
+            .windows(2)
+            .map(|w| (f(&w[1]) - f(&w[0])) / (w[1].at_s - w[0].at_s) * 60.0)
+            .collect();
+        Summary::of(&rates)
+    };
+    let (first, last) = (&snapshots[0], &snapshots[snapshots.len() - 1]);
+    let window_s = last.at_s - first.at_s;
+    let reads = last.counters.controller_reads - first.counters.controller_reads;
+    Ok(Idle {
+        twds: total,
+        window_s,
+        controller_reads_per_min: per_minute(|s| s.counters.controller_reads),
+        server_reads_per_min: per_minute(|s| s.counters.server_reads),
+        reads_per_twd_per_5min: reads / total.max(1) as f64 * 300.0 / window_s.max(1.0),
+        controller_kube_requests_per_min: per_minute(|s| s.counters.controller_kube_requests),
+        apiserver_requests_per_min: per_minute(|s| s.apiserver_requests),
+        controller_cpu_pct: per_minute(|s| s.controller_cpu_s).map(|mut s| {
+            // CPU seconds per minute → percent of one core.
+            for v in [
+                &mut s.median,
+                &mut s.p95,
+                &mut s.min,
+                &mut s.max,
+                &mut s.mean,
+            ] {
+                *v = *v / 60.0 * 100.0;
+            }
+            s
+        }),
+        controller_rss_mib: Summary::of(
+            &ticks
+                .iter()
+                .map(|t| t.controller_rss as f64 / MIB)
+                .collect::<Vec<_>>(),
+        ),
+    })
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Counters at one moment of the idle window.
+struct Snapshot {
+    at_s: f64,
+    counters: Counters,
+    apiserver_requests: f64,
+    controller_cpu_s: f64,
+}
+
+impl Snapshot {
+    async fn take(cluster: &Cluster) -> anyhow::Result<Self> {
+        let counters = Counters::read(&cluster.env).await?;
+        let apiserver = cluster.apiserver_metrics().await?;
+        Ok(Self {
+            at_s: seconds_since_epoch(),
+            counters,
+            // Resource requests only: the scrape itself (GET /metrics) is not one.
+            apiserver_requests: prom::sum(&apiserver, "apiserver_request_total", |s| {
+                s.label("resource").is_some_and(|r| !r.is_empty())
+            }),
+            controller_cpu_s: controller_cpu(cluster)?,
+        })
+    }
+}
+
+fn seconds_since_epoch() -> f64 {
+    seconds_between(SystemTime::UNIX_EPOCH, SystemTime::now())
+}
+
+fn controller_cpu(cluster: &Cluster) -> anyhow::Result<f64> {
+    let pid = cluster.controller_pid()?;
+    procstat::sample(pid)
+        .map(|p| p.cpu.as_secs_f64())
+        .ok_or_else(|| anyhow!("controller process {pid} is gone"))
+}
+
+/// Applies one TWD per name (AllAtOnce, image tag `tag`).
+async fn apply_all(
+    cluster: &Cluster,
+    namespace: &str,
+    names: &[String],
+    tag: &str,
+) -> anyhow::Result<()> {
+    stream::iter(names)
+        .map(|name| async move {
+            cluster
+                .apply(&worker(
+                    namespace,
+                    name,
+                    tag,
+                    json!({ "strategy": "AllAtOnce" }),
+                ))
+                .await
+        })
+        .buffer_unordered(APPLY_CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// When each deployment's current build first polled (its version's create time).
+async fn first_poller_times(
+    cluster: &Cluster,
+    deployment_names: &[String],
+) -> anyhow::Result<Vec<SystemTime>> {
+    stream::iter(deployment_names)
+        .map(|name| async move {
+            let info = cluster.describe_deployment(name).await?;
+            let build = info
+                .routing_config
+                .and_then(|r| r.current_deployment_version)
+                .map(|v| v.build_id)
+                .ok_or_else(|| anyhow!("{name} has no current version"))?;
+            let version = cluster.describe_version(name, &build).await?;
+            system_time(version.create_time.as_ref())
+                .ok_or_else(|| anyhow!("{name}:{build} has no create time"))
+        })
+        .buffer_unordered(READ_CONCURRENCY)
+        .try_collect()
+        .await
+}
+
+/// History lengths of each TWD's rollout workflow and TWD workflow.
+async fn history_lengths(
+    cluster: &Cluster,
+    namespace: &str,
+    names: &[String],
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let api: kube::Api<twc_crds::TemporalWorkerDeployment> =
+        kube::Api::namespaced(cluster.kube.clone(), namespace);
+    let pairs: Vec<(f64, f64)> = stream::iter(names)
+        .map(|name| {
+            let api = api.clone();
+            async move {
+                let twd = api.get(name).await?;
+                let rollout_id = twd
+                    .status
+                    .and_then(|s| s.rollout)
+                    .and_then(|r| r.workflow_id)
+                    .ok_or_else(|| anyhow!("{namespace}/{name} names no rollout workflow"))?;
+                let rollout = cluster.history_length(&rollout_id).await?;
+                let twd = cluster
+                    .history_length(&format!("twd/{namespace}/{name}"))
+                    .await?;
+                Ok::<_, anyhow::Error>((rollout as f64, twd as f64))
+            }
+        })
+        .buffer_unordered(READ_CONCURRENCY)
+        .try_collect()
+        .await?;
+    Ok(pairs.into_iter().unzip())
+}
+
+/// Waits until the controller makes no Kubernetes request for 10 s (the rollouts' last status
+/// writes and events are done), at most 3 minutes.
+async fn wait_quiet(cluster: &Cluster) -> anyhow::Result<()> {
+    let quiet_for = Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut last = Counters::read(&cluster.env).await?.controller_kube_requests;
+    let mut since = Instant::now();
+    while since.elapsed() < quiet_for {
+        if Instant::now() > deadline {
+            tracing::warn!("the controller did not go quiet within 3 minutes; measuring anyway");
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = Counters::read(&cluster.env).await?.controller_kube_requests;
+        if now != last {
+            last = now;
+            since = Instant::now();
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,279 @@
+//! Reaction latency (apply of a new image → versioned Deployment exists) and promotion latency
+//! (the new build's first poller → routing Current), over repeated AllAtOnce rollouts of one
+//! TWD. Each rollout starts from rest: the previous build Current and every older one retired.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, anyhow};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::cluster::{Cluster, seconds_between, system_time, worker};
+use crate::stats::Summary;
+
+/// How long one rollout (or its clean-up) may take before the benchmark gives up.
+const ROLLOUT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// One rollout's measurements.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rollout {
+    /// Build ID rolled out.
+    pub build_id: String,
+    /// Apply → versioned Deployment seen by a watch, ms.
+    pub reaction_ms: f64,
+    /// First poller of the build (version created in Temporal) → build Current, ms (server
+    /// timestamps).
+    pub promotion_ms: f64,
+    /// The Deployment seen Available by a watch → build Current in Temporal, ms (the
+    /// controller's own share of the promotion: the rest is pods becoming ready).
+    pub available_to_current_ms: f64,
+    /// Apply → TWD Ready for the build, ms.
+    pub apply_to_ready_ms: f64,
+}
+
+/// The latency results.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    /// Every rollout.
+    pub rollouts: Vec<Rollout>,
+    /// Reaction latency, ms.
+    pub reaction_ms: Option<Summary>,
+    /// Promotion latency, ms.
+    pub promotion_ms: Option<Summary>,
+    /// Available → Current, ms.
+    pub available_to_current_ms: Option<Summary>,
+    /// Apply → Ready, ms.
+    pub apply_to_ready_ms: Option<Summary>,
+}
+
+/// What the Deployment watch reports.
+#[derive(Debug)]
+enum Seen {
+    /// The initial list is complete.
+    Listed,
+    /// A Deployment appeared.
+    Created(String, Instant),
+    /// A Deployment became Available.
+    Available(String, SystemTime),
+    /// A Deployment is gone.
+    Deleted(String),
+}
+
+/// The namespace's Deployments as the watch has reported them so far.
+#[derive(Debug, Default)]
+struct Tracker {
+    existing: BTreeSet<String>,
+    created: BTreeMap<String, Instant>,
+    available: BTreeMap<String, SystemTime>,
+}
+
+impl Tracker {
+    fn note(&mut self, seen: Seen) {
+        match seen {
+            Seen::Listed => {}
+            Seen::Created(name, at) => {
+                self.existing.insert(name.clone());
+                self.created.entry(name).or_insert(at);
+            }
+            Seen::Available(name, at) => {
+                self.available.entry(name).or_insert(at);
+            }
+            Seen::Deleted(name) => {
+                self.existing.remove(&name);
+            }
+        }
+    }
+}
+
+/// Watches the Deployments of `namespace`, reporting appearances, availability and deletions.
+fn watch_deployments(cluster: &Cluster, namespace: &str) -> mpsc::UnboundedReceiver<Seen> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let api: Api<Deployment> = Api::namespaced(cluster.kube.clone(), namespace);
+    tokio::spawn(async move {
+        let mut events = Box::pin(watcher(api, watcher::Config::default()).default_backoff());
+        while let Some(event) = events.next().await {
+            let (now, wall) = (Instant::now(), SystemTime::now());
+            let seen = match event {
+                Ok(watcher::Event::InitDone) => vec![Seen::Listed],
+                Ok(watcher::Event::Apply(d) | watcher::Event::InitApply(d)) => {
+                    let name = d.metadata.name.clone().unwrap_or_default();
+                    let mut seen = vec![Seen::Created(name.clone(), now)];
+                    if is_available(&d) {
+                        seen.push(Seen::Available(name, wall));
+                    }
+                    seen
+                }
+                Ok(watcher::Event::Delete(d)) => {
+                    vec![Seen::Deleted(d.metadata.name.unwrap_or_default())]
+                }
+                Ok(watcher::Event::Init) | Err(_) => Vec::new(),
+            };
+            for s in seen {
+                if tx.send(s).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+fn is_available(d: &Deployment) -> bool {
+    d.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Available" && c.status == "True")
+        })
+}
+
+/// Rolls out `count` new images one after the other (AllAtOnce).
+pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Result<Latency> {
+    cluster.namespace(namespace).await?;
+    let name = "latency";
+    let rollout = json!({ "strategy": "AllAtOnce" });
+    let mut seen = watch_deployments(cluster, namespace);
+    let mut tracker = Tracker::default();
+    // Measure only once the watch is established.
+    loop {
+        match seen.recv().await {
+            Some(Seen::Listed) => break,
+            Some(other) => tracker.note(other),
+            None => return Err(anyhow!("the Deployment watch ended before listing")),
+        }
+    }
+    cluster
+        .apply(&worker(namespace, name, "lat0", rollout.clone()))
+        .await?;
+    wait_ready(cluster, namespace, name, "lat0-").await?;
+
+    let deployment_name = format!("{namespace}/{name}");
+    let mut rollouts = Vec::with_capacity(count);
+    for i in 1..=count {
+        // From rest: only the Current build's Deployment left.
+        wait_for(&mut seen, &mut tracker, "older builds retired", |t| {
+            (t.existing.len() == 1).then_some(())
+        })
+        .await?;
+        let tag = format!("lat{i}");
+        let prefix = format!("{name}-{tag}-");
+        let applied = Instant::now();
+        cluster
+            .apply(&worker(namespace, name, &tag, rollout.clone()))
+            .await?;
+        let created = wait_for(
+            &mut seen,
+            &mut tracker,
+            &format!("Deployment {prefix}*"),
+            |t| {
+                t.created
+                    .iter()
+                    .find(|(n, _)| n.starts_with(&prefix))
+                    .map(|(_, at)| *at)
+            },
+        )
+        .await?;
+        let ready = wait_ready(cluster, namespace, name, &format!("{tag}-")).await?;
+        let available = wait_for(
+            &mut seen,
+            &mut tracker,
+            &format!("{prefix}* Available"),
+            |t| {
+                t.available
+                    .iter()
+                    .find(|(n, _)| n.starts_with(&prefix))
+                    .map(|(_, at)| *at)
+            },
+        )
+        .await?;
+        let build_id = current_build(cluster, &deployment_name).await?;
+        let version = cluster
+            .describe_version(&deployment_name, &build_id)
+            .await?;
+        let first_poller = system_time(version.create_time.as_ref())
+            .ok_or_else(|| anyhow!("version {build_id} has no create time"))?;
+        let current = system_time(version.current_since_time.as_ref())
+            .ok_or_else(|| anyhow!("version {build_id} was never current"))?;
+        let measured = Rollout {
+            build_id,
+            reaction_ms: created.saturating_duration_since(applied).as_secs_f64() * 1e3,
+            promotion_ms: seconds_between(first_poller, current) * 1e3,
+            available_to_current_ms: seconds_between(available, current) * 1e3,
+            apply_to_ready_ms: ready.saturating_duration_since(applied).as_secs_f64() * 1e3,
+        };
+        tracing::info!(
+            rollout = i,
+            build = %measured.build_id,
+            reaction_ms = measured.reaction_ms,
+            promotion_ms = measured.promotion_ms,
+            available_to_current_ms = measured.available_to_current_ms,
+            ready_ms = measured.apply_to_ready_ms,
+            "rolled out"
+        );
+        rollouts.push(measured);
+    }
+    let column = |f: fn(&Rollout) -> f64| Summary::of(&rollouts.iter().map(f).collect::<Vec<_>>());
+    Ok(Latency {
+        reaction_ms: column(|r| r.reaction_ms),
+        promotion_ms: column(|r| r.promotion_ms),
+        available_to_current_ms: column(|r| r.available_to_current_ms),
+        apply_to_ready_ms: column(|r| r.apply_to_ready_ms),
+        rollouts,
+    })
+}
+
+/// Takes watch reports until `probe` gives a value, at most [`ROLLOUT_TIMEOUT`].
+async fn wait_for<T>(
+    seen: &mut mpsc::UnboundedReceiver<Seen>,
+    tracker: &mut Tracker,
+    what: &str,
+    probe: impl Fn(&Tracker) -> Option<T>,
+) -> anyhow::Result<T>
+where
+    T: Sized,
+{
+    let deadline = tokio::time::Instant::now() + ROLLOUT_TIMEOUT;
+    loop {
+        if let Some(value) = probe(tracker) {
+            return Ok(value);
+        }
+        let next = tokio::time::timeout_at(deadline, seen.recv())
+            .await
+            .map_err(|_| anyhow!("no {what} within {ROLLOUT_TIMEOUT:?}"))?
+            .ok_or_else(|| anyhow!("the Deployment watch ended"))?;
+        tracker.note(next);
+    }
+}
+
+async fn wait_ready(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+    prefix: &str,
+) -> anyhow::Result<Instant> {
+    let expected = BTreeMap::from([(name.to_owned(), prefix.to_owned())]);
+    let ready = cluster
+        .wait_all_ready(namespace, &expected, ROLLOUT_TIMEOUT)
+        .await
+        .with_context(|| format!("rolling out {namespace}/{name} build {prefix}*"))?;
+    ready
+        .get(name)
+        .copied()
+        .ok_or_else(|| anyhow!("{name} not Ready"))
+}
+
+async fn current_build(cluster: &Cluster, deployment_name: &str) -> anyhow::Result<String> {
+    let info = cluster.describe_deployment(deployment_name).await?;
+    info.routing_config
+        .and_then(|r| r.current_deployment_version)
+        .map(|v| v.build_id)
+        .filter(|b| !b.is_empty())
+        .ok_or_else(|| anyhow!("{deployment_name} has no current version"))
+}

@@ -1,0 +1,216 @@
+//! `make bench`: measures the controller against the sandbox's real servers (Temporal dev
+//! server, kube-apiserver, pod runner) with release builds, and writes the figures as JSON
+//! (`benchmarks/results.json`) and as the generated table of BENCHMARKS.md.
+//!
+//! Scenarios, in order (each on namespaces of its own):
+//! - `latency`: repeated AllAtOnce rollouts of one TWD: reaction latency (apply → versioned
+//!   Deployment, seen by a watch) and promotion latency (first poller → Current, from
+//!   Temporal's timestamps);
+//! - `steps`: Progressive rollouts: how long each ramp step was held against its pause;
+//! - `burst`: many TWDs applied at once: time to all Ready, peak read rate, rate-limit errors,
+//!   controller memory and CPU, workflow history sizes;
+//! - `idle`: the fleet grown to its idle size and left alone: reads, API requests, CPU, RSS.
+//!
+//! Settings (environment): `BENCH_SCENARIOS` (comma-separated, default all), `BENCH_ROLLOUTS`
+//! (30), `BENCH_STEP_ROLLOUTS` (3), `BENCH_BURST_TWDS` (100), `BENCH_IDLE_TWDS` (200),
+//! `BENCH_IDLE_SECONDS` (300), `BENCH_JSON` (benchmarks/results.json), `BENCH_MARKDOWN`
+//! (BENCHMARKS.md), `BENCH_SERVERS` (server versions, for the report).
+
+mod cluster;
+mod fleet;
+mod latency;
+mod procstat;
+mod prom;
+mod report;
+mod sampler;
+mod stats;
+mod steps;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+
+use crate::cluster::Cluster;
+use crate::report::{Results, RunContext};
+
+/// What to run, from the environment.
+struct Options {
+    scenarios: Vec<String>,
+    rollouts: usize,
+    step_rollouts: usize,
+    burst_twds: usize,
+    idle_twds: usize,
+    idle_window: Duration,
+    json: PathBuf,
+    markdown: PathBuf,
+}
+
+impl Options {
+    fn from_env() -> anyhow::Result<Self> {
+        let number = |key: &str, default: usize| -> anyhow::Result<usize> {
+            match std::env::var(key) {
+                Ok(v) => v
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("{key}={v:?} is not a number")),
+                Err(_) => Ok(default),
+            }
+        };
+        let scenarios = std::env::var("BENCH_SCENARIOS")
+            .unwrap_or_else(|_| "latency,steps,burst,idle".into())
+            .split(',')
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>();
+        for s in &scenarios {
+            anyhow::ensure!(
+                ["latency", "steps", "burst", "idle"].contains(&s.as_str()),
+                "BENCH_SCENARIOS: unknown scenario {s:?} (latency, steps, burst, idle)"
+            );
+        }
+        Ok(Self {
+            scenarios,
+            rollouts: number("BENCH_ROLLOUTS", 30)?,
+            step_rollouts: number("BENCH_STEP_ROLLOUTS", 3)?,
+            burst_twds: number("BENCH_BURST_TWDS", 100)?,
+            idle_twds: number("BENCH_IDLE_TWDS", 200)?,
+            idle_window: Duration::from_secs(number("BENCH_IDLE_SECONDS", 300)? as u64),
+            json: std::env::var("BENCH_JSON")
+                .unwrap_or_else(|_| "benchmarks/results.json".into())
+                .into(),
+            markdown: std::env::var("BENCH_MARKDOWN")
+                .unwrap_or_else(|_| "BENCHMARKS.md".into())
+                .into(),
+        })
+    }
+
+    fn runs(&self, scenario: &str) -> bool {
+        self.scenarios.iter().any(|s| s == scenario)
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("twc-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
+    let options = Options::from_env()?;
+    let cluster = Cluster::connect().await?;
+    let run = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() % 100_000);
+    let mut results = Results {
+        context: context(&options),
+        latency: None,
+        steps: None,
+        burst: None,
+        idle: None,
+    };
+    if options.runs("latency") {
+        tracing::info!(
+            rollouts = options.rollouts,
+            "latency: sequential AllAtOnce rollouts"
+        );
+        let ns = format!("bench-latency-{run}");
+        results.latency = Some(latency::run(&cluster, &ns, options.rollouts).await?);
+        save(&mut results, &options)?;
+    }
+    if options.runs("steps") {
+        tracing::info!(
+            rollouts = options.step_rollouts,
+            "steps: Progressive rollouts"
+        );
+        let ns = format!("bench-steps-{run}");
+        results.steps = Some(steps::run(&cluster, &ns, options.step_rollouts).await?);
+        save(&mut results, &options)?;
+    }
+    let mut fleet = 0;
+    if options.runs("burst") {
+        tracing::info!(twds = options.burst_twds, "burst: TWDs applied at once");
+        let ns = format!("bench-burst-{run}");
+        results.burst = Some(fleet::burst(&cluster, &ns, options.burst_twds).await?);
+        fleet = options.burst_twds;
+        save(&mut results, &options)?;
+    }
+    if options.runs("idle") {
+        tracing::info!(
+            twds = options.idle_twds,
+            "idle: a rolled-out fleet left alone"
+        );
+        let ns = format!("bench-idle-{run}");
+        results.idle =
+            Some(fleet::idle(&cluster, fleet, &ns, options.idle_twds, options.idle_window).await?);
+        save(&mut results, &options)?;
+    }
+    println!("{}", results.table());
+    Ok(())
+}
+
+/// Writes what has been measured so far (a later scenario failing loses nothing).
+fn save(results: &mut Results, options: &Options) -> anyhow::Result<()> {
+    results.context.date = utc_now();
+    results.write(&options.json, &options.markdown)?;
+    tracing::info!(json = %options.json.display(), markdown = %options.markdown.display(), "results written");
+    Ok(())
+}
+
+fn context(options: &Options) -> RunContext {
+    let mut command = String::from("make bench");
+    for (key, value) in std::env::vars() {
+        if key.starts_with("BENCH_") && key != "BENCH_SERVERS" {
+            command.push_str(&format!(" {key}={value}"));
+        }
+    }
+    let _ = options;
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    RunContext {
+        date: utc_now(),
+        command,
+        cpu: cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map_or_else(|| "unknown CPU".to_owned(), |(_, m)| m.trim().to_owned()),
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        memory_gib: meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or(0.0, |kib| kib / 1024.0 / 1024.0),
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map_or_else(|_| "unknown".to_owned(), |k| k.trim().to_owned()),
+        rustc: command_output("rustc", &["--version"]),
+        servers: std::env::var("BENCH_SERVERS").unwrap_or_else(|_| "servers unknown".into()),
+    }
+}
+
+fn utc_now() -> String {
+    command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
+}
+
+fn command_output(program: &str, args: &[&str]) -> String {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or_else(
+            || format!("{program}: unknown"),
+            |o| String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+        )
+}

@@ -1,0 +1,194 @@
+//! Background sampling while a scenario runs: the controller process (CPU, RSS) and the
+//! read counters of the controller and of the Temporal server, once per interval.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use anyhow::anyhow;
+use twc_sandbox::env::SandboxEnv;
+
+use crate::cluster::{Cluster, scrape};
+use crate::procstat;
+use crate::prom::{self, Sample};
+
+/// Worker-deployment read RPCs (what the server's 50/s worker-deployment read budget and the
+/// controller's own read budget count).
+pub const READS: &[&str] = &[
+    "DescribeWorkerDeployment",
+    "DescribeWorkerDeploymentVersion",
+    "ListWorkerDeployments",
+];
+
+/// Counters as read at one moment.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct Counters {
+    /// Worker-deployment reads the controller made (its `twc_temporal_requests_total`).
+    pub controller_reads: f64,
+    /// Controller Temporal calls refused with ResourceExhausted.
+    pub controller_rate_limited: f64,
+    /// Worker-deployment reads the Temporal frontend served (`service_requests`).
+    pub server_reads: f64,
+    /// Kubernetes API requests the controller made (`twc_kubernetes_requests_total`).
+    pub controller_kube_requests: f64,
+}
+
+impl Counters {
+    /// Reads the controller's and the Temporal server's pages.
+    pub async fn read(env: &SandboxEnv) -> anyhow::Result<Self> {
+        let controller_url = env
+            .controller_metrics_url
+            .as_deref()
+            .ok_or_else(|| anyhow!("the sandbox runs no controller"))?;
+        let (controller, server) =
+            tokio::try_join!(scrape(controller_url), scrape(&env.temporal_metrics_url))?;
+        Ok(Self::from_pages(&controller, &server))
+    }
+
+    fn from_pages(controller: &[Sample], server: &[Sample]) -> Self {
+        let is_read = |s: &Sample| s.label("operation").is_some_and(|op| READS.contains(&op));
+        Self {
+            controller_reads: prom::sum(controller, "twc_temporal_requests_total", is_read),
+            controller_rate_limited: prom::sum(controller, "twc_temporal_requests_total", |s| {
+                s.label("outcome") == Some("resource_exhausted")
+            }),
+            server_reads: prom::sum(server, "service_requests", |s| {
+                is_read(s) && s.label("service_name") == Some("frontend")
+            }),
+            controller_kube_requests: prom::sum(
+                controller,
+                "twc_kubernetes_requests_total",
+                |_| true,
+            ),
+        }
+    }
+}
+
+/// One sample.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Tick {
+    /// Seconds since sampling started.
+    pub at_s: f64,
+    /// Controller CPU seconds so far.
+    pub controller_cpu_s: f64,
+    /// Controller resident set, bytes.
+    pub controller_rss: u64,
+    /// The counters.
+    pub counters: Counters,
+}
+
+/// A running sampler.
+pub struct Sampler {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Vec<Tick>>,
+}
+
+impl Sampler {
+    /// Samples every `interval` until [`Sampler::finish`].
+    pub fn start(cluster: &Cluster, interval: Duration) -> Self {
+        let (stop, mut stopped) = oneshot::channel();
+        let pid_file = cluster.env.controller_pid_file.clone();
+        let env = cluster.env.clone();
+        let task = tokio::spawn(async move {
+            let started = Instant::now();
+            let mut ticks = Vec::new();
+            let mut timer = tokio::time::interval(interval);
+            timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    _ = timer.tick() => {}
+                }
+                let process = pid_file
+                    .as_deref()
+                    .and_then(|f| std::fs::read_to_string(f).ok())
+                    .and_then(|p| p.trim().parse().ok())
+                    .and_then(procstat::sample);
+                let Ok(counters) = Counters::read(&env).await else {
+                    continue;
+                };
+                ticks.push(Tick {
+                    at_s: started.elapsed().as_secs_f64(),
+                    controller_cpu_s: process.map_or(0.0, |p| p.cpu.as_secs_f64()),
+                    controller_rss: process.map_or(0, |p| p.rss),
+                    counters,
+                });
+            }
+            ticks
+        });
+        Self { stop, task }
+    }
+
+    /// Stops sampling and returns the samples.
+    pub async fn finish(self) -> Vec<Tick> {
+        let _ = self.stop.send(());
+        self.task.await.unwrap_or_default()
+    }
+}
+
+/// Highest per-second rate of a counter between consecutive samples.
+pub fn peak_rate(ticks: &[Tick], counter: impl Fn(&Counters) -> f64) -> f64 {
+    ticks
+        .windows(2)
+        .filter_map(|w| {
+            let dt = w[1].at_s - w[0].at_s;
+            (dt > 0.0).then(|| (counter(&w[1].counters) - counter(&w[0].counters)) / dt)
+        })
+        .fold(0.0, f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tick(at_s: f64, server_reads: f64) -> Tick {
+        Tick {
+            at_s,
+            controller_cpu_s: 0.0,
+            controller_rss: 0,
+            counters: Counters {
+                server_reads,
+                ..Counters::default()
+            },
+        }
+    }
+
+    #[test]
+    fn peak_rate_is_the_steepest_interval() {
+        let ticks = [
+            tick(0.0, 0.0),
+            tick(1.0, 10.0),
+            tick(2.0, 40.0),
+            tick(4.0, 50.0),
+        ];
+        assert_eq!(peak_rate(&ticks, |c| c.server_reads), 30.0);
+        assert_eq!(peak_rate(&ticks[..1], |c| c.server_reads), 0.0);
+    }
+
+    #[test]
+    fn counters_pick_reads_and_rate_limits() {
+        let controller = prom::parse(
+            "twc_temporal_requests_total{operation=\"DescribeWorkerDeployment\",outcome=\"success\"} 7\n\
+             twc_temporal_requests_total{operation=\"DescribeWorkerDeployment\",outcome=\"resource_exhausted\"} 1\n\
+             twc_temporal_requests_total{operation=\"SetWorkerDeploymentCurrentVersion\",outcome=\"success\"} 3\n\
+             twc_kubernetes_requests_total{verb=\"get\",resource=\"deployments\",outcome=\"success\"} 5\n",
+        );
+        let server = prom::parse(
+            "service_requests{operation=\"DescribeWorkerDeployment\",service_name=\"frontend\"} 9\n\
+             service_requests{operation=\"DescribeWorkerDeployment\",service_name=\"history\"} 4\n\
+             service_requests{operation=\"PollWorkflowTaskQueue\",service_name=\"frontend\"} 100\n",
+        );
+        let c = Counters::from_pages(&controller, &server);
+        assert_eq!(
+            (
+                c.controller_reads,
+                c.controller_rate_limited,
+                c.server_reads,
+                c.controller_kube_requests
+            ),
+            (8.0, 1.0, 9.0, 5.0)
+        );
+    }
+}
