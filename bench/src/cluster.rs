@@ -13,6 +13,7 @@ use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use temporalio_client::grpc::WorkflowService;
+use temporalio_client::tonic::Code;
 use temporalio_client::tonic::IntoRequest;
 use temporalio_client::{Client, ClientOptions, Connection, ConnectionOptions, Url};
 use temporalio_common::protos::temporal::api::common::v1::WorkflowExecution;
@@ -21,7 +22,7 @@ use temporalio_common::protos::temporal::api::deployment::v1::{
 };
 use temporalio_common::protos::temporal::api::workflowservice::v1::{
     DescribeWorkerDeploymentRequest, DescribeWorkerDeploymentVersionRequest,
-    DescribeWorkflowExecutionRequest,
+    DescribeWorkflowExecutionRequest, RegisterNamespaceRequest,
 };
 use twc_crds::TemporalWorkerDeployment;
 use twc_sandbox::env::SandboxEnv;
@@ -172,13 +173,62 @@ impl Cluster {
         Ok(ready)
     }
 
+    /// Registers Temporal namespace `name` (one day of retention) unless it exists, and waits
+    /// until the frontend serves worker-deployment calls in it. Each Temporal namespace holds
+    /// at most 100 worker deployments by default (`matching.maxDeployments`), so a fleet larger
+    /// than that spreads over several, as a platform team's would.
+    pub async fn temporal_namespace(&self, name: &str) -> anyhow::Result<()> {
+        let request = RegisterNamespaceRequest {
+            namespace: name.to_owned(),
+            workflow_execution_retention_period: Some(prost_wkt_types::Duration {
+                seconds: 86_400,
+                nanos: 0,
+            }),
+            ..Default::default()
+        };
+        let mut raw = self.temporal.clone();
+        if let Err(status) =
+            WorkflowService::register_namespace(&mut raw, request.into_request()).await
+            && status.code() != Code::AlreadyExists
+        {
+            return Err(anyhow!("registering Temporal namespace {name}: {status}"));
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let probe = DescribeWorkerDeploymentRequest {
+                namespace: name.to_owned(),
+                deployment_name: "twc-bench-probe".to_owned(),
+            };
+            let mut raw = self.temporal.clone();
+            let served =
+                match WorkflowService::describe_worker_deployment(&mut raw, probe.into_request())
+                    .await
+                {
+                    Ok(_) => true,
+                    // The deployment is unknown, the namespace is not.
+                    Err(status) => {
+                        status.code() == Code::NotFound
+                            && !status.message().to_ascii_lowercase().contains("namespace")
+                    }
+                };
+            if served {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!("Temporal namespace {name} is not served after 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     /// `DescribeWorkerDeployment`.
     pub async fn describe_deployment(
         &self,
+        temporal_namespace: &str,
         deployment_name: &str,
     ) -> anyhow::Result<WorkerDeploymentInfo> {
         let request = DescribeWorkerDeploymentRequest {
-            namespace: self.env.temporal_namespace.clone(),
+            namespace: temporal_namespace.to_owned(),
             deployment_name: deployment_name.to_owned(),
         };
         let mut raw = self.temporal.clone();
@@ -195,11 +245,12 @@ impl Cluster {
     /// `DescribeWorkerDeploymentVersion`.
     pub async fn describe_version(
         &self,
+        temporal_namespace: &str,
         deployment_name: &str,
         build_id: &str,
     ) -> anyhow::Result<WorkerDeploymentVersionInfo> {
         let request = DescribeWorkerDeploymentVersionRequest {
-            namespace: self.env.temporal_namespace.clone(),
+            namespace: temporal_namespace.to_owned(),
             deployment_version: Some(WorkerDeploymentVersion {
                 deployment_name: deployment_name.to_owned(),
                 build_id: build_id.to_owned(),
@@ -259,14 +310,20 @@ pub fn is_ready_with(twd: &TemporalWorkerDeployment, prefix: &str) -> bool {
 
 /// A TWD of the sample worker with image tag `tag` (each tag is its own build, with build ID
 /// prefix `tag-`), one replica and short sunset delays.
-pub fn worker(namespace: &str, name: &str, tag: &str, rollout: Value) -> Value {
+pub fn worker(
+    namespace: &str,
+    temporal_namespace: &str,
+    name: &str,
+    tag: &str,
+    rollout: Value,
+) -> Value {
     json!({
         "apiVersion": "temporal.io/v1alpha1",
         "kind": "TemporalWorkerDeployment",
         "metadata": { "name": name, "namespace": namespace },
         "spec": {
             "replicas": 1,
-            "workerOptions": { "connectionRef": { "name": "dev" }, "temporalNamespace": "default" },
+            "workerOptions": { "connectionRef": { "name": "dev" }, "temporalNamespace": temporal_namespace },
             "rollout": rollout,
             "sunset": { "scaledownDelay": "2s", "deleteDelay": "3s" },
             "template": { "spec": { "containers": [

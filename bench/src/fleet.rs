@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::cluster::{Cluster, seconds_between, system_time, worker};
 use crate::procstat;
 use crate::prom;
-use crate::sampler::{Counters, Sampler, Tick, peak_rate};
+use crate::sampler::{Counters, Sampler, Tick, peak_rate, wait_quiet};
 use crate::stats::Summary;
 
 /// Applies in flight at once.
@@ -73,9 +73,11 @@ pub struct Idle {
     pub controller_rss_mib: Option<Summary>,
 }
 
-/// `count` TWDs named `w000`… in `namespace`, applied together, until all are Ready.
+/// `count` TWDs named `w000`… in `namespace` (and in the Temporal namespace of that name),
+/// applied together, until all are Ready.
 pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Result<Burst> {
     cluster.namespace(namespace).await?;
+    cluster.temporal_namespace(namespace).await?;
     let names: Vec<String> = (0..count).map(|i| format!("w{i:03}")).collect();
     let expected: BTreeMap<String, String> = names
         .iter()
@@ -97,7 +99,7 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
     let cpu_after = controller_cpu(cluster)?;
 
     let deployment_names: Vec<String> = names.iter().map(|n| format!("{namespace}/{n}")).collect();
-    let first_pollers = first_poller_times(cluster, &deployment_names).await?;
+    let first_pollers = first_poller_times(cluster, namespace, &deployment_names).await?;
     let last_poller = first_pollers
         .iter()
         .max()
@@ -138,6 +140,7 @@ pub async fn idle(
     let added = total.saturating_sub(existing);
     if added > 0 {
         cluster.namespace(namespace).await?;
+        cluster.temporal_namespace(namespace).await?;
         let names: Vec<String> = (0..added).map(|i| format!("i{i:03}")).collect();
         let expected: BTreeMap<String, String> = names
             .iter()
@@ -148,7 +151,7 @@ pub async fn idle(
             apply_all(cluster, namespace, &names, "idle"),
         )?;
     }
-    wait_quiet(cluster).await?;
+    wait_quiet(cluster, Duration::from_secs(10), Duration::from_secs(180)).await?;
     tracing::info!(
         twds = total,
         ?window,
@@ -243,7 +246,8 @@ fn controller_cpu(cluster: &Cluster) -> anyhow::Result<f64> {
         .ok_or_else(|| anyhow!("controller process {pid} is gone"))
 }
 
-/// Applies one TWD per name (AllAtOnce, image tag `tag`).
+/// Applies one TWD per name (AllAtOnce, image tag `tag`), in the Kubernetes namespace and the
+/// Temporal namespace named `namespace`.
 async fn apply_all(
     cluster: &Cluster,
     namespace: &str,
@@ -254,6 +258,7 @@ async fn apply_all(
         .map(|name| async move {
             cluster
                 .apply(&worker(
+                    namespace,
                     namespace,
                     name,
                     tag,
@@ -270,17 +275,22 @@ async fn apply_all(
 /// When each deployment's current build first polled (its version's create time).
 async fn first_poller_times(
     cluster: &Cluster,
+    temporal_namespace: &str,
     deployment_names: &[String],
 ) -> anyhow::Result<Vec<SystemTime>> {
     stream::iter(deployment_names)
         .map(|name| async move {
-            let info = cluster.describe_deployment(name).await?;
+            let info = cluster
+                .describe_deployment(temporal_namespace, name)
+                .await?;
             let build = info
                 .routing_config
                 .and_then(|r| r.current_deployment_version)
                 .map(|v| v.build_id)
                 .ok_or_else(|| anyhow!("{name} has no current version"))?;
-            let version = cluster.describe_version(name, &build).await?;
+            let version = cluster
+                .describe_version(temporal_namespace, name, &build)
+                .await?;
             system_time(version.create_time.as_ref())
                 .ok_or_else(|| anyhow!("{name}:{build} has no create time"))
         })
@@ -318,26 +328,4 @@ async fn history_lengths(
         .try_collect()
         .await?;
     Ok(pairs.into_iter().unzip())
-}
-
-/// Waits until the controller makes no Kubernetes request for 10 s (the rollouts' last status
-/// writes and events are done), at most 3 minutes.
-async fn wait_quiet(cluster: &Cluster) -> anyhow::Result<()> {
-    let quiet_for = Duration::from_secs(10);
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let mut last = Counters::read(&cluster.env).await?.controller_kube_requests;
-    let mut since = Instant::now();
-    while since.elapsed() < quiet_for {
-        if Instant::now() > deadline {
-            tracing::warn!("the controller did not go quiet within 3 minutes; measuring anyway");
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let now = Counters::read(&cluster.env).await?.controller_kube_requests;
-        if now != last {
-            last = now;
-            since = Instant::now();
-        }
-    }
-    Ok(())
 }

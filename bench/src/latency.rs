@@ -15,8 +15,11 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::cluster::{Cluster, seconds_between, system_time, worker};
+use crate::sampler::wait_quiet;
 use crate::stats::Summary;
 
+/// How long the controller must have been idle before a rollout starts.
+const QUIET: Duration = Duration::from_secs(3);
 /// How long one rollout (or its clean-up) may take before the benchmark gives up.
 const ROLLOUT_TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -150,23 +153,37 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
         }
     }
     cluster
-        .apply(&worker(namespace, name, "lat0", rollout.clone()))
+        .apply(&worker(
+            namespace,
+            &cluster.env.temporal_namespace,
+            name,
+            "lat0",
+            rollout.clone(),
+        ))
         .await?;
     wait_ready(cluster, namespace, name, "lat0-").await?;
 
     let deployment_name = format!("{namespace}/{name}");
     let mut rollouts = Vec::with_capacity(count);
     for i in 1..=count {
-        // From rest: only the Current build's Deployment left.
+        // From rest: only the Current build's Deployment left, and the controller idle for a
+        // while (as when someone applies a change minutes after the last one).
         wait_for(&mut seen, &mut tracker, "older builds retired", |t| {
             (t.existing.len() == 1).then_some(())
         })
         .await?;
+        wait_quiet(cluster, QUIET, ROLLOUT_TIMEOUT).await?;
         let tag = format!("lat{i}");
         let prefix = format!("{name}-{tag}-");
         let applied = Instant::now();
         cluster
-            .apply(&worker(namespace, name, &tag, rollout.clone()))
+            .apply(&worker(
+                namespace,
+                &cluster.env.temporal_namespace,
+                name,
+                &tag,
+                rollout.clone(),
+            ))
             .await?;
         let created = wait_for(
             &mut seen,
@@ -195,7 +212,7 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
         .await?;
         let build_id = current_build(cluster, &deployment_name).await?;
         let version = cluster
-            .describe_version(&deployment_name, &build_id)
+            .describe_version(&cluster.env.temporal_namespace, &deployment_name, &build_id)
             .await?;
         let first_poller = system_time(version.create_time.as_ref())
             .ok_or_else(|| anyhow!("version {build_id} has no create time"))?;
@@ -270,7 +287,9 @@ async fn wait_ready(
 }
 
 async fn current_build(cluster: &Cluster, deployment_name: &str) -> anyhow::Result<String> {
-    let info = cluster.describe_deployment(deployment_name).await?;
+    let info = cluster
+        .describe_deployment(&cluster.env.temporal_namespace, deployment_name)
+        .await?;
     info.routing_config
         .and_then(|r| r.current_deployment_version)
         .map(|v| v.build_id)

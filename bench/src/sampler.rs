@@ -128,6 +128,33 @@ impl Sampler {
     }
 }
 
+/// Waits until the controller has made no Kubernetes request and no Temporal read for
+/// `quiet_for` (its last rollout's status writes, events and clean-up are done, and Temporal has
+/// had time to settle after the last routing change), at most `max` (then it only warns).
+pub async fn wait_quiet(
+    cluster: &Cluster,
+    quiet_for: Duration,
+    max: Duration,
+) -> anyhow::Result<()> {
+    let activity = |c: Counters| (c.controller_kube_requests, c.controller_reads);
+    let deadline = Instant::now() + max;
+    let mut last = activity(Counters::read(&cluster.env).await?);
+    let mut since = Instant::now();
+    while since.elapsed() < quiet_for {
+        if Instant::now() > deadline {
+            tracing::warn!(?max, "the controller did not go quiet; measuring anyway");
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = activity(Counters::read(&cluster.env).await?);
+        if now != last {
+            last = now;
+            since = Instant::now();
+        }
+    }
+    Ok(())
+}
+
 /// Highest per-second rate of a counter between consecutive samples.
 pub fn peak_rate(ticks: &[Tick], counter: impl Fn(&Counters) -> f64) -> f64 {
     ticks

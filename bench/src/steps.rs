@@ -61,7 +61,13 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
     let name = "steps";
     let deployment_name = format!("{namespace}/{name}");
     cluster
-        .apply(&worker(namespace, name, "step0", rollout_spec()))
+        .apply(&worker(
+            namespace,
+            &cluster.env.temporal_namespace,
+            name,
+            "step0",
+            rollout_spec(),
+        ))
         .await?;
     let expected = BTreeMap::from([(name.to_owned(), "step0-".to_owned())]);
     cluster
@@ -72,7 +78,13 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
     for i in 1..=count {
         let tag = format!("step{i}");
         cluster
-            .apply(&worker(namespace, name, &tag, rollout_spec()))
+            .apply(&worker(
+                namespace,
+                &cluster.env.temporal_namespace,
+                name,
+                &tag,
+                rollout_spec(),
+            ))
             .await?;
         let changes = watch_routing(cluster, &deployment_name, &format!("{tag}-")).await?;
         for (k, (ramp, pause)) in STEPS.iter().enumerate() {
@@ -120,7 +132,7 @@ async fn watch_routing(
             ));
         }
         let routing = cluster
-            .describe_deployment(deployment_name)
+            .describe_deployment(&cluster.env.temporal_namespace, deployment_name)
             .await?
             .routing_config
             .unwrap_or_default();
