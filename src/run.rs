@@ -24,6 +24,9 @@ pub struct RunArgs {
     /// Task queue of the engine's workflows.
     #[arg(long, env = "TWC_TASK_QUEUE", default_value = twc_workflows::ENGINE_TASK_QUEUE)]
     task_queue: String,
+    /// Workflows kept in memory between their tasks; evicted ones are replayed from history.
+    #[arg(long, env = "TWC_MAX_CACHED_WORKFLOWS", default_value_t = twc_worker::DEFAULT_MAX_CACHED_WORKFLOWS)]
+    max_cached_workflows: usize,
     /// Identity on Temporal calls; also the manager identity claimed on worker deployments.
     /// Every replica of one installation must use the same value.
     #[arg(long, env = "TWC_IDENTITY", default_value = "twc")]
@@ -54,7 +57,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 }
 
 async fn run_async(args: RunArgs) -> anyhow::Result<()> {
-    let config = args.engine.config(&args.task_queue, &args.identity);
+    let mut config = args.engine.config(&args.task_queue, &args.identity);
+    config.max_cached_workflows = args.max_cached_workflows;
     let watch_namespaces: Vec<String> = args
         .watch_namespaces
         .iter()

@@ -36,6 +36,8 @@ const POLLER_RECHECK: Duration = Duration::from_millis(200);
 /// How often `wait_for_pollers` looks again while the Deployment is not Available, unless a
 /// watch event about it comes first.
 const AVAILABILITY_RECHECK: Duration = Duration::from_secs(1);
+/// How often `wait_for_pollers` asks Temporal while the Deployment is not Available.
+const UNAVAILABLE_TEMPORAL_RECHECK: Duration = Duration::from_secs(10);
 /// How long `cancel_gates` lets cancelled gate workflows close before terminating them.
 const GATE_STOP_GRACE: Duration = Duration::from_secs(10);
 
@@ -307,14 +309,12 @@ impl EngineActivities {
         let uid = resolved.resource.metadata.uid.clone().unwrap_or_default();
         let deployment_name = request.twd.key();
         let mut changes = Box::pin(k8s::versioned_deployment_changes(&self.kube, &request.twd));
+        // Temporal is asked on the first look, whenever the Deployment is Available, and every
+        // UNAVAILABLE_TEMPORAL_RECHECK otherwise: pods that are not up cannot have polled, and
+        // a burst of rollouts must not spend the namespace's read budget on such reads.
+        let mut queues: Result<Option<Vec<(String, TaskQueueKind)>>, Blocked> = Ok(None);
+        let mut asked_at: Option<tokio::time::Instant> = None;
         loop {
-            let queues = temporal::version_task_queues(
-                &resolved.temporal,
-                &resolved.spec.temporal_namespace,
-                &deployment_name,
-                &request.build_id,
-            )
-            .await;
             let deployments = k8s::list_versioned_deployments(&self.kube, &request.twd, &uid)
                 .await
                 .map_err(retryable)?;
@@ -323,6 +323,19 @@ impl EngineActivities {
                 .find(|d| d.build_id == request.build_id && !d.deleting);
             let available = deployment.is_some_and(|d| d.available);
             let problem = deployment.and_then(|d| d.problem.clone());
+            let ask = available
+                || asked_at.is_none_or(|at| at.elapsed() >= UNAVAILABLE_TEMPORAL_RECHECK)
+                || tokio::time::Instant::now() >= deadline;
+            if ask {
+                queues = temporal::version_task_queues(
+                    &resolved.temporal,
+                    &resolved.spec.temporal_namespace,
+                    &deployment_name,
+                    &request.build_id,
+                )
+                .await;
+                asked_at = Some(tokio::time::Instant::now());
+            }
             let (registered, workflow_task_queues) = match &queues {
                 Ok(Some(queues)) => (
                     true,

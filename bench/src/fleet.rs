@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::cluster::{Cluster, seconds_between, system_time, worker};
 use crate::procstat;
 use crate::prom;
-use crate::sampler::{Counters, Sampler, Tick, peak_rate, wait_quiet};
+use crate::sampler::{Counters, Sampler, Tick, peak_rate, peak_rate_over, wait_quiet};
 use crate::stats::Summary;
 
 /// Applies in flight at once.
@@ -33,11 +33,19 @@ pub struct Burst {
     pub last_poller_after_apply_s: f64,
     /// Per TWD: first apply → Ready, s.
     pub ready_after_apply_s: Option<Summary>,
-    /// Highest worker-deployment read rate the Temporal frontend served, per second.
+    /// Highest worker-deployment read rate the Temporal frontend served, per second, over 10 s
+    /// spans (its counters are published in batches).
     pub peak_server_reads_per_s: f64,
+    /// Worker-deployment reads the Temporal frontend served per second, over the whole burst.
+    pub mean_server_reads_per_s: f64,
     /// Highest worker-deployment read rate of the controller, per second.
     pub peak_controller_reads_per_s: f64,
-    /// Controller calls refused with ResourceExhausted during the burst.
+    /// Controller calls refused with ResourceExhausted during the burst (any cause).
+    pub resource_exhausted_calls: f64,
+    /// Calls the Temporal frontend refused because a worker deployment was busy applying a
+    /// change (retried by the controller; not a budget problem).
+    pub busy_refusals: f64,
+    /// Calls the Temporal frontend refused for rate or concurrency limits (the budget).
     pub rate_limited_calls: f64,
     /// Controller resident set: highest sample, MiB.
     pub controller_peak_rss_mib: f64,
@@ -117,9 +125,16 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
                 .map(|t| t.saturating_duration_since(started).as_secs_f64())
                 .collect::<Vec<_>>(),
         ),
-        peak_server_reads_per_s: peak_rate(&ticks, |c| c.server_reads),
+        peak_server_reads_per_s: peak_rate_over(&ticks, 10.0, |c| c.server_reads),
+        mean_server_reads_per_s: (after.server_reads - before.server_reads)
+            / all_ready
+                .saturating_duration_since(started)
+                .as_secs_f64()
+                .max(1.0),
         peak_controller_reads_per_s: peak_rate(&ticks, |c| c.controller_reads),
-        rate_limited_calls: after.controller_rate_limited - before.controller_rate_limited,
+        resource_exhausted_calls: after.controller_rate_limited - before.controller_rate_limited,
+        busy_refusals: after.server_busy - before.server_busy,
+        rate_limited_calls: after.server_rate_limited - before.server_rate_limited,
         controller_peak_rss_mib: ticks.iter().map(|t| t.controller_rss).max().unwrap_or(0) as f64
             / MIB,
         controller_cpu_s: cpu_after - cpu_before,

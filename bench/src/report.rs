@@ -156,9 +156,15 @@ impl Results {
                 Unit::S,
             );
             row(
-                "Burst: peak worker-deployment reads served by Temporal",
+                "Burst: worker-deployment reads served by Temporal, highest 10 s mean",
                 "< 50/s",
                 one(b.peak_server_reads_per_s).as_ref(),
+                Unit::PerS,
+            );
+            row(
+                "Burst: worker-deployment reads served by Temporal, mean over the burst",
+                "< 50/s",
+                one(b.mean_server_reads_per_s).as_ref(),
                 Unit::PerS,
             );
             row(
@@ -168,9 +174,15 @@ impl Results {
                 Unit::PerS,
             );
             row(
-                "Burst: controller calls refused with ResourceExhausted",
+                "Burst: calls Temporal refused for rate or concurrency limits",
                 "0",
                 one(b.rate_limited_calls).as_ref(),
+                Unit::Count,
+            );
+            row(
+                "Burst: calls Temporal refused because a deployment was busy (retried)",
+                "–",
+                one(b.busy_refusals).as_ref(),
                 Unit::Count,
             );
             row(

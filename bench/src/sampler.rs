@@ -33,6 +33,12 @@ pub struct Counters {
     pub server_reads: f64,
     /// Kubernetes API requests the controller made (`twc_kubernetes_requests_total`).
     pub controller_kube_requests: f64,
+    /// Calls the Temporal frontend refused with ResourceExhausted because a worker deployment
+    /// was busy applying a change (cause BusyWorkflow: retried, not a budget problem).
+    pub server_busy: f64,
+    /// Calls the Temporal frontend refused with ResourceExhausted for any other cause (rate and
+    /// concurrency limits: the budget the controller must stay within).
+    pub server_rate_limited: f64,
 }
 
 impl Counters {
@@ -62,6 +68,14 @@ impl Counters {
                 "twc_kubernetes_requests_total",
                 |_| true,
             ),
+            server_busy: prom::sum(server, "service_errors_resource_exhausted", |s| {
+                s.label("service_name") == Some("frontend")
+                    && s.label("resource_exhausted_cause") == Some("BusyWorkflow")
+            }),
+            server_rate_limited: prom::sum(server, "service_errors_resource_exhausted", |s| {
+                s.label("service_name") == Some("frontend")
+                    && s.label("resource_exhausted_cause") != Some("BusyWorkflow")
+            }),
         }
     }
 }
@@ -157,13 +171,26 @@ pub async fn wait_quiet(
 
 /// Highest per-second rate of a counter between consecutive samples.
 pub fn peak_rate(ticks: &[Tick], counter: impl Fn(&Counters) -> f64) -> f64 {
-    ticks
-        .windows(2)
-        .filter_map(|w| {
-            let dt = w[1].at_s - w[0].at_s;
-            (dt > 0.0).then(|| (counter(&w[1].counters) - counter(&w[0].counters)) / dt)
-        })
-        .fold(0.0, f64::max)
+    peak_rate_over(ticks, 0.0, counter)
+}
+
+/// Highest rate of a counter, per second, over spans of at least `span_s` seconds (the
+/// shortest span of consecutive samples that long, from each sample). The Temporal server
+/// publishes its counters in batches, so its per-second differences overstate peaks; spans of
+/// 10 s smooth that out.
+pub fn peak_rate_over(ticks: &[Tick], span_s: f64, counter: impl Fn(&Counters) -> f64) -> f64 {
+    let mut peak: f64 = 0.0;
+    for (i, start) in ticks.iter().enumerate() {
+        let Some(end) = ticks[i + 1..]
+            .iter()
+            .find(|t| t.at_s - start.at_s >= span_s && t.at_s > start.at_s)
+        else {
+            break;
+        };
+        let rate = (counter(&end.counters) - counter(&start.counters)) / (end.at_s - start.at_s);
+        peak = peak.max(rate);
+    }
+    peak
 }
 
 #[cfg(test)]
@@ -192,6 +219,8 @@ mod tests {
         ];
         assert_eq!(peak_rate(&ticks, |c| c.server_reads), 30.0);
         assert_eq!(peak_rate(&ticks[..1], |c| c.server_reads), 0.0);
+        // Over 2 s spans: 0→2 s gives 20/s, 1→4 s gives 13.3/s, 2→4 s gives 5/s.
+        assert_eq!(peak_rate_over(&ticks, 2.0, |c| c.server_reads), 20.0);
     }
 
     #[test]
@@ -205,7 +234,10 @@ mod tests {
         let server = prom::parse(
             "service_requests{operation=\"DescribeWorkerDeployment\",service_name=\"frontend\"} 9\n\
              service_requests{operation=\"DescribeWorkerDeployment\",service_name=\"history\"} 4\n\
-             service_requests{operation=\"PollWorkflowTaskQueue\",service_name=\"frontend\"} 100\n",
+             service_requests{operation=\"PollWorkflowTaskQueue\",service_name=\"frontend\"} 100\n\
+             service_errors_resource_exhausted{operation=\"DescribeWorkerDeployment\",resource_exhausted_cause=\"BusyWorkflow\",service_name=\"frontend\"} 6\n\
+             service_errors_resource_exhausted{operation=\"DescribeWorkerDeployment\",resource_exhausted_cause=\"RpsLimit\",service_name=\"frontend\"} 2\n\
+             service_errors_resource_exhausted{operation=\"QueryWorkflow\",resource_exhausted_cause=\"BusyWorkflow\",service_name=\"history\"} 6\n",
         );
         let c = Counters::from_pages(&controller, &server);
         assert_eq!(
@@ -217,5 +249,6 @@ mod tests {
             ),
             (8.0, 1.0, 9.0, 5.0)
         );
+        assert_eq!((c.server_busy, c.server_rate_limited), (6.0, 2.0));
     }
 }

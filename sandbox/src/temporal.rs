@@ -89,11 +89,40 @@ pub enum TemporalError {
         /// What the wait saw.
         source: WaitError,
     },
+    /// It exited before becoming healthy.
+    #[error("Temporal dev server exited at start ({status}; log: {log})")]
+    Exited {
+        /// Log file to read.
+        log: PathBuf,
+        /// How it ended.
+        status: String,
+    },
+}
+
+/// Attempts of [`start`] when the ports it picked were taken in the meantime.
+const PORT_ATTEMPTS: usize = 3;
+
+/// Whether the dev server's log says one of its ports was taken.
+fn port_was_taken(log: &Path) -> bool {
+    std::fs::read_to_string(log).is_ok_and(|l| l.contains("address already in use"))
 }
 
 /// Starts the dev server on free loopback ports and waits until it serves the default namespace.
+/// A port found free can be taken by another process before the server binds it; then the
+/// start is retried on other ports.
 pub async fn start(options: &TemporalOptions) -> Result<TemporalServer, TemporalError> {
-    start_on(options, TemporalPorts::free()?).await
+    let mut attempt = 1;
+    loop {
+        match start_on(options, TemporalPorts::free()?).await {
+            Err(e @ TemporalError::Exited { .. })
+                if attempt < PORT_ATTEMPTS && port_was_taken(&options.log) =>
+            {
+                tracing::warn!("{e}; retrying on other ports");
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Starts the dev server on `ports` (those of an earlier run, to restart it: with the same
@@ -145,9 +174,23 @@ pub async fn start_on(
     for (name, kind) in SEARCH_ATTRIBUTES {
         command.args(["--search-attribute", &format!("{name}={kind}")]);
     }
-    let process = spawn_logged("temporal", command, &options.log)?;
+    let mut process = spawn_logged("temporal", command, &options.log)?;
     let address = format!("127.0.0.1:{port}");
-    wait_healthy(&options.cli, &address, &options.log).await?;
+    let healthy = wait_healthy(&options.cli, &address, &options.log);
+    let exited = async {
+        loop {
+            if let Some(status) = process.exited() {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::select! {
+        result = healthy => result?,
+        status = exited => {
+            return Err(TemporalError::Exited { log: options.log.clone(), status });
+        }
+    }
     Ok(TemporalServer {
         address,
         ports,

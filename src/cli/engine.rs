@@ -50,6 +50,7 @@ impl EngineArgs {
             identity: identity.to_owned(),
             api_key: self.engine_api_key.clone(),
             tls,
+            max_cached_workflows: twc_worker::DEFAULT_MAX_CACHED_WORKFLOWS,
         }
     }
 }

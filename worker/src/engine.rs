@@ -27,7 +27,15 @@ pub struct EngineConfig {
     pub api_key: Option<String>,
     /// TLS settings, if any.
     pub tls: Option<EngineTls>,
+    /// Workflows kept in memory between their tasks (least recently used evicted first); an
+    /// evicted workflow is replayed from its history at its next task.
+    pub max_cached_workflows: usize,
 }
+
+/// Default of [`EngineConfig::max_cached_workflows`]: the rollouts in flight and the TWD
+/// workflows that woke recently stay cached; an idle TWD workflow, which wakes every few
+/// minutes, is cheaper to replay than to keep (about 0.2 MiB each).
+pub const DEFAULT_MAX_CACHED_WORKFLOWS: usize = 100;
 
 /// TLS settings of the engine connection.
 #[derive(Debug, Clone, Default)]
@@ -156,6 +164,7 @@ pub async fn run_engine_worker_reporting(
         .map_err(|e| WorkerError::Worker(e.to_string()))?;
     let options = WorkerOptions::new(config.task_queue.clone())
         .graceful_shutdown_period(Duration::from_secs(5))
+        .max_cached_workflows(config.max_cached_workflows)
         .register_activities(activities)
         .register_workflow::<TwdWorkflow>()
         .map_err(|e| WorkerError::Worker(e.to_string()))?

@@ -4,6 +4,6 @@
 pub mod engine;
 
 pub use engine::{
-    EngineConfig, EngineTls, WorkerError, connect_engine, run_engine_worker,
-    run_engine_worker_reporting,
+    DEFAULT_MAX_CACHED_WORKFLOWS, EngineConfig, EngineTls, WorkerError, connect_engine,
+    run_engine_worker, run_engine_worker_reporting,
 };
