@@ -34,7 +34,7 @@ pub struct EngineConfig {
 
 /// Default of [`EngineConfig::max_cached_workflows`]: the rollouts in flight and the TWD
 /// workflows that woke recently stay cached; an idle TWD workflow, which wakes every few
-/// minutes, is cheaper to replay than to keep (about 0.2 MiB each).
+/// minutes, is replayed from its (short) history instead.
 pub const DEFAULT_MAX_CACHED_WORKFLOWS: usize = 100;
 
 /// TLS settings of the engine connection.
