@@ -44,6 +44,9 @@ const PATCH_SIGNALS_DURING_A_TURN: &str = "signals-during-a-turn";
 /// before it re-ran it at once; when the rollout had seen a newer spec than the watcher had
 /// signalled yet, it was superseded again, in a loop, until the signal came).
 const PATCH_CONFIRM_RETARGET: &str = "confirm-retarget";
+/// Patch: a rollout that completes after the spec changed during it gets a fresh run, which
+/// applies the change (histories before it left such a change to the next spec signal).
+const PATCH_RERUN_AFTER_MID_ROLLOUT_CHANGE: &str = "rerun-after-mid-rollout-change";
 /// Level-triggered resync interval when nothing else is due.
 const RESYNC: Duration = Duration::from_secs(300);
 /// Retry interval of the deletion path.
@@ -97,6 +100,10 @@ pub struct ActiveRollout {
     pub workflow_id: String,
     /// Spec generation it was last told about.
     pub notified_generation: i64,
+    /// Spec generation it was started for (absent in state carried from before the
+    /// `rerun-after-mid-rollout-change` patch).
+    #[serde(default)]
+    pub started_generation: Option<i64>,
 }
 
 /// Answer of the `status` query.
@@ -375,6 +382,17 @@ async fn dispatch_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, 
         // Finished: a spec change (e.g. replicas) gets a fresh run, which ends at once when the
         // build is still Current.
         Some(RolloutProgress::Complete) if spec_changed => start_rollout(ctx, twd, spec).await,
+        // The spec changed while it ran (e.g. replicas): it was nudged, but a nudge that lands
+        // after its last observation began is not acted on. A fresh run applies the change
+        // (and ends at once, the build being Current).
+        Some(RolloutProgress::Complete)
+            if active
+                .started_generation
+                .is_some_and(|started| spec.generation > started)
+                && ctx.patched(PATCH_RERUN_AFTER_MID_ROLLOUT_CHANGE) =>
+        {
+            start_rollout(ctx, twd, spec).await;
+        }
         Some(_) => {}
         None if spec_changed || poked => {
             nudge(ctx, &active.workflow_id, "spec changed").await;
@@ -460,6 +478,7 @@ async fn start_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, spe
             build_id: spec.build_id.clone(),
             workflow_id,
             notified_generation: spec.generation,
+            started_generation: Some(spec.generation),
         });
         s.last_report = None;
     });
