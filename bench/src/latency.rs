@@ -2,7 +2,7 @@
 //! (the new build's first poller → routing Current), over repeated AllAtOnce rollouts of one
 //! TWD. Each rollout starts from rest: the previous build Current and the controller idle.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, anyhow};
@@ -55,7 +55,7 @@ pub struct Latency {
     pub apply_to_ready_ms: Option<Summary>,
 }
 
-/// What the Deployment watch reports.
+/// What the Deployment watch reports (appearances and availability; deletions do not matter).
 #[derive(Debug)]
 enum Seen {
     /// The initial list is complete.
@@ -64,14 +64,11 @@ enum Seen {
     Created(String, Instant),
     /// A Deployment became Available.
     Available(String, SystemTime),
-    /// A Deployment is gone.
-    Deleted(String),
 }
 
 /// The namespace's Deployments as the watch has reported them so far.
 #[derive(Debug, Default)]
 struct Tracker {
-    existing: BTreeSet<String>,
     created: BTreeMap<String, Instant>,
     available: BTreeMap<String, SystemTime>,
 }
@@ -81,20 +78,16 @@ impl Tracker {
         match seen {
             Seen::Listed => {}
             Seen::Created(name, at) => {
-                self.existing.insert(name.clone());
                 self.created.entry(name).or_insert(at);
             }
             Seen::Available(name, at) => {
                 self.available.entry(name).or_insert(at);
             }
-            Seen::Deleted(name) => {
-                self.existing.remove(&name);
-            }
         }
     }
 }
 
-/// Watches the Deployments of `namespace`, reporting appearances, availability and deletions.
+/// Watches the Deployments of `namespace`, reporting appearances and availability.
 fn watch_deployments(cluster: &Cluster, namespace: &str) -> mpsc::UnboundedReceiver<Seen> {
     let (tx, rx) = mpsc::unbounded_channel();
     let api: Api<Deployment> = Api::namespaced(cluster.kube.clone(), namespace);
@@ -112,10 +105,7 @@ fn watch_deployments(cluster: &Cluster, namespace: &str) -> mpsc::UnboundedRecei
                     }
                     seen
                 }
-                Ok(watcher::Event::Delete(d)) => {
-                    vec![Seen::Deleted(d.metadata.name.unwrap_or_default())]
-                }
-                Ok(watcher::Event::Init) | Err(_) => Vec::new(),
+                Ok(watcher::Event::Init | watcher::Event::Delete(_)) | Err(_) => Vec::new(),
             };
             for s in seen {
                 if tx.send(s).is_err() {
