@@ -27,6 +27,11 @@ pub struct RunArgs {
     /// Workflows kept in memory between their tasks; evicted ones are replayed from history.
     #[arg(long, env = "TWC_MAX_CACHED_WORKFLOWS", default_value_t = twc_worker::DEFAULT_MAX_CACHED_WORKFLOWS)]
     max_cached_workflows: usize,
+    /// History events after which an engine workflow continues as new (it also does when
+    /// Temporal suggests it). Lowered only to exercise continue-as-new in tests.
+    #[arg(long, env = "TWC_HISTORY_EVENT_BOUND", default_value_t = twc_workflows::DEFAULT_HISTORY_EVENT_BOUND,
+          value_parser = clap::value_parser!(u32).range(100..))]
+    history_event_bound: u32,
     /// Identity on Temporal calls; also the manager identity claimed on worker deployments.
     /// Every replica of one installation must use the same value.
     #[arg(long, env = "TWC_IDENTITY", default_value = "twc")]
@@ -89,6 +94,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         namespaces: watch_namespaces,
         task_queue: config.task_queue.clone(),
         search_attributes: !args.no_search_attributes,
+        history_event_bound: args.history_event_bound,
         metrics: Arc::clone(&metrics),
     };
     let mut stop_watcher = stop_rx.clone();

@@ -404,6 +404,8 @@ pub enum RolloutPhase {
     Complete,
     /// Stopped by an error that needs attention.
     Blocked,
+    /// An operator aborted the rollout of the target (`retry` rolls it out again).
+    Aborted,
 }
 
 /// Small specs for unit tests of this and other crates.

@@ -532,6 +532,7 @@ async fn signal_spec(cluster: &Cluster, namespace: &str, name: &str) {
     let input = TwdInput {
         twd: twd_ref.clone(),
         search_attributes: true,
+        history_event_bound: None,
         carried: None,
     };
     let signal = SpecSignal {

@@ -88,6 +88,20 @@ activity!(
     /// worker deployment deleted in Temporal, finalizers removed.
     CleanupDeleted, "cleanup_deleted", TwdRef => CleanupOutcome
 );
+activity!(
+    /// Deletion path when Temporal cannot be cleaned (the connection or its Secret is gone for
+    /// good, e.g. the namespace is being deleted): deletes the versioned Deployments, releases
+    /// the finalizers and returns what was left on the Temporal side, in words.
+    ReleaseWithoutTemporal, "release_without_temporal", TwdRef => String
+);
+activity!(
+    /// Re-asserts what the TWD needs, every turn of its workflow: the finalizer on the TWD and
+    /// on the TemporalConnection it references now (released from connections no TWD uses),
+    /// the connection's current settings on every live versioned Deployment (a rolling
+    /// restart), and under `unsafeCustomBuildID` the current pod template on the target
+    /// build's Deployment. Returns what it changed.
+    ReassertResources, "reassert_resources", TwdRef => ReassertOutcome
+);
 
 /// A build of a TWD.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -308,5 +322,36 @@ pub enum CleanupOutcome {
     Pending {
         /// What is left.
         message: String,
+        /// Why Temporal cannot be reached with the TWD's settings, when that is the cause
+        /// (absent in histories recorded before it existed).
+        #[serde(default)]
+        blocked_by: Option<CleanupBlock>,
     },
+}
+
+/// Why the deletion path cannot clean up Temporal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CleanupBlock {
+    /// The TemporalConnection is missing.
+    ConnectionGone,
+    /// The connection's credential Secret is missing or unusable.
+    SecretGone,
+    /// As one of the above, and the TWD's namespace is being deleted: nothing will come back.
+    NamespaceDeleting,
+}
+
+/// Result of `reassert_resources`: one entry per change made (each becomes a Normal event).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReassertOutcome {
+    /// What was changed.
+    pub changes: Vec<ResourceChange>,
+}
+
+/// A change `reassert_resources` made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceChange {
+    /// Event reason: `FinalizerRestored`, `ConnectionUpdated` or `TemplateUpdated`.
+    pub reason: String,
+    /// Event message naming the object and what changed.
+    pub message: String,
 }

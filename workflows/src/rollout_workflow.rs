@@ -15,7 +15,7 @@ use temporalio_common::search_attributes::SearchAttributeKey;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::workflows::select;
 use temporalio_sdk::{
-    ActivityOptions, SignalWorkflowOptions, SyncWorkflowContext, WorkflowContext,
+    ActivityOptions, CancellableFuture, SignalWorkflowOptions, SyncWorkflowContext, WorkflowContext,
     WorkflowContextView, WorkflowResult,
 };
 
@@ -46,8 +46,15 @@ pub const SA_BUILD_ID: SearchAttributeKey<String> = SearchAttributeKey::keyword(
 /// `Superseded` or `Aborted`.
 pub const SA_OUTCOME: SearchAttributeKey<String> = SearchAttributeKey::keyword("TwcOutcome");
 
-/// Turns after which a long-waiting rollout continues as new (keeps its history small).
+/// Turns after which a long-waiting rollout without signals continued as new (histories from
+/// before the `bounded-history` patch).
 const MAX_TURNS_PER_RUN: u32 = 400;
+/// Patch: the rollout continues as new when Temporal suggests it or its history reaches its
+/// bound, whatever signals arrived, carrying pending controls, gate runs and its last report
+/// (histories before it continued as new only after 400 turns without any signal, so a
+/// rollout that received one signal ran into Temporal's history limit after about 13 hours of
+/// a held step).
+const PATCH_BOUNDED_HISTORY: &str = "bounded-history";
 /// Longest single wait for pollers or gate results before re-observing.
 const MAX_ACTIVITY_WAIT: Duration = Duration::from_secs(60);
 /// Patch: a superseded or aborted rollout whose gate is undecided stops its gate workflows too
@@ -60,6 +67,18 @@ const PATCH_NOW_AFTER_OBSERVE: &str = "now-after-observe";
 /// Longest wait while holding a Progressive step before re-reading routing (reference §3.7: a
 /// ramp changed by hand is snapped back to the step grid at the next look).
 const ROUTING_RECHECK: Duration = Duration::from_secs(10);
+/// Patch: a gate workflow that ran out of its execution timeout stops the rollout with
+/// `ProgressDeadlineExceeded` (SPEC §4.8); before it, as `GateFailed`.
+const PATCH_GATE_TIMEOUT_IS_DEADLINE: &str = "gate-timeout-is-deadline";
+/// Patch: a signal that ends a wait cancels the timer or activity it interrupted.
+const PATCH_CANCEL_INTERRUPTED: &str = "cancel-interrupted";
+/// Patch: activity failures are reported only once they outlast [`TRANSIENT_GRACE`].
+const PATCH_TRANSIENT_FAILURES: &str = "transient-failures";
+/// How long activity failures (after their own retries) may last before the rollout reports
+/// them: longer than a restart of the API server or of Temporal.
+const TRANSIENT_GRACE: Duration = Duration::from_secs(60);
+/// Re-check interval while failures are within [`TRANSIENT_GRACE`].
+const TRANSIENT_RECHECK: Duration = Duration::from_secs(5);
 /// Re-check interval while blocked by an error that may clear by itself.
 const BLOCKED_RECHECK: Duration = Duration::from_secs(30);
 /// Re-check interval while waiting for a person (Manual promotion, pause, failed gate).
@@ -74,11 +93,16 @@ pub struct RolloutInput {
     pub twd: TwdRef,
     /// The build to roll out.
     pub build_id: String,
+    /// History events after which the rollout continues as new (default
+    /// [`crate::DEFAULT_HISTORY_EVENT_BOUND`]; absent in histories from before it existed).
+    #[serde(default)]
+    pub history_event_bound: Option<u32>,
     /// Memory carried over a continue-as-new (None on the first run).
     pub carried: Option<CarriedRollout>,
 }
 
-/// What survives a continue-as-new.
+/// What survives a continue-as-new. The fields after `sequence` are absent in inputs carried
+/// from before the `bounded-history` patch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CarriedRollout {
     /// Decision memory.
@@ -87,6 +111,18 @@ pub struct CarriedRollout {
     pub gate_attempt: u32,
     /// Report sequence.
     pub sequence: u64,
+    /// Controls received and not yet answered.
+    #[serde(default)]
+    pub controls: Vec<ControlAction>,
+    /// Gate runs of the attempt in force.
+    #[serde(default)]
+    pub gate_runs: Vec<GateRun>,
+    /// The last report sent to the TWD workflow (not sent again unless it changes).
+    #[serde(default)]
+    pub last_report: Option<RolloutReport>,
+    /// Since when activities have been failing (transient errors are not reported at once).
+    #[serde(default)]
+    pub failing_since: Option<UnixMillis>,
 }
 
 /// How a rollout ended.
@@ -122,6 +158,9 @@ pub struct RolloutWorkflow {
     outcome_blocked: bool,
     last_report: Option<RolloutReport>,
     sequence: u64,
+    /// Since when activities have been failing after their retries (cleared by a successful
+    /// observation): a failure is reported only once it outlasts [`TRANSIENT_GRACE`].
+    failing_since: Option<UnixMillis>,
 }
 
 #[workflow_methods]
@@ -130,35 +169,39 @@ impl RolloutWorkflow {
     #[init]
     pub fn new(ctx: &WorkflowContextView, input: RolloutInput) -> Self {
         let now = millis(ctx.start_time());
-        let (memory, gate_attempt, sequence) = match &input.carried {
-            Some(c) => (c.memory.clone(), c.gate_attempt, c.sequence),
-            None => (
-                RolloutMemory {
-                    build_id: input.build_id.clone(),
-                    started_at: now,
-                    gate: GateState::NotRun,
-                    promote_requested: false,
-                    pause_requested: false,
-                    held: HeldTime::default(),
-                },
-                1,
-                0,
-            ),
-        };
+        let carried = input.carried.clone().unwrap_or_else(|| CarriedRollout {
+            memory: RolloutMemory {
+                build_id: input.build_id.clone(),
+                started_at: now,
+                gate: GateState::NotRun,
+                promote_requested: false,
+                pause_requested: false,
+                held: HeldTime::default(),
+            },
+            gate_attempt: 1,
+            sequence: 0,
+            controls: Vec::new(),
+            gate_runs: Vec::new(),
+            last_report: None,
+            failing_since: None,
+        });
+        let pending_controls = carried.controls.len() as u64;
         Self {
             input,
-            memory,
-            gate_attempt,
-            gate_runs: Vec::new(),
-            wakeups: 0,
+            memory: carried.memory,
+            gate_attempt: carried.gate_attempt,
+            gate_runs: carried.gate_runs,
+            // Carried controls count as signals not yet handled.
+            wakeups: pending_controls,
             observed_wakeups: 0,
             abort_requested: false,
             retry_requested: false,
-            controls: Vec::new(),
+            controls: carried.controls,
             spec_paused: false,
             outcome_blocked: false,
-            last_report: None,
-            sequence,
+            last_report: carried.last_report,
+            sequence: carried.sequence,
+            failing_since: carried.failing_since,
         }
     }
 
@@ -173,15 +216,25 @@ impl RolloutWorkflow {
         let mut turns = 0u32;
         loop {
             turns += 1;
-            if turns > MAX_TURNS_PER_RUN && ctx.state(|s| s.wakeups == 0) {
+            let continue_now = if ctx.patched(PATCH_BOUNDED_HISTORY) {
+                turns > 1 && history_full(ctx, ctx.state(|s| s.input.history_event_bound))
+            } else {
+                turns > MAX_TURNS_PER_RUN && ctx.state(|s| s.wakeups == 0)
+            };
+            if continue_now {
                 let carried = ctx.state(|s| CarriedRollout {
                     memory: s.memory.clone(),
                     gate_attempt: s.gate_attempt,
                     sequence: s.sequence,
+                    controls: s.controls.clone(),
+                    gate_runs: s.gate_runs.clone(),
+                    last_report: s.last_report.clone(),
+                    failing_since: s.failing_since,
                 });
                 let input = RolloutInput {
                     twd: twd.clone(),
                     build_id: build_id.clone(),
+                    history_event_bound: ctx.state(|s| s.input.history_event_bound),
                     carried: Some(carried),
                 };
                 ctx.continue_as_new(input, Default::default())?;
@@ -191,11 +244,13 @@ impl RolloutWorkflow {
             let observation = match observe(ctx, &twd).await {
                 Ok(o) => o,
                 Err(blocked) => {
-                    report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
-                    wait_for_change(ctx, BLOCKED_RECHECK).await;
+                    on_failure(ctx, blocked).await;
                     continue;
                 }
             };
+            if observation.temporal.is_ok() {
+                ctx.state_mut(|s| s.failing_since = None);
+            }
             let now = if ctx.patched(PATCH_NOW_AFTER_OBSERVE) {
                 now_millis(ctx)
             } else {
@@ -262,10 +317,11 @@ impl RolloutWorkflow {
                             CreateDeploymentOutcome::Exists { .. }
                             | CreateDeploymentOutcome::Superseded,
                         ) => {}
-                        Ok(CreateDeploymentOutcome::Blocked(blocked)) | Err(blocked) => {
+                        Ok(CreateDeploymentOutcome::Blocked(blocked)) => {
                             report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
                             wait_for_change(ctx, BLOCKED_RECHECK).await;
                         }
+                        Err(blocked) => on_failure(ctx, blocked).await,
                     }
                 }
                 RolloutDecision::ScaleTarget { replicas } => {
@@ -288,8 +344,7 @@ impl RolloutWorkflow {
                     )
                     .await
                     {
-                        report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
-                        wait_for_change(ctx, BLOCKED_RECHECK).await;
+                        on_failure(ctx, blocked).await;
                     }
                 }
                 RolloutDecision::WaitForPollers { deadline_at } => {
@@ -303,23 +358,22 @@ impl RolloutWorkflow {
                         build_id: build_id.clone(),
                         max_wait_ms: i64::try_from(max_wait.as_millis()).unwrap_or(60_000),
                     };
-                    let seen = ctx.state(|s| s.observed_wakeups);
                     let options = waiting_options(max_wait);
                     let options = with_summary(options, "wait for pollers");
-                    let waited = select! {
-                        outcome = ctx.execute_activity(WaitForPollers, request, options) => Some(outcome.map_err(|e| activity_failed("wait_for_pollers", &e))),
-                        _ = ctx.wait_condition(move |s: &Self| s.wakeups != seen) => None,
-                    };
-                    if let Some(
-                        Ok(PollerWaitOutcome {
+                    let waiting = ctx.execute_activity(WaitForPollers, request, options);
+                    let waited = unless_signalled(ctx, waiting).await.map(|outcome| {
+                        outcome.map_err(|e| activity_failed("wait_for_pollers", &e))
+                    });
+                    match waited {
+                        Some(Ok(PollerWaitOutcome {
                             blocked: Some(blocked),
                             ..
-                        })
-                        | Err(blocked),
-                    ) = waited
-                    {
-                        report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
-                        wait_for_change(ctx, BLOCKED_RECHECK).await;
+                        })) => {
+                            report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
+                            wait_for_change(ctx, BLOCKED_RECHECK).await;
+                        }
+                        Some(Err(blocked)) => on_failure(ctx, blocked).await,
+                        Some(Ok(_)) | None => {}
                     }
                 }
                 RolloutDecision::DeadlineExceeded(blocked) => {
@@ -472,6 +526,33 @@ impl RolloutWorkflow {
         self.push_control(ControlAction::Retry);
     }
 
+    /// Refuses a control that does not apply now (a `pause` of a rollout that is already
+    /// complete, a `retry` with nothing to retry), with the reason; the caller gets it at once.
+    #[update_validator(control_update)]
+    pub fn validate_control_update(
+        &self,
+        _ctx: &WorkflowContextView,
+        action: &ControlAction,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        match control::effect(*action, &self.control_view()) {
+            ControlEffect::NotApplicable(message) => Err(message.into()),
+            ControlEffect::Apply(_) | ControlEffect::Unchanged(_) => Ok(()),
+        }
+    }
+
+    /// Operator control as an update: accepted controls are applied by the run loop like the
+    /// `control` signal; the answer says what the control does (or that nothing changes).
+    #[update(name = "control")]
+    pub fn control_update(
+        &mut self,
+        _ctx: &mut SyncWorkflowContext<Self>,
+        action: ControlAction,
+    ) -> String {
+        let answer = control::effect(action, &self.control_view());
+        self.push_control(action);
+        answer.message().to_owned()
+    }
+
     /// The latest progress report.
     #[query(name = "status")]
     pub fn status(&self, _ctx: &WorkflowContextView) -> Option<RolloutReport> {
@@ -604,7 +685,10 @@ fn apply_operator_flags(ctx: &mut WorkflowContext<RolloutWorkflow>) {
     ctx.state_mut(|s| {
         if s.retry_requested {
             s.retry_requested = false;
-            if matches!(s.memory.gate, GateState::Failed { .. }) {
+            if matches!(
+                s.memory.gate,
+                GateState::Failed { .. } | GateState::TimedOut { .. }
+            ) {
                 s.memory.gate = GateState::NotRun;
                 s.gate_attempt += 1;
                 s.gate_runs.clear();
@@ -644,17 +728,16 @@ async fn run_gate(
         attempt,
         max_wait_ms: i64::try_from(MAX_ACTIVITY_WAIT.as_millis()).unwrap_or(60_000),
     };
-    let seen = ctx.state(|s| s.observed_wakeups);
     let summary = format!("gate {workflow_type} (attempt {attempt})");
     let options = with_summary(waiting_options(MAX_ACTIVITY_WAIT), &summary);
-    let outcome = select! {
-        outcome = ctx.execute_activity(RunGate, request, options) => Some(outcome.map_err(|e| activity_failed("run_gate", &e))),
-        _ = ctx.wait_condition(move |s: &RolloutWorkflow| s.wakeups != seen) => None,
-    };
+    let running = ctx.execute_activity(RunGate, request, options);
+    let outcome = unless_signalled(ctx, running)
+        .await
+        .map(|outcome| outcome.map_err(|e| activity_failed("run_gate", &e)));
     match outcome {
         None => {}
-        Some(Err(blocked))
-        | Some(Ok(crate::contract::GateOutcome {
+        Some(Err(blocked)) => on_failure(ctx, blocked).await,
+        Some(Ok(crate::contract::GateOutcome {
             blocked: Some(blocked),
             ..
         })) => {
@@ -682,6 +765,13 @@ async fn run_gate(
                     .filter(|r| r.status != "Completed")
                     .map(|r| format!("{} on {}: {}", r.workflow_id, r.task_queue, r.status))
                     .collect();
+                let timed_out = outcome.runs.iter().any(|r| r.status == "TimedOut");
+                if timed_out && ctx.patched(PATCH_GATE_TIMEOUT_IS_DEADLINE) {
+                    // Stopped at the decision that follows, with its own Warning event.
+                    let message = failed.join("; ");
+                    ctx.state_mut(|s| s.memory.gate = GateState::TimedOut { message });
+                    return;
+                }
                 let message = format!(
                     "Gate {workflow_type} failed on build {build_id}: {}",
                     failed.join("; ")
@@ -754,6 +844,10 @@ async fn route(
             true
         }
         Ok(RoutingOutcome::Conflict) => false,
+        Err(blocked) if ctx.patched(PATCH_TRANSIENT_FAILURES) => {
+            on_failure(ctx, blocked).await;
+            false
+        }
         Ok(RoutingOutcome::Blocked(blocked)) | Err(blocked) => {
             event(
                 ctx,
@@ -956,11 +1050,47 @@ fn set_outcome(ctx: &mut WorkflowContext<RolloutWorkflow>, outcome: &str) {
 
 /// Waits until a signal arrives or `timeout` passes.
 async fn wait_for_change(ctx: &mut WorkflowContext<RolloutWorkflow>, timeout: Duration) {
+    let timer = ctx.timer(timeout);
+    let _ = unless_signalled(ctx, timer).await;
+}
+
+/// Waits for `future` (a timer or an activity) unless a signal arrives first (counted from the
+/// turn's observation, so none that came in meanwhile is missed); then it is cancelled
+/// (histories before the `cancel-interrupted` patch left it running: a timer fired later for
+/// nothing, an activity went on beside the next turn's) and `None` is returned.
+async fn unless_signalled<F>(ctx: &WorkflowContext<RolloutWorkflow>, future: F) -> Option<F::Output>
+where
+    F: CancellableFuture,
+{
     let seen = ctx.state(|s| s.observed_wakeups);
-    select! {
-        _ = ctx.timer(timeout) => {}
-        _ = ctx.wait_condition(move |s: &RolloutWorkflow| s.wakeups != seen) => {}
+    let mut future = std::pin::pin!(future);
+    let finished = select! {
+        output = future.as_mut() => Some(output),
+        _ = ctx.wait_condition(move |s: &RolloutWorkflow| s.wakeups != seen) => None,
     };
+    if finished.is_none() && ctx.patched(PATCH_CANCEL_INTERRUPTED) {
+        future.as_ref().get_ref().cancel();
+        let _ = future.await;
+    }
+    finished
+}
+
+/// An activity failed after its retries: a transient error (expected conditions come back as
+/// values). It is reported (`PlanExecutionFailed` with the cause) only once failures have
+/// lasted [`TRANSIENT_GRACE`]; until then the rollout looks again soon, so a short outage of the
+/// API server or of Temporal changes no condition. Histories before the `transient-failures`
+/// patch reported every failure at once.
+async fn on_failure(ctx: &mut WorkflowContext<RolloutWorkflow>, blocked: Blocked) {
+    if ctx.patched(PATCH_TRANSIENT_FAILURES) {
+        let now = now_millis(ctx);
+        let since = ctx.state_mut(|s| *s.failing_since.get_or_insert(now));
+        if now - since < i64::try_from(TRANSIENT_GRACE.as_millis()).unwrap_or(i64::MAX) {
+            wait_for_change(ctx, TRANSIENT_RECHECK).await;
+            return;
+        }
+    }
+    report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
+    wait_for_change(ctx, BLOCKED_RECHECK).await;
 }
 
 /// Index of the Progressive step a live ramp percentage belongs to.
@@ -1017,17 +1147,23 @@ fn activity_failed(name: &str, error: &dyn std::fmt::Display) -> Blocked {
     }
 }
 
-/// Options for quick activities: a few retries with backoff, then the workflow decides.
+/// Options for quick activities: a few retries with backoff (about 20 s in all), then the
+/// workflow decides. Activities heartbeat every second, so one whose worker died (a killed
+/// controller) is retried on another after [`HEARTBEAT_TIMEOUT`], not after its 60 s.
 pub(crate) fn short_options() -> ActivityOptions {
     let retry = temporalio_common::RetryPolicy::builder()
         .initial_interval(Duration::from_millis(500))
-        .maximum_interval(Duration::from_secs(10))
-        .maximum_attempts(4)
+        .maximum_interval(Duration::from_secs(5))
+        .maximum_attempts(6)
         .build();
     ActivityOptions::with_start_to_close_timeout(Duration::from_secs(60))
+        .heartbeat_timeout(HEARTBEAT_TIMEOUT)
         .retry_policy(retry)
         .build()
 }
+
+/// Longest silence of a running activity before Temporal retries it elsewhere.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Options for activities that wait up to `max_wait` while heartbeating.
 fn waiting_options(max_wait: Duration) -> ActivityOptions {
@@ -1037,9 +1173,16 @@ fn waiting_options(max_wait: Duration) -> ActivityOptions {
         .maximum_attempts(3)
         .build();
     ActivityOptions::with_start_to_close_timeout(max_wait + Duration::from_secs(60))
-        .heartbeat_timeout(Duration::from_secs(20))
+        .heartbeat_timeout(HEARTBEAT_TIMEOUT)
         .retry_policy(retry)
         .build()
+}
+
+/// Whether the workflow should continue as new now: Temporal suggests it (its history is
+/// large), or the history reached `bound` events (default [`crate::DEFAULT_HISTORY_EVENT_BOUND`]).
+pub(crate) fn history_full<W>(ctx: &WorkflowContext<W>, bound: Option<u32>) -> bool {
+    ctx.continue_as_new_suggested()
+        || ctx.history_length() >= bound.unwrap_or(crate::DEFAULT_HISTORY_EVENT_BOUND)
 }
 
 /// Workflow time in Unix milliseconds (deterministic: recorded in history).

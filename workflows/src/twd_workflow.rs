@@ -21,17 +21,20 @@ use temporalio_sdk::{
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 
 use crate::contract::{
-    CleanupDeleted, CleanupOutcome, DeleteDeployment, DeleteVersion, DeleteVersionOutcome,
-    DeleteVersionRequest, DeploymentRequest, EmitEvent, EnsureFinalizers, EventKind, EventRequest,
-    Observe, ScaleDeployment, ScaleRequest, StatusRequest, WriteStatus,
+    CleanupBlock, CleanupDeleted, CleanupOutcome, DeleteDeployment, DeleteVersion,
+    DeleteVersionOutcome, DeleteVersionRequest, DeploymentRequest, EmitEvent, EnsureFinalizers,
+    EventKind, EventRequest, Observe, ReassertResources, ReleaseWithoutTemporal, ScaleDeployment,
+    ScaleRequest, StatusRequest, WriteStatus,
 };
 use crate::control::{self, ControlEffect, ControlState};
-use crate::model::{ControlAction, Observation, RolloutProgress, RolloutReport, TwdRef};
+use crate::model::{
+    ControlAction, Observation, RolloutProgress, RolloutReport, TwdRef, UnixMillis,
+};
 use crate::plan::sunset::{SunsetAction, SunsetMemory};
-use crate::plan::{status, sunset};
+use crate::plan::{conditions, status, sunset};
 use crate::rollout_workflow::{
-    RolloutInput, RolloutWorkflow, SA_BUILD_ID, SA_NAME, SA_NAMESPACE, SA_OUTCOME, now_millis,
-    run_activity, short_options,
+    RolloutInput, RolloutWorkflow, SA_BUILD_ID, SA_NAME, SA_NAMESPACE, SA_OUTCOME, history_full,
+    now_millis, run_activity, short_options,
 };
 
 /// Patch: reports of a rollout other than the one in flight are ignored (histories recorded
@@ -47,6 +50,25 @@ const PATCH_CONFIRM_RETARGET: &str = "confirm-retarget";
 /// Patch: a rollout that completes after the spec changed during it gets a fresh run, which
 /// applies the change (histories before it left such a change to the next spec signal).
 const PATCH_RERUN_AFTER_MID_ROLLOUT_CHANGE: &str = "rerun-after-mid-rollout-change";
+/// Patch: the workflow continues as new when Temporal suggests it, its history reaches its
+/// bound, or after [`MAX_TURNS_PER_RUN`] turns, whatever signals arrived, carrying pending
+/// controls; the deletion path does too (histories before it waited for a turn without
+/// signals, and the deletion path never continued as new).
+const PATCH_BOUNDED_HISTORY: &str = "bounded-history";
+/// Patch: every turn re-asserts finalizers, connection settings and the pod template
+/// (`reassert_resources`); histories before it ensured finalizers once per execution chain.
+const PATCH_REASSERT_EVERY_TURN: &str = "reassert-every-turn";
+/// Patch: a spec observed newer than the last spec signal is taken at once.
+const PATCH_ADOPT_OBSERVED_SPEC: &str = "adopt-observed-spec";
+/// Patch: the deletion path backs off, shows what it waits for (condition and Warning
+/// event), and releases the TWD without cleaning Temporal once the connection or its Secret
+/// is gone for good (histories before it retried every 5 s forever).
+const PATCH_DELETION_BACKOFF: &str = "deletion-backoff";
+/// Longest pause between cleanup attempts of the deletion path.
+const CLEANUP_RETRY_MAX: Duration = Duration::from_secs(120);
+/// How long a missing connection or Secret (outside a namespace deletion) blocks the cleanup
+/// of Temporal before the TWD is released without it.
+const CLEANUP_GIVE_UP: Duration = Duration::from_secs(3600);
 /// Level-triggered resync interval when nothing else is due.
 const RESYNC: Duration = Duration::from_secs(300);
 /// Retry interval of the deletion path.
@@ -72,6 +94,10 @@ pub struct TwdInput {
     pub twd: TwdRef,
     /// Set search attributes on rollouts (they must be registered in the engine namespace).
     pub search_attributes: bool,
+    /// History events after which this workflow and its rollouts continue as new (default
+    /// [`crate::DEFAULT_HISTORY_EVENT_BOUND`]; absent in histories from before it existed).
+    #[serde(default)]
+    pub history_event_bound: Option<u32>,
     /// State carried over a continue-as-new.
     pub carried: Option<CarriedTwd>,
 }
@@ -89,6 +115,27 @@ pub struct CarriedTwd {
     pub sunset: Vec<SunsetMemory>,
     /// Builds an operator aborted (not restarted until the spec moves on).
     pub aborted: Vec<String>,
+    /// Controls received and not yet forwarded (absent in inputs carried from before the
+    /// `bounded-history` patch, as are the fields below).
+    #[serde(default)]
+    pub controls: Vec<ControlAction>,
+    /// A duplicate spec signal arrived and the rollout was not nudged yet.
+    #[serde(default)]
+    pub poked: bool,
+    /// Progress of the deletion path.
+    #[serde(default)]
+    pub cleanup: CleanupProgress,
+}
+
+/// Where the deletion path stands (carried over a continue-as-new).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CleanupProgress {
+    /// Cleanup attempts so far (sets the backoff).
+    pub attempts: u32,
+    /// Since when Temporal has been unreachable with the TWD's settings.
+    pub blocked_since: Option<UnixMillis>,
+    /// The last "waiting for" message shown (condition and event), so it is shown once.
+    pub shown: Option<String>,
 }
 
 /// The rollout child in flight.
@@ -131,6 +178,7 @@ pub struct TwdWorkflow {
     /// A duplicate spec signal arrived (something around the TWD changed): nudge the rollout.
     poked: bool,
     last_status: Option<TemporalWorkerDeploymentStatus>,
+    cleanup: CleanupProgress,
 }
 
 #[workflow_methods]
@@ -138,22 +186,29 @@ impl TwdWorkflow {
     /// Builds the initial state from the input.
     #[init]
     pub fn new(_ctx: &WorkflowContextView, input: TwdInput) -> Self {
-        let carried = input.carried.clone();
-        let (spec, active, last_report, sunset, aborted) = match carried {
-            Some(c) => (c.spec, c.active, c.last_report, c.sunset, c.aborted),
-            None => (None, None, None, Vec::new(), Vec::new()),
-        };
+        let carried = input.carried.clone().unwrap_or_else(|| CarriedTwd {
+            spec: None,
+            active: None,
+            last_report: None,
+            sunset: Vec::new(),
+            aborted: Vec::new(),
+            controls: Vec::new(),
+            poked: false,
+            cleanup: CleanupProgress::default(),
+        });
         Self {
             input,
-            spec,
-            active,
-            last_report,
-            sunset,
-            aborted,
-            controls: Vec::new(),
-            wakeups: 0,
-            poked: false,
+            spec: carried.spec,
+            active: carried.active,
+            last_report: carried.last_report,
+            sunset: carried.sunset,
+            aborted: carried.aborted,
+            // Carried controls count as signals not yet handled.
+            wakeups: carried.controls.len() as u64,
+            controls: carried.controls,
+            poked: carried.poked,
             last_status: None,
+            cleanup: carried.cleanup,
         }
     }
 
@@ -161,7 +216,10 @@ impl TwdWorkflow {
     #[run(name = "twd")]
     pub async fn run(ctx: &mut WorkflowContext<Self>) -> WorkflowResult<()> {
         let twd = ctx.state(|s| s.input.twd.clone());
-        if ctx.state(|s| s.input.carried.is_none()) {
+        // Finalizers are re-asserted every turn since the `reassert-every-turn` patch; before
+        // it, once per execution chain.
+        let reassert = ctx.patched(PATCH_REASSERT_EVERY_TURN);
+        if !reassert && ctx.state(|s| s.input.carried.is_none()) {
             let _ = run_activity(
                 ctx,
                 EnsureFinalizers,
@@ -199,33 +257,36 @@ impl TwdWorkflow {
             if spec.deleting {
                 return delete(ctx, &twd).await;
             }
+            if reassert {
+                reassert_resources(ctx, &twd).await;
+            }
             dispatch_rollout(ctx, &twd, &spec).await;
             forward_controls(ctx, &twd, &spec).await;
             next_wake =
                 match run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await {
                     Ok(observation) => {
-                        write_status(ctx, &twd, &observation, spec.generation).await;
-                        retire_versions(ctx, &twd, &observation)
-                            .await
-                            .unwrap_or(RESYNC)
-                            .min(RESYNC)
+                        if adopt_observed_spec(ctx, &observation) {
+                            // A change the watcher did not signal: act on it now.
+                            Duration::ZERO
+                        } else {
+                            write_status(ctx, &twd, &observation, spec.generation).await;
+                            retire_versions(ctx, &twd, &observation)
+                                .await
+                                .unwrap_or(RESYNC)
+                                .min(RESYNC)
+                        }
                     }
                     Err(_) => Duration::from_secs(30),
                 };
-            let idle = ctx.state(|s| s.wakeups == seen);
-            if idle && (turns >= MAX_TURNS_PER_RUN || ctx.continue_as_new_suggested()) {
-                let input = ctx.state(|s| TwdInput {
-                    twd: s.input.twd.clone(),
-                    search_attributes: s.input.search_attributes,
-                    carried: Some(CarriedTwd {
-                        spec: s.spec.clone(),
-                        active: s.active.clone(),
-                        last_report: s.last_report.clone(),
-                        sunset: s.sunset.clone(),
-                        aborted: s.aborted.clone(),
-                    }),
-                });
-                ctx.continue_as_new(input, Default::default())?;
+            let continue_now = if ctx.patched(PATCH_BOUNDED_HISTORY) {
+                turns >= MAX_TURNS_PER_RUN
+                    || history_full(ctx, ctx.state(|s| s.input.history_event_bound))
+            } else {
+                let idle = ctx.state(|s| s.wakeups == seen);
+                idle && (turns >= MAX_TURNS_PER_RUN || ctx.continue_as_new_suggested())
+            };
+            if continue_now {
+                continue_as_new(ctx)?;
             }
         }
     }
@@ -311,6 +372,71 @@ impl TwdWorkflow {
             last_report: self.last_report.clone(),
         }
     }
+}
+
+/// Continues as new, carrying everything the next run needs (signals that arrived during this
+/// turn included: they are handled by the next run's first turn).
+fn continue_as_new(ctx: &mut WorkflowContext<TwdWorkflow>) -> WorkflowResult<()> {
+    let input = ctx.state(|s| TwdInput {
+        twd: s.input.twd.clone(),
+        search_attributes: s.input.search_attributes,
+        history_event_bound: s.input.history_event_bound,
+        carried: Some(CarriedTwd {
+            spec: s.spec.clone(),
+            active: s.active.clone(),
+            last_report: s.last_report.clone(),
+            sunset: s.sunset.clone(),
+            aborted: s.aborted.clone(),
+            controls: s.controls.clone(),
+            poked: s.poked,
+            cleanup: s.cleanup.clone(),
+        }),
+    });
+    ctx.continue_as_new(input, Default::default())?;
+    Ok(())
+}
+
+/// Re-asserts finalizers, connection settings and (under `unsafeCustomBuildID`) the pod
+/// template; each change is a Normal event. A failure is retried at the next turn.
+async fn reassert_resources(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) {
+    let Ok(outcome) = run_activity(
+        ctx,
+        ReassertResources,
+        twd.clone(),
+        "reassert resources",
+        short_options(),
+    )
+    .await
+    else {
+        return;
+    };
+    for change in outcome.changes {
+        event(ctx, twd, EventKind::Normal, &change.reason, change.message).await;
+    }
+}
+
+/// Takes the observed spec when it is newer than the last spec signal (the watcher missed or
+/// has not yet delivered a change: ARCHITECTURE invariant 5); returns whether it did, so the
+/// turn that acts on it follows at once. Histories before the `adopt-observed-spec` patch
+/// waited for the watcher's signal.
+fn adopt_observed_spec(ctx: &mut WorkflowContext<TwdWorkflow>, observation: &Observation) -> bool {
+    let Some(observed) = observation.spec.as_ref() else {
+        return false;
+    };
+    let signal = SpecSignal {
+        generation: observed.generation,
+        build_id: observed.target_build_id.clone(),
+        deleting: observed.deleting,
+    };
+    let newer = ctx.state(|s| {
+        s.spec.as_ref().is_some_and(|held| {
+            signal.generation > held.generation || (signal.deleting && !held.deleting)
+        })
+    });
+    if !newer || !ctx.patched(PATCH_ADOPT_OBSERVED_SPEC) {
+        return false;
+    }
+    ctx.state_mut(|s| s.take_spec(signal))
 }
 
 impl TwdWorkflow {
@@ -444,6 +570,7 @@ async fn start_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, spe
     let input = RolloutInput {
         twd: twd.clone(),
         build_id: spec.build_id.clone(),
+        history_event_bound: ctx.state(|s| s.input.history_event_bound),
         carried: None,
     };
     let search_attributes = ctx.state(|s| s.input.search_attributes).then(|| {
@@ -732,6 +859,9 @@ async fn delete(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) -> Workflo
     if let Some(active) = ctx.state(|s| s.active.clone()) {
         nudge(ctx, &active.workflow_id, "TWD deleted").await;
     }
+    if ctx.patched(PATCH_DELETION_BACKOFF) {
+        return delete_with_backoff(ctx, twd).await;
+    }
     loop {
         match run_activity(
             ctx,
@@ -748,6 +878,126 @@ async fn delete(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) -> Workflo
             }
         }
     }
+}
+
+/// The deletion path: cleanup attempts with a doubling pause (5 s up to
+/// [`CLEANUP_RETRY_MAX`]); what it waits for is shown once per change as the `Deleting`
+/// condition and a Warning event; once the connection or its Secret is gone for good (its
+/// namespace is being deleted, or [`CLEANUP_GIVE_UP`] passed) the TWD is released without
+/// cleaning Temporal, saying what was left there. Continues as new like the main loop.
+async fn delete_with_backoff(
+    ctx: &mut WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+) -> WorkflowResult<()> {
+    loop {
+        let outcome = run_activity(
+            ctx,
+            CleanupDeleted,
+            twd.clone(),
+            "clean up deleted TWD",
+            short_options(),
+        )
+        .await;
+        let (message, blocked_by) = match outcome {
+            Ok(CleanupOutcome::Done) => return Ok(()),
+            Ok(CleanupOutcome::Pending {
+                message,
+                blocked_by,
+            }) => (message, blocked_by),
+            Err(blocked) => (blocked.message, None),
+        };
+        let now = now_millis(ctx);
+        let since = ctx.state_mut(|s| match blocked_by {
+            Some(_) => *s.cleanup.blocked_since.get_or_insert(now),
+            None => {
+                s.cleanup.blocked_since = None;
+                now
+            }
+        });
+        let gone_for_good = match blocked_by {
+            Some(CleanupBlock::NamespaceDeleting) => true,
+            Some(CleanupBlock::ConnectionGone | CleanupBlock::SecretGone) => {
+                now - since >= i64::try_from(CLEANUP_GIVE_UP.as_millis()).unwrap_or(i64::MAX)
+            }
+            None => false,
+        };
+        if gone_for_good {
+            event(
+                ctx,
+                twd,
+                EventKind::Warning,
+                "TemporalCleanupSkipped",
+                format!(
+                    "Releasing {} without cleaning up Temporal ({message}); its worker deployment and versions are left there",
+                    twd.key()
+                ),
+            )
+            .await;
+            if run_activity(
+                ctx,
+                ReleaseWithoutTemporal,
+                twd.clone(),
+                "release without cleaning Temporal",
+                short_options(),
+            )
+            .await
+            .is_ok()
+            {
+                return Ok(());
+            }
+        } else {
+            show_cleanup_wait(ctx, twd, blocked_by, &message).await;
+        }
+        let attempts = ctx.state_mut(|s| {
+            s.cleanup.attempts = s.cleanup.attempts.saturating_add(1);
+            s.cleanup.attempts
+        });
+        let pause = CLEANUP_RETRY
+            .saturating_mul(1 << attempts.saturating_sub(1).min(6))
+            .min(CLEANUP_RETRY_MAX);
+        ctx.timer(pause).await;
+        if history_full(ctx, ctx.state(|s| s.input.history_event_bound)) {
+            continue_as_new(ctx)?;
+        }
+    }
+}
+
+/// Shows what the deletion waits for (the `Deleting` condition and a Warning event), once per
+/// change of the message.
+async fn show_cleanup_wait(
+    ctx: &mut WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+    blocked_by: Option<CleanupBlock>,
+    message: &str,
+) {
+    if ctx.state(|s| s.cleanup.shown.as_deref() == Some(message)) {
+        return;
+    }
+    ctx.state_mut(|s| s.cleanup.shown = Some(message.to_owned()));
+    let view = conditions::deletion_condition(blocked_by, message);
+    event(
+        ctx,
+        twd,
+        EventKind::Warning,
+        "DeletionBlocked",
+        view.message.clone(),
+    )
+    .await;
+    let Ok(observation) = run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await
+    else {
+        return;
+    };
+    let Some(generation) = observation.spec.as_ref().map(|s| s.generation) else {
+        return;
+    };
+    let now = now_millis(ctx);
+    let report = ctx.state(|s| s.last_report.clone());
+    let projected = status::project(&observation, report.as_ref(), generation, now);
+    let request = StatusRequest {
+        twd: twd.clone(),
+        status: status::with_condition(projected, view, generation, now),
+    };
+    let _ = run_activity(ctx, WriteStatus, request, "write status", short_options()).await;
 }
 
 async fn event(

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::contract::CleanupBlock;
 use crate::model::{BlockReason, Blocked, RolloutProgress};
 
 /// Condition type: the target version is Current in Temporal.
@@ -22,6 +23,11 @@ pub const REASON_PAUSED: &str = "Paused";
 /// Reason after an operator aborted the rollout of the target.
 pub const REASON_ABORTED: &str = "Aborted";
 
+/// Condition type, while a deleted TWD's cleanup waits for something: what it waits for.
+pub const DELETING: &str = "Deleting";
+/// Reason of [`DELETING`] while Temporal refuses or lags the cleanup (versions with pollers).
+pub const REASON_WAITING_FOR_TEMPORAL_CLEANUP: &str = "WaitingForTemporalCleanup";
+
 /// A condition without timestamps (the status writer keeps transition times stable).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConditionView {
@@ -33,6 +39,24 @@ pub struct ConditionView {
     pub reason: String,
     /// Human message.
     pub message: String,
+}
+
+/// The [`DELETING`] condition of a deleted TWD whose cleanup is waiting: the reason names the
+/// missing object when that is the cause (the connection, or its Secret), else Temporal.
+pub fn deletion_condition(blocked_by: Option<CleanupBlock>, message: &str) -> ConditionView {
+    let reason = match blocked_by {
+        Some(CleanupBlock::ConnectionGone) => BlockReason::TemporalConnectionNotFound.as_str(),
+        Some(CleanupBlock::SecretGone | CleanupBlock::NamespaceDeleting) => {
+            BlockReason::AuthSecretInvalid.as_str()
+        }
+        None => REASON_WAITING_FOR_TEMPORAL_CLEANUP,
+    };
+    ConditionView {
+        type_: DELETING.to_owned(),
+        status: true,
+        reason: reason.to_owned(),
+        message: format!("Deletion waits for the cleanup of Temporal: {message}"),
+    }
 }
 
 /// `[Ready, Progressing]` for a rollout of `target_build` at `progress` (reference §4.1, SPEC §4.7).
@@ -356,6 +380,28 @@ mod tests {
             assert_eq!(ready.reason, reason.as_str());
             assert_eq!(progressing.reason, reason.as_str());
             assert!(!ready.status && !progressing.status, "{reason:?}");
+        }
+    }
+
+    #[test]
+    fn a_blocked_deletion_names_the_missing_object_only_when_one_is_missing() {
+        let cases = [
+            (
+                Some(CleanupBlock::ConnectionGone),
+                "TemporalConnectionNotFound",
+            ),
+            (Some(CleanupBlock::SecretGone), "AuthSecretInvalid"),
+            (Some(CleanupBlock::NamespaceDeleting), "AuthSecretInvalid"),
+            (None, "WaitingForTemporalCleanup"),
+        ];
+        for (blocked_by, reason) in cases {
+            let view = deletion_condition(blocked_by, "Secret demo/key not found");
+            assert_eq!(
+                (view.type_.as_str(), view.status, view.reason.as_str()),
+                ("Deleting", true, reason),
+                "{blocked_by:?}"
+            );
+            assert!(view.message.ends_with("Secret demo/key not found"));
         }
     }
 }

@@ -112,6 +112,12 @@ pub enum GateState {
         /// What failed.
         message: String,
     },
+    /// A gate workflow ran out of its execution timeout (SPEC §4.8: the progress deadline of
+    /// the gate, not a failed gate).
+    TimedOut {
+        /// Which gate workflows timed out.
+        message: String,
+    },
 }
 
 /// The next step of a rollout.
@@ -275,6 +281,14 @@ pub fn decide(
             GateState::NotRun => return RolloutDecision::RunGate,
             GateState::Failed { message } => {
                 return RolloutDecision::GateFailed(gate_failed(build, message));
+            }
+            GateState::TimedOut { message } => {
+                return RolloutDecision::DeadlineExceeded(Blocked {
+                    reason: BlockReason::ProgressDeadlineExceeded,
+                    message: format!(
+                        "Gate of buildID {build} did not finish within its timeout: {message}. Fix the gate or its workers, then send `retry` or push a new version."
+                    ),
+                });
             }
         }
     }
@@ -947,6 +961,30 @@ mod tests {
                 "{strategy:?} after the gate"
             );
         }
+    }
+
+    #[test]
+    fn a_gate_that_outlives_its_timeout_stops_at_the_progress_deadline_not_as_failed() {
+        // SPEC §4.8: a gate not finished within its timeout is ProgressDeadlineExceeded.
+        let obs = edit(ready(Progressive), |o| {
+            spec_mut(o).gate_workflow_type = Some("Smoke".into())
+        });
+        let timed_out = RolloutMemory {
+            gate: GateState::TimedOut {
+                message: "gate/ns/w/b/orders/1 on orders: TimedOut".into(),
+            },
+            ..memory()
+        };
+        let RolloutDecision::DeadlineExceeded(blocked) = decide(&obs, &timed_out, 0) else {
+            panic!("expected DeadlineExceeded");
+        };
+        assert_eq!(blocked.reason, BlockReason::ProgressDeadlineExceeded);
+        assert!(blocked.message.contains("orders: TimedOut"), "{}", blocked.message);
+        // Without a gate configured, the old state is ignored.
+        assert_eq!(
+            decide(&ready(AllAtOnce), &timed_out, 0),
+            RolloutDecision::SetCurrent
+        );
     }
 
     #[test]

@@ -258,7 +258,8 @@ fn rollout_status(
         | RolloutProgress::Superseded => RolloutPhase::Rolling,
         RolloutProgress::Paused => RolloutPhase::Paused,
         RolloutProgress::Complete => RolloutPhase::Complete,
-        RolloutProgress::Blocked | RolloutProgress::Aborted => RolloutPhase::Blocked,
+        RolloutProgress::Blocked => RolloutPhase::Blocked,
+        RolloutProgress::Aborted => RolloutPhase::Aborted,
     };
     let report_message = report.map(|r| r.message.clone()).filter(|m| !m.is_empty());
     let message = match (progress, blocked) {
@@ -277,6 +278,19 @@ fn rollout_status(
         started_at: report.map(|r| time(r.started_at)),
         updated_at: Some(time(now)),
     }
+}
+
+/// `status` with the [`crate::plan::conditions::DELETING`] condition set to `view` (replacing
+/// an earlier one).
+pub fn with_condition(
+    mut status: TemporalWorkerDeploymentStatus,
+    view: ConditionView,
+    generation: i64,
+    now: UnixMillis,
+) -> TemporalWorkerDeploymentStatus {
+    status.conditions.retain(|c| c.type_ != view.type_);
+    status.conditions.push(condition(view, generation, now));
+    status
 }
 
 fn condition(view: ConditionView, generation: i64, now: UnixMillis) -> Condition {
@@ -611,7 +625,7 @@ mod tests {
                 mid_rollout(),
                 Some(report(RolloutProgress::Aborted)),
                 both("False", "Aborted"),
-                RolloutPhase::Blocked,
+                RolloutPhase::Aborted,
             ),
             (
                 "target Current in Temporal",
