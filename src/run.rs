@@ -28,10 +28,16 @@ pub struct RunArgs {
     #[arg(long, env = "TWC_MAX_CACHED_WORKFLOWS", default_value_t = twc_worker::DEFAULT_MAX_CACHED_WORKFLOWS)]
     max_cached_workflows: usize,
     /// History events after which an engine workflow continues as new (it also does when
-    /// Temporal suggests it). Lowered only to exercise continue-as-new in tests.
+    /// Temporal suggests it; applies to workflows started from then on). Lowered only to
+    /// exercise continue-as-new in tests.
     #[arg(long, env = "TWC_HISTORY_EVENT_BOUND", default_value_t = twc_workflows::DEFAULT_HISTORY_EVENT_BOUND,
           value_parser = clap::value_parser!(u32).range(100..))]
     history_event_bound: u32,
+    /// How often each TWD's workflow re-reads the world (Deployments, routing, the spec) when
+    /// nothing else wakes it, repairing drift a missed watch event would leave (Go-style
+    /// duration; applies to TWD workflows started from then on).
+    #[arg(long, env = "TWC_RESYNC_INTERVAL", default_value = "5m", value_parser = parse_resync)]
+    resync_interval: std::time::Duration,
     /// Identity on Temporal calls; also the manager identity claimed on worker deployments.
     /// Every replica of one installation must use the same value.
     #[arg(long, env = "TWC_IDENTITY", default_value = "twc")]
@@ -50,6 +56,14 @@ pub struct RunArgs {
     /// forms; the same address as the metrics serves all three on one port.
     #[arg(long, env = "TWC_HEALTH_BIND_ADDRESS", default_value = "0.0.0.0:8081")]
     health_bind_address: BindAddress,
+}
+
+fn parse_resync(input: &str) -> Result<std::time::Duration, String> {
+    let duration = twc_crds::duration::parse_duration(input).map_err(|e| e.to_string())?;
+    if duration < std::time::Duration::from_secs(1) {
+        return Err("the resync interval must be at least 1s".to_owned());
+    }
+    Ok(duration)
 }
 
 /// Runs the controller until SIGINT/SIGTERM.
@@ -95,6 +109,9 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         task_queue: config.task_queue.clone(),
         search_attributes: !args.no_search_attributes,
         history_event_bound: args.history_event_bound,
+        resync_seconds: u32::try_from(args.resync_interval.as_secs())
+            .unwrap_or(u32::MAX)
+            .max(1),
         metrics: Arc::clone(&metrics),
     };
     let mut stop_watcher = stop_rx.clone();

@@ -14,7 +14,7 @@
 //! the two-controller test, 4), `CHAOS_RAPID_CHANGES` (10) and `CHAOS_SEED` (printed; the same
 //! seed plays the same kill schedule).
 
-mod cluster;
+pub(crate) mod cluster;
 mod hostile;
 mod invariants;
 mod schedule;
@@ -533,6 +533,7 @@ async fn signal_spec(cluster: &Cluster, namespace: &str, name: &str) {
         twd: twd_ref.clone(),
         search_attributes: true,
         history_event_bound: None,
+        resync_seconds: None,
         carried: None,
     };
     let signal = SpecSignal {

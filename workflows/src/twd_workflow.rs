@@ -69,8 +69,8 @@ const CLEANUP_RETRY_MAX: Duration = Duration::from_secs(120);
 /// How long a missing connection or Secret (outside a namespace deletion) blocks the cleanup
 /// of Temporal before the TWD is released without it.
 const CLEANUP_GIVE_UP: Duration = Duration::from_secs(3600);
-/// Level-triggered resync interval when nothing else is due.
-const RESYNC: Duration = Duration::from_secs(300);
+/// Default level-triggered resync interval when nothing else is due.
+pub const DEFAULT_RESYNC: Duration = Duration::from_secs(300);
 /// Retry interval of the deletion path.
 const CLEANUP_RETRY: Duration = Duration::from_secs(5);
 /// Loop turns after which the workflow continues as new.
@@ -98,6 +98,10 @@ pub struct TwdInput {
     /// [`crate::DEFAULT_HISTORY_EVENT_BOUND`]; absent in histories from before it existed).
     #[serde(default)]
     pub history_event_bound: Option<u32>,
+    /// Seconds between level-triggered resyncs when nothing else is due (default 300; absent
+    /// in histories from before it existed).
+    #[serde(default)]
+    pub resync_seconds: Option<u32>,
     /// State carried over a continue-as-new.
     pub carried: Option<CarriedTwd>,
 }
@@ -235,6 +239,9 @@ impl TwdWorkflow {
         // turn runs (a control during an activity) ends the next wait at once. Histories from
         // before the patch counted from the start of the wait, missing such signals.
         let mut seen = ctx.state(|s| s.wakeups);
+        let resync = ctx.state(|s| s.input.resync_seconds).map_or(DEFAULT_RESYNC, |seconds| {
+            Duration::from_secs(u64::from(seconds.max(1)))
+        });
         loop {
             let counted_at_turn_start = ctx.patched(PATCH_SIGNALS_DURING_A_TURN);
             if !counted_at_turn_start {
@@ -251,7 +258,7 @@ impl TwdWorkflow {
             }
             turns += 1;
             let Some(spec) = ctx.state(|s| s.spec.clone()) else {
-                next_wake = RESYNC;
+                next_wake = resync;
                 continue;
             };
             if spec.deleting {
@@ -272,8 +279,8 @@ impl TwdWorkflow {
                             write_status(ctx, &twd, &observation, spec.generation).await;
                             retire_versions(ctx, &twd, &observation)
                                 .await
-                                .unwrap_or(RESYNC)
-                                .min(RESYNC)
+                                .unwrap_or(resync)
+                                .min(resync)
                         }
                     }
                     Err(_) => Duration::from_secs(30),
@@ -381,6 +388,7 @@ fn continue_as_new(ctx: &mut WorkflowContext<TwdWorkflow>) -> WorkflowResult<()>
         twd: s.input.twd.clone(),
         search_attributes: s.input.search_attributes,
         history_event_bound: s.input.history_event_bound,
+        resync_seconds: s.input.resync_seconds,
         carried: Some(CarriedTwd {
             spec: s.spec.clone(),
             active: s.active.clone(),

@@ -1,0 +1,259 @@
+//! Rollouts that last days, compressed: a private sandbox whose controller continues its
+//! workflows as new after a small history bound and resyncs every few seconds, so what takes
+//! weeks in production (a step held for days under signals, a TWD workflow living for years, a
+//! spec change the watcher never delivered) happens within a test.
+
+use std::time::Duration;
+
+use serde_json::json;
+use twc_crds::worker_deployment::RolloutPhase;
+
+use crate::chaos::cluster::{Cluster, Private, status_text};
+use crate::harness::twd::{condition, get_twd, target_build, worker};
+
+/// The test controller's history bound (the production default is 10,000 events).
+const BOUND: u64 = 100;
+/// Events a run may exceed the bound by: the bound is checked at the start of each turn, and
+/// a turn (observation, answers to the controls that woke it, a report, a wait) plus the
+/// signals that arrive meanwhile add up to a few tens of events.
+const TURN_SLACK: u64 = 80;
+const ROLLOUT: Duration = Duration::from_secs(180);
+
+/// Runs of `workflow_id` in the engine namespace (newest first) with their history lengths.
+async fn runs(cluster: &Cluster, workflow_id: &str) -> Result<Vec<(String, String, u64)>, String> {
+    let rows = cluster
+        .workflows(&format!("WorkflowId = '{workflow_id}'"))
+        .await?;
+    let mut runs = Vec::new();
+    for row in rows {
+        let described = cluster
+            .describe_workflow(&cluster.env.temporal_namespace, &row.id, &row.run_id)
+            .await?;
+        let length = &described["workflowExecutionInfo"]["historyLength"];
+        let length = length
+            .as_u64()
+            .or_else(|| length.as_str().and_then(|s| s.parse().ok()))
+            .ok_or_else(|| format!("no historyLength in {described}"))?;
+        runs.push((row.run_id, row.status, length));
+    }
+    Ok(runs)
+}
+
+/// Sends `control` to `workflow_id` until it has continued as new `times` more times than it
+/// had, waiting for each control's effect (`settled`) before the next; returns the runs.
+async fn signal_until_continued(
+    cluster: &Cluster,
+    workflow_id: &str,
+    controls: &[&str],
+    times: usize,
+) -> Vec<(String, String, u64)> {
+    let before = runs(cluster, workflow_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .len();
+    let mut sent = 0usize;
+    cluster
+        .wait(
+            &format!("{workflow_id} continued as new {times} times under signals"),
+            ROLLOUT,
+            || {
+                let control = controls[sent % controls.len()];
+                sent += 1;
+                async move {
+                    cluster.signal(workflow_id, control).await;
+                    let runs = runs(cluster, workflow_id).await?;
+                    if runs.len() >= before + times {
+                        Ok(runs)
+                    } else {
+                        Err(format!(
+                            "{} runs after {sent} signals: {runs:?}",
+                            runs.len()
+                        ))
+                    }
+                }
+            },
+        )
+        .await
+}
+
+async fn wait_phase(cluster: &Cluster, ns: &str, name: &str, phase: RolloutPhase) {
+    cluster
+        .wait(&format!("{ns}/{name} phase {phase:?}"), ROLLOUT, || async {
+            let twd = get_twd(&cluster.client, ns, name).await?;
+            let current = twd
+                .status
+                .as_ref()
+                .and_then(|s| s.rollout.as_ref())
+                .and_then(|r| r.phase);
+            if current == Some(phase) {
+                Ok(())
+            } else {
+                Err(status_text(&twd))
+            }
+        })
+        .await;
+}
+
+fn assert_bounded(workflow_id: &str, runs: &[(String, String, u64)]) {
+    for (run_id, status, length) in runs {
+        assert!(
+            *length <= BOUND + TURN_SLACK,
+            "{workflow_id} run {run_id} ({status}) has {length} history events, over the bound of {BOUND} (+{TURN_SLACK})"
+        );
+    }
+}
+
+#[tokio::test]
+async fn held_rollouts_continue_as_new_under_signals_and_finish() {
+    let mut private = Private::start("history-bound").await;
+    private
+        .sandbox
+        .restart_controller_with_env(&[("TWC_HISTORY_EVENT_BOUND", "100")])
+        .await
+        .unwrap_or_else(|e| panic!("restarting the controller: {e}"));
+    let cluster = &private.cluster;
+    let ns = cluster.namespace("history").await;
+    cluster.apply(&cluster.connection(&ns, "dev")).await;
+
+    // A Progressive rollout held at its first step (a pause of a day), paused and resumed by
+    // operators over and over.
+    let progressive = json!({ "strategy": "Progressive",
+        "steps": [ { "rampPercentage": 10, "pauseDuration": "24h" } ] });
+    cluster
+        .apply(&worker(&ns, "held", "v1", progressive.clone()))
+        .await;
+    cluster.wait_ready(&ns, "held", "v1", ROLLOUT).await;
+    cluster
+        .apply(&worker(&ns, "held", "v2", progressive.clone()))
+        .await;
+    cluster
+        .wait_reason(&ns, "held", "Progressing", "Ramping", ROLLOUT)
+        .await;
+    let twd = get_twd(&cluster.client, &ns, "held")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let v2 = target_build(&twd).unwrap_or_default();
+    let rollout_id = format!("rollout/{ns}/held/{v2}");
+    signal_until_continued(cluster, &rollout_id, &["pause", "resume"], 3).await;
+
+    // A pause survives continue-as-new: paused, then kept busy with more `pause` controls
+    // (each answered "unchanged") until it has continued as new again.
+    cluster.signal(&rollout_id, "pause").await;
+    wait_phase(cluster, &ns, "held", RolloutPhase::Paused).await;
+    signal_until_continued(cluster, &rollout_id, &["pause"], 1).await;
+    wait_phase(cluster, &ns, "held", RolloutPhase::Paused).await;
+    let routing = cluster
+        .routing(&format!("{ns}/held"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (routing.ramping.as_deref(), routing.percentage.round()),
+        (Some(v2.as_str()), 10.0),
+        "the paused rollout still ramps at its step: {routing:?}"
+    );
+    // A spec change that keeps the build (replicas) nudges the held rollout too.
+    let mut scaled = worker(&ns, "held", "v2", progressive);
+    scaled["spec"]["replicas"] = json!(2);
+    cluster.apply(&scaled).await;
+    cluster.signal(&rollout_id, "resume").await;
+    wait_phase(cluster, &ns, "held", RolloutPhase::Rolling).await;
+    cluster.signal(&rollout_id, "promote").await;
+    let twd = cluster.wait_ready(&ns, "held", "v2", ROLLOUT).await;
+    assert_eq!(target_build(&twd).as_deref(), Some(v2.as_str()));
+    let held_runs = runs(cluster, &rollout_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Five or more runs chained by continue-as-new, the last completed; the replicas change
+    // made during the rollout may add a fresh run that applies it and ends at once.
+    assert!(
+        held_runs.iter().filter(|r| r.1 == "CONTINUED_AS_NEW").count() >= 4,
+        "{held_runs:?}"
+    );
+    assert!(held_runs.iter().any(|r| r.1 == "COMPLETED"), "{held_runs:?}");
+    assert!(
+        held_runs
+            .iter()
+            .all(|r| ["COMPLETED", "CONTINUED_AS_NEW", "RUNNING"].contains(&r.1.as_str())),
+        "no run failed or was terminated: {held_runs:?}"
+    );
+    assert_bounded(&rollout_id, &held_runs);
+
+    // A Manual rollout waiting days for a person, poked by controls that do not apply yet.
+    let manual = json!({ "strategy": "Manual" });
+    cluster.apply(&worker(&ns, "manual", "v1", manual)).await;
+    cluster
+        .wait_reason(&ns, "manual", "Ready", "WaitingForPromotion", ROLLOUT)
+        .await;
+    let twd = get_twd(&cluster.client, &ns, "manual")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let build = target_build(&twd).unwrap_or_default();
+    let manual_id = format!("rollout/{ns}/manual/{build}");
+    signal_until_continued(cluster, &manual_id, &["resume", "retry"], 2).await;
+    let twd = get_twd(&cluster.client, &ns, "manual")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        condition(&twd, "Ready").map(|c| c.1),
+        Some("WaitingForPromotion".to_owned()),
+        "still waiting for a person after continuing as new: {}",
+        status_text(&twd)
+    );
+    cluster.signal(&manual_id, "promote").await;
+    cluster.wait_ready(&ns, "manual", "v1", ROLLOUT).await;
+    let manual_runs = runs(cluster, &manual_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_bounded(&manual_id, &manual_runs);
+
+    // The TWD workflows continued as new too, and stayed within the bound.
+    for name in ["held", "manual"] {
+        let twd_id = format!("twd/{ns}/{name}");
+        let twd_runs = runs(cluster, &twd_id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(twd_runs.len() >= 2, "{twd_id}: {twd_runs:?}");
+        assert_bounded(&twd_id, &twd_runs);
+    }
+    private.sandbox.stop().await;
+}
+
+#[tokio::test]
+async fn a_spec_change_the_watcher_missed_is_rolled_out_by_the_resync() {
+    let mut private = Private::start("resync").await;
+    private
+        .sandbox
+        .restart_controller_with_env(&[("TWC_RESYNC_INTERVAL", "10s")])
+        .await
+        .unwrap_or_else(|e| panic!("restarting the controller: {e}"));
+    let cluster = &private.cluster;
+    let ns = cluster.namespace("resync").await;
+    cluster.apply(&cluster.connection(&ns, "dev")).await;
+    let rollout = json!({ "strategy": "AllAtOnce" });
+    cluster
+        .apply(&worker(&ns, "hello", "v1", rollout.clone()))
+        .await;
+    cluster.wait_ready(&ns, "hello", "v1", ROLLOUT).await;
+
+    // From now on the controller's watcher looks at another namespace only: no signal reaches
+    // the TWD's workflow, whose engine worker still runs.
+    private
+        .sandbox
+        .restart_controller_with_env(&[
+            ("TWC_RESYNC_INTERVAL", "10s"),
+            ("TWC_WATCH_NAMESPACES", "nothing-to-watch"),
+        ])
+        .await
+        .unwrap_or_else(|e| panic!("restarting the controller: {e}"));
+    cluster.apply(&worker(&ns, "hello", "v2", rollout)).await;
+    let twd = cluster
+        .wait_ready(&ns, "hello", "v2", Duration::from_secs(90))
+        .await;
+    let build = target_build(&twd).unwrap_or_default();
+    let routing = cluster
+        .routing(&format!("{ns}/hello"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(routing.current.as_deref(), Some(build.as_str()));
+    private.sandbox.stop().await;
+}
