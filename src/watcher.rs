@@ -4,8 +4,10 @@
 //! generations it has seen and at most resyncs).
 //!
 //! It also carries the kubectl-only control path: a `temporal.io/rollout-action` annotation on a
-//! TWD becomes the `control` signal, then the annotation is removed (a bad value is answered
-//! with a Warning event and removed too).
+//! TWD becomes the `control` signal on its workflow. Every replica sees the annotation, so each
+//! first removes it with a conditional patch, and only the replica whose removal succeeds sends
+//! the control: it is acted on exactly once however many replicas run (a bad value is answered
+//! with a Warning event by that replica alone).
 //!
 //! Every replica's watcher sees every TWD, status included, so it sets the per-TWD gauges
 //! (`twc_ramp_percentage`, `twc_versions`), and it reports when it has handled the initial list
@@ -25,7 +27,7 @@ use twc_activities::metrics::Metrics;
 use twc_crds::{TemporalConnection, TemporalWorkerDeployment};
 use twc_workflows::contract::EventKind;
 use twc_workflows::control::{self, ROLLOUT_ACTION_ANNOTATION};
-use twc_workflows::model::TwdRef;
+use twc_workflows::model::{ControlAction, TwdRef};
 use twc_workflows::twd_workflow::{SpecSignal, TwdInput, TwdWorkflow};
 
 /// What the watcher needs.
@@ -37,6 +39,10 @@ pub struct WatcherConfig {
     pub task_queue: String,
     /// Whether rollouts carry search attributes.
     pub search_attributes: bool,
+    /// History events after which the engine's workflows continue as new.
+    pub history_event_bound: u32,
+    /// Seconds between a TWD workflow's level-triggered resyncs.
+    pub resync_seconds: u32,
     /// Where signals and per-TWD gauges are recorded.
     pub metrics: Arc<Metrics>,
 }
@@ -45,8 +51,27 @@ pub struct WatcherConfig {
 type Sent = HashMap<(String, String), (String, i64, bool)>;
 
 /// Rollout-action annotation values handled per TWD (uid, value), until the object is seen
-/// without the annotation: watch events from before its removal must not resend the control.
+/// without the annotation: watch events from before its removal must not act on it again.
 type Actions = HashMap<(String, String), (String, String)>;
+
+/// What the watcher remembers about the TWDs it signals.
+#[derive(Default)]
+struct TwdSignals {
+    /// Last spec signal per TWD.
+    sent: Sent,
+    /// Rollout-action annotations already handled.
+    actions: Actions,
+    /// Controls this replica took from an annotation and could not send yet (retried).
+    unsent: Vec<TakenControl>,
+}
+
+/// A control this replica took from a TWD's annotation (it removed the annotation, so no other
+/// replica sends it): it must be sent.
+#[derive(Debug, Clone)]
+struct TakenControl {
+    twd: TwdRef,
+    action: ControlAction,
+}
 
 /// Watches until the stream ends (it does not, normally) or `shutdown` completes. `synced` is
 /// called once, when the initial list of every watch has been handled.
@@ -62,11 +87,10 @@ pub async fn run(
     tokio::pin!(shutdown);
     let mut twds = twds;
     let mut connections = connections;
-    let mut sent: Sent = HashMap::new();
+    let mut state = TwdSignals::default();
     let mut connection_generations: HashMap<(String, String), i64> = HashMap::new();
     let mut retry = tokio::time::interval(Duration::from_secs(5));
     let mut failed: Vec<TemporalWorkerDeployment> = Vec::new();
-    let mut actions: Actions = HashMap::new();
     let watches = config.namespaces.len().max(1);
     let mut sync = InitialSync::new(watches, synced);
     let mut gauges = Gauges::default();
@@ -76,9 +100,7 @@ pub async fn run(
             Some(event) = twds.next() => match event {
                 Ok(Watched::Applied(watch, twd)) => {
                     gauges.applied(&config.metrics, watch, &twd);
-                    let signalled = signal_twd(&engine, &config, &mut sent, &twd, false).await
-                        && rollout_action(&kube, &engine, &config, &mut actions, &twd).await;
-                    if !signalled {
+                    if !handle_twd(&kube, &engine, &config, &mut state, &twd).await {
                         failed.push(twd);
                     }
                 }
@@ -98,17 +120,20 @@ pub async fn run(
                     let key = (connection.metadata.namespace.clone().unwrap_or_default(), connection.metadata.name.clone().unwrap_or_default());
                     let generation = connection.metadata.generation.unwrap_or_default();
                     if connection_generations.insert(key, generation) != Some(generation) {
-                        nudge_users(&kube, &engine, &config, &mut sent, &connection).await;
+                        nudge_users(&kube, &engine, &config, &mut state.sent, &connection).await;
                     }
                 }
                 Err(e) => tracing::warn!("watching TemporalConnections: {e}"),
             },
             _ = retry.tick() => {
                 for twd in std::mem::take(&mut failed) {
-                    let signalled = signal_twd(&engine, &config, &mut sent, &twd, false).await
-                        && rollout_action(&kube, &engine, &config, &mut actions, &twd).await;
-                    if !signalled {
+                    if !handle_twd(&kube, &engine, &config, &mut state, &twd).await {
                         failed.push(twd);
+                    }
+                }
+                for control in std::mem::take(&mut state.unsent) {
+                    if !send_control(&kube, &engine, &config, &control).await {
+                        state.unsent.push(control);
                     }
                 }
             }
@@ -284,6 +309,8 @@ async fn signal_twd(
     let input = TwdInput {
         twd: twd_ref.clone(),
         search_attributes: config.search_attributes,
+        history_event_bound: Some(config.history_event_bound),
+        resync_seconds: Some(config.resync_seconds),
         carried: None,
     };
     let options =
@@ -349,18 +376,54 @@ async fn nudge_users(
     }
 }
 
-/// Turns a `temporal.io/rollout-action` annotation into the `control` signal on the TWD's
-/// workflow, then removes it. Returns false when it must be tried again later.
-async fn rollout_action(
+/// Signals the TWD's workflow, then acts on its rollout-action annotation. False when the TWD
+/// must be handled again later (a control taken from the annotation is retried on its own).
+async fn handle_twd(
     kube: &kube::Client,
     engine: &Client,
     config: &WatcherConfig,
-    actions: &mut Actions,
+    state: &mut TwdSignals,
     twd: &TemporalWorkerDeployment,
 ) -> bool {
+    if !signal_twd(engine, config, &mut state.sent, twd, false).await {
+        return false;
+    }
+    match take_rollout_action(kube, &mut state.actions, twd).await {
+        Taken::Nothing => true,
+        Taken::Retry => false,
+        Taken::Control(control) => {
+            if !send_control(kube, engine, config, &control).await {
+                state.unsent.push(control);
+            }
+            true
+        }
+    }
+}
+
+/// What this replica does about a TWD's rollout-action annotation.
+#[derive(Debug)]
+enum Taken {
+    /// Nothing (no annotation, already handled, another replica took it, or a bad value this
+    /// replica removed and answered).
+    Nothing,
+    /// This replica removed the annotation: it sends the control.
+    Control(TakenControl),
+    /// The removal failed for a reason that may pass: try again later.
+    Retry,
+}
+
+/// Takes a `temporal.io/rollout-action` annotation: removes it with a patch that tests its
+/// value first, and only when that removal succeeds returns the control to send (or, for a bad
+/// value, answers it with a Warning event). With several replicas only one removal succeeds, so
+/// the control is sent once.
+async fn take_rollout_action(
+    kube: &kube::Client,
+    actions: &mut Actions,
+    twd: &TemporalWorkerDeployment,
+) -> Taken {
     let (Some(namespace), Some(name)) = (twd.metadata.namespace.clone(), twd.metadata.name.clone())
     else {
-        return true;
+        return Taken::Nothing;
     };
     let key = (namespace.clone(), name.clone());
     let Some(value) = twd
@@ -371,67 +434,115 @@ async fn rollout_action(
         .cloned()
     else {
         actions.remove(&key);
-        return true;
+        return Taken::Nothing;
     };
     let uid = twd.metadata.uid.clone().unwrap_or_default();
     let handled = (uid, value.clone());
     if actions.get(&key) == Some(&handled) {
-        return true;
+        return Taken::Nothing;
     }
     let twd_ref = TwdRef { namespace, name };
+    let removal = remove_action_annotation(kube, &twd_ref, &value).await;
+    if removal == Removal::Retry {
+        return Taken::Retry;
+    }
+    actions.insert(key, handled);
+    if removal == Removal::NotOurs {
+        tracing::debug!(twd = %twd_ref.key(), %value, "rollout action annotation taken by another replica (or changed)");
+        return Taken::Nothing;
+    }
     match control::parse_action(&value) {
-        Some(action) => {
-            let sent = engine
-                .get_workflow_handle::<TwdWorkflow>(twd_ref.twd_workflow_id())
-                .signal(
-                    TwdWorkflow::control,
-                    action,
-                    WorkflowSignalOptions::default(),
-                )
-                .await;
-            let outcome = match &sent {
-                Ok(()) => "success",
-                Err(WorkflowInteractionError::NotFound(_)) => "not_found",
-                Err(_) => "error",
-            };
-            config.metrics.watcher_signal("control", sent.is_ok());
-            config
-                .metrics
-                .temporal_request("SignalWorkflowExecution", outcome);
-            match sent {
-                Ok(()) => {
-                    tracing::info!(twd = %twd_ref.key(), action = control::action_name(action), "rollout action annotation sent as a signal");
-                }
-                Err(WorkflowInteractionError::NotFound(_)) => {
-                    let message = format!(
-                        "{ROLLOUT_ACTION_ANNOTATION}={value} was not applied: the workflow {} does not run; the controller starts it for every TWD it watches",
-                        twd_ref.twd_workflow_id()
-                    );
-                    warn_event(kube, &twd_ref, "RolloutActionFailed", &message).await;
-                }
-                Err(e) => {
-                    tracing::warn!(twd = %twd_ref.key(), "sending the rollout action {value:?} failed (will retry): {e}");
-                    return false;
-                }
-            }
-        }
+        Some(action) => Taken::Control(TakenControl {
+            twd: twd_ref,
+            action,
+        }),
         None => {
             let message = format!(
                 "{ROLLOUT_ACTION_ANNOTATION}={value:?} is not a rollout action; use one of pause, resume, promote, abort, retry. The annotation was removed."
             );
             warn_event(kube, &twd_ref, "InvalidRolloutAction", &message).await;
+            Taken::Nothing
         }
     }
-    let removed = remove_action_annotation(kube, &twd_ref, &value).await;
-    if removed {
-        actions.insert(key, handled);
-    }
-    removed
 }
 
-/// Removes the annotation if it still holds `value` (a JSON patch `test` keeps a newer value,
-/// which arrives as its own watch event). False when it must be tried again.
-async fn remove_action_annotation(kube: &kube::Client, twd: &TwdRef, value: &str) -> bool {
+/// Sends a control taken from an annotation as the `control` signal on the TWD's workflow.
+/// False when it failed for a reason that may pass (sent again later).
+async fn send_control(
+    kube: &kube::Client,
+    engine: &Client,
+    config: &WatcherConfig,
+    control: &TakenControl,
+) -> bool {
+    let TakenControl { twd, action } = control;
+    let name = control::action_name(*action);
+    let sent = engine
+        .get_workflow_handle::<TwdWorkflow>(twd.twd_workflow_id())
+        .signal(
+            TwdWorkflow::control,
+            *action,
+            WorkflowSignalOptions::default(),
+        )
+        .await;
+    let outcome = match &sent {
+        Ok(()) => "success",
+        Err(WorkflowInteractionError::NotFound(_)) => "not_found",
+        Err(_) => "error",
+    };
+    config.metrics.watcher_signal("control", sent.is_ok());
+    config
+        .metrics
+        .temporal_request("SignalWorkflowExecution", outcome);
+    match sent {
+        Ok(()) => {
+            tracing::info!(twd = %twd.key(), action = name, "rollout action annotation sent as a signal");
+            true
+        }
+        Err(WorkflowInteractionError::NotFound(_)) => {
+            let message = format!(
+                "{ROLLOUT_ACTION_ANNOTATION}={name} was not applied: the workflow {} does not run; the controller starts it for every TWD it watches",
+                twd.twd_workflow_id()
+            );
+            warn_event(kube, twd, "RolloutActionFailed", &message).await;
+            true
+        }
+        Err(e) => {
+            tracing::warn!(twd = %twd.key(), action = name, "sending the rollout action failed (will retry): {e}");
+            false
+        }
+    }
+}
+
+/// How removing the rollout-action annotation went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Removal {
+    /// This replica removed the value it saw.
+    Removed,
+    /// The value is gone or changed (another replica took it, or a person changed it; a newer
+    /// value arrives as its own watch event), or the TWD is gone.
+    NotOurs,
+    /// Failed for a reason that may pass.
+    Retry,
+}
+
+impl Removal {
+    /// Classifies the answer to the removal patch.
+    fn of<T>(answer: &Result<T, kube::Error>) -> Self {
+        match answer {
+            Ok(_) => Self::Removed,
+            // 422: the `test` operation failed (the value changed or vanished); 404: the TWD is
+            // gone; 409: a conflicting write.
+            Err(kube::Error::Api(status)) if [404, 409, 422].contains(&status.code) => {
+                Self::NotOurs
+            }
+            Err(_) => Self::Retry,
+        }
+    }
+}
+
+/// Removes the annotation if it still holds `value` (a JSON patch `test` first, so a newer
+/// value, or one another replica already removed, is left alone).
+async fn remove_action_annotation(kube: &kube::Client, twd: &TwdRef, value: &str) -> Removal {
     let path = format!(
         "/metadata/annotations/{}",
         ROLLOUT_ACTION_ANNOTATION
@@ -445,26 +556,22 @@ async fn remove_action_annotation(kube: &kube::Client, twd: &TwdRef, value: &str
         Ok(patch) => patch,
         Err(e) => {
             tracing::error!("building the annotation removal patch: {e}");
-            return true;
+            return Removal::NotOurs;
         }
     };
     let api: Api<TemporalWorkerDeployment> = Api::namespaced(kube.clone(), &twd.namespace);
-    match api
+    let answer = api
         .patch(
             &twd.name,
             &PatchParams::default(),
             &Patch::Json::<()>(patch),
         )
-        .await
-    {
-        Ok(_) => true,
-        // Gone, or the annotation changed or vanished meanwhile (the test failed).
-        Err(kube::Error::Api(status)) if [404, 409, 422].contains(&status.code) => true,
-        Err(e) => {
-            tracing::warn!(twd = %twd.key(), "removing {ROLLOUT_ACTION_ANNOTATION} failed (will retry): {e}");
-            false
-        }
+        .await;
+    let removal = Removal::of(&answer);
+    if let (Removal::Retry, Err(e)) = (removal, &answer) {
+        tracing::warn!(twd = %twd.key(), "removing {ROLLOUT_ACTION_ANNOTATION} failed (will retry): {e}");
     }
+    removal
 }
 
 async fn warn_event(kube: &kube::Client, twd: &TwdRef, reason: &str, message: &str) {
@@ -502,6 +609,32 @@ mod tests {
             .filter(|l| l.starts_with("twc_versions{"))
             .map(str::to_owned)
             .collect()
+    }
+
+    #[test]
+    fn only_the_replica_whose_removal_succeeds_takes_the_annotation() {
+        let api = |code: u16| -> Result<(), kube::Error> {
+            Err(kube::Error::Api(
+                kube::core::Status::failure("patch", "Failure")
+                    .with_code(code)
+                    .boxed(),
+            ))
+        };
+        let cases = [
+            ("removed", Ok(()), Removal::Removed),
+            (
+                "test failed: another replica removed it",
+                api(422),
+                Removal::NotOurs,
+            ),
+            ("the TWD is gone", api(404), Removal::NotOurs),
+            ("a conflicting write", api(409), Removal::NotOurs),
+            ("server error", api(500), Removal::Retry),
+            ("rate limited", api(429), Removal::Retry),
+        ];
+        for (case, answer, expected) in cases {
+            assert_eq!(Removal::of(&answer), expected, "{case}");
+        }
     }
 
     #[test]

@@ -5,16 +5,19 @@
 //! (and retried by Temporal).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use tokio::time::MissedTickBehavior;
 
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 use twc_crds::TemporalWorkerDeployment;
+use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 use twc_workflows::contract::{
-    BuildRequest, CleanupOutcome, CreateDeploymentOutcome, DeleteVersionOutcome,
+    BuildRequest, CleanupBlock, CleanupOutcome, CreateDeploymentOutcome, DeleteVersionOutcome,
     DeleteVersionRequest, DeploymentRequest, EventRequest, GateOutcome, GateRequest,
     PollerWaitOutcome, RoutingOutcome, RoutingRequest, ScaleRequest, StatusRequest,
     WaitForPollersRequest,
@@ -22,7 +25,7 @@ use twc_workflows::contract::{
 use twc_workflows::model::{BlockReason, Blocked, Observation, SpecView, TemporalState, TwdRef};
 use twc_workflows::plan::spec_view::spec_view;
 
-use crate::k8s;
+use crate::k8s::{self, ResolveError};
 use crate::metrics::{self, Metrics};
 use crate::temporal::{
     self, ClientPool, PoolOptions, TaskQueueKind, TemporalClient, TemporalError,
@@ -40,6 +43,10 @@ const AVAILABILITY_RECHECK: Duration = Duration::from_secs(1);
 const UNAVAILABLE_TEMPORAL_RECHECK: Duration = Duration::from_secs(10);
 /// How long `cancel_gates` lets cancelled gate workflows close before terminating them.
 const GATE_STOP_GRACE: Duration = Duration::from_secs(10);
+/// How often every activity heartbeats while it runs. The workflows give each activity a
+/// heartbeat timeout of a few seconds, so one whose controller died is retried elsewhere soon;
+/// the SDK sends the latest heartbeat at most once per 80% of that timeout.
+const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Shared state of the engine's activities: the Kubernetes client, the pool of clients for the
 /// workers' Temporal servers, the controller identity and the metrics.
@@ -77,6 +84,8 @@ impl EngineActivities {
     }
 
     /// The TWD, its spec view and a client of its Temporal; `Ok(None)` when the TWD is gone.
+    /// A read the API server could not answer is an error (the activity is retried), never a
+    /// missing or invalid connection.
     async fn resolve(
         &self,
         twd: &TwdRef,
@@ -94,7 +103,8 @@ impl EngineActivities {
         .await
         {
             Ok((_, config)) => config,
-            Err(blocked) => {
+            Err(ResolveError::Transient(e)) => return Err(retryable(e)),
+            Err(ResolveError::Blocked(blocked)) => {
                 self.note_connection(&twd.namespace, &spec.connection_name, Err(&blocked))
                     .await;
                 return Ok(Some(Err(blocked)));
@@ -114,9 +124,18 @@ impl EngineActivities {
         }
     }
 
-    /// Records the connection's Ready condition when it changed since the last write.
+    /// Records the connection's Ready condition when it changed since the last write. Only what
+    /// is about the connection itself is written (`Connected`, `AuthSecretInvalid`,
+    /// `TemporalClientCreationFailed`): a missing connection has no status, and other reasons
+    /// concern the TWD.
     async fn note_connection(&self, namespace: &str, name: &str, state: Result<(), &Blocked>) {
-        if matches!(state, Err(b) if b.reason == BlockReason::TemporalConnectionNotFound) {
+        let about_connection = |b: &Blocked| {
+            matches!(
+                b.reason,
+                BlockReason::AuthSecretInvalid | BlockReason::TemporalClientCreationFailed
+            )
+        };
+        if matches!(state, Err(b) if !about_connection(b)) {
             return;
         }
         let (ready, reason, message) = match state {
@@ -158,6 +177,48 @@ impl EngineActivities {
         }))
     }
 
+    /// The deletion path's answer when Temporal cannot be reached with the TWD's settings: which
+    /// object it waits for and what the user can do ([`CleanupBlock`] when the connection or
+    /// its Secret is missing or unusable, plain `Pending` otherwise).
+    async fn cleanup_blocked(
+        &self,
+        twd: &TwdRef,
+        blocked: Blocked,
+    ) -> Result<CleanupOutcome, ActivityError> {
+        let missing = match blocked.reason {
+            BlockReason::TemporalConnectionNotFound => CleanupBlock::ConnectionGone,
+            BlockReason::AuthSecretInvalid => CleanupBlock::SecretGone,
+            _ => {
+                return Ok(CleanupOutcome::Pending {
+                    message: format!(
+                        "Waiting to remove worker deployment {} from Temporal: {}",
+                        twd.key(),
+                        blocked.message
+                    ),
+                    blocked_by: None,
+                });
+            }
+        };
+        let Some(resource) = k8s::get_twd(&self.kube, twd).await.map_err(retryable)? else {
+            return Ok(CleanupOutcome::Done);
+        };
+        let connection_name = spec_view(&resource).connection_name;
+        let connection_deleting =
+            k8s::find_connection(&self.kube, &twd.namespace, &connection_name)
+                .await
+                .map_err(retryable)?
+                .is_some_and(|c| c.metadata.deletion_timestamp.is_some());
+        let block = if connection_deleting {
+            CleanupBlock::NamespaceDeleting
+        } else {
+            missing
+        };
+        Ok(CleanupOutcome::Pending {
+            message: cleanup_blocked_message(twd, &connection_name, &blocked.message, block),
+            blocked_by: Some(block),
+        })
+    }
+
     /// Evicts the client of a failed call when its credentials were rejected.
     fn after_error(&self, client: &TemporalClient, error: &TemporalError) {
         if error.needs_eviction() {
@@ -172,118 +233,135 @@ impl EngineActivities {
     #[activity(name = "observe")]
     pub async fn observe(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         twd: TwdRef,
     ) -> Result<Observation, ActivityError> {
-        let observed_at = now_millis();
-        let Some(resolved) = self.resolve(&twd).await? else {
-            return Ok(Observation {
-                spec: None,
-                deployments: Vec::new(),
-                temporal: Ok(TemporalState::default()),
-                observed_at,
-            });
-        };
-        let (spec, uid, temporal) = match resolved {
-            Ok(r) => {
-                let state = temporal::describe_worker_deployment(
-                    &r.temporal,
-                    &r.spec.temporal_namespace,
-                    &twd.key(),
-                )
-                .await;
-                if state.is_ok() {
-                    self.note_connection(&twd.namespace, &r.spec.connection_name, Ok(()))
-                        .await;
+        with_heartbeats(&ctx, async {
+            let observed_at = now_millis();
+            let Some(resolved) = self.resolve(&twd).await? else {
+                return Ok(Observation {
+                    spec: None,
+                    deployments: Vec::new(),
+                    temporal: Ok(TemporalState::default()),
+                    observed_at,
+                });
+            };
+            let (spec, uid, temporal) = match resolved {
+                Ok(r) => {
+                    let state = temporal::describe_worker_deployment(
+                        &r.temporal,
+                        &r.spec.temporal_namespace,
+                        &twd.key(),
+                    )
+                    .await;
+                    if state.is_ok() {
+                        self.note_connection(&twd.namespace, &r.spec.connection_name, Ok(()))
+                            .await;
+                    }
+                    (
+                        r.spec,
+                        r.resource.metadata.uid.clone().unwrap_or_default(),
+                        state,
+                    )
                 }
-                (
-                    r.spec,
-                    r.resource.metadata.uid.clone().unwrap_or_default(),
-                    state,
-                )
-            }
-            Err(blocked) => {
-                let resource = k8s::get_twd(&self.kube, &twd).await.map_err(retryable)?;
-                let Some(resource) = resource else {
-                    return Ok(Observation {
-                        spec: None,
-                        deployments: Vec::new(),
-                        temporal: Ok(TemporalState::default()),
-                        observed_at,
-                    });
-                };
-                let uid = resource.metadata.uid.clone().unwrap_or_default();
-                (spec_view(&resource), uid, Err(blocked))
-            }
-        };
-        let deployments = k8s::list_versioned_deployments(&self.kube, &twd, &uid)
-            .await
-            .map_err(retryable)?;
-        Ok(Observation {
-            spec: Some(spec),
-            deployments,
-            temporal,
-            observed_at,
+                Err(blocked) => {
+                    let resource = k8s::get_twd(&self.kube, &twd).await.map_err(retryable)?;
+                    let Some(resource) = resource else {
+                        return Ok(Observation {
+                            spec: None,
+                            deployments: Vec::new(),
+                            temporal: Ok(TemporalState::default()),
+                            observed_at,
+                        });
+                    };
+                    let uid = resource.metadata.uid.clone().unwrap_or_default();
+                    (spec_view(&resource), uid, Err(blocked))
+                }
+            };
+            let deployments = k8s::list_versioned_deployments(&self.kube, &twd, &uid)
+                .await
+                .map_err(retryable)?;
+            Ok(Observation {
+                spec: Some(spec),
+                deployments,
+                temporal,
+                observed_at,
+            })
         })
+        .await
     }
 
     /// Adds the delete-protection finalizers.
     #[activity(name = "ensure_finalizers")]
     pub async fn ensure_finalizers(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         twd: TwdRef,
     ) -> Result<(), ActivityError> {
-        k8s::ensure_finalizers(&self.kube, &twd)
-            .await
-            .map_err(retryable)
+        with_heartbeats(&ctx, async {
+            k8s::ensure_finalizers(&self.kube, &twd)
+                .await
+                .map_err(retryable)
+        })
+        .await
     }
 
     /// Creates the build's Deployment if absent.
     #[activity(name = "create_deployment")]
     pub async fn create_deployment(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         request: BuildRequest,
     ) -> Result<CreateDeploymentOutcome, ActivityError> {
-        match k8s::create_versioned_deployment(&self.kube, &request.twd, &request.build_id).await {
-            Ok(outcome) => Ok(outcome),
-            Err(e) => match e.blocked() {
-                Some(blocked) => Ok(CreateDeploymentOutcome::Blocked(blocked)),
-                None => Err(retryable(e)),
-            },
-        }
+        with_heartbeats(&ctx, async {
+            match k8s::create_versioned_deployment(&self.kube, &request.twd, &request.build_id)
+                .await
+            {
+                Ok(outcome) => Ok(outcome),
+                Err(e) => match e.blocked() {
+                    Some(blocked) => Ok(CreateDeploymentOutcome::Blocked(blocked)),
+                    None => Err(retryable(e)),
+                },
+            }
+        })
+        .await
     }
 
     /// Scales a Deployment.
     #[activity(name = "scale_deployment")]
     pub async fn scale_deployment(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         request: ScaleRequest,
     ) -> Result<(), ActivityError> {
-        k8s::scale_deployment(
-            &self.kube,
-            &request.namespace,
-            &request.name,
-            request.replicas,
-        )
+        with_heartbeats(&ctx, async {
+            k8s::scale_deployment(
+                &self.kube,
+                &request.namespace,
+                &request.name,
+                request.replicas,
+            )
+            .await
+            .map(|_| ())
+            .map_err(retryable)
+        })
         .await
-        .map(|_| ())
-        .map_err(retryable)
     }
 
     /// Deletes a Deployment.
     #[activity(name = "delete_deployment")]
     pub async fn delete_deployment(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         request: DeploymentRequest,
     ) -> Result<(), ActivityError> {
-        k8s::delete_deployment(&self.kube, &request.namespace, &request.name)
-            .await
-            .map(|_| ())
-            .map_err(retryable)
+        with_heartbeats(&ctx, async {
+            k8s::delete_deployment(&self.kube, &request.namespace, &request.name)
+                .await
+                .map(|_| ())
+                .map_err(retryable)
+        })
+        .await
     }
 
     /// Waits for the build's pollers and its Deployment's availability (bounded).
@@ -293,156 +371,164 @@ impl EngineActivities {
         ctx: ActivityContext,
         request: WaitForPollersRequest,
     ) -> Result<PollerWaitOutcome, ActivityError> {
-        let started = tokio::time::Instant::now();
-        let deadline =
-            started + Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0));
-        let resolved = match self.resolve(&request.twd).await? {
-            None => {
-                return Ok(not_ready(
-                    None,
-                    Some("the TemporalWorkerDeployment is gone".into()),
-                ));
-            }
-            Some(Err(blocked)) => return Ok(not_ready(Some(blocked), None)),
-            Some(Ok(r)) => r,
-        };
-        let uid = resolved.resource.metadata.uid.clone().unwrap_or_default();
-        let deployment_name = request.twd.key();
-        let mut changes = Box::pin(k8s::versioned_deployment_changes(&self.kube, &request.twd));
-        // Temporal is asked on the first look, whenever the Deployment is Available, and every
-        // UNAVAILABLE_TEMPORAL_RECHECK otherwise: pods that are not up cannot have polled, and
-        // a burst of rollouts must not spend the namespace's read budget on such reads.
-        let mut queues: Result<Option<Vec<(String, TaskQueueKind)>>, Blocked> = Ok(None);
-        let mut asked_at: Option<tokio::time::Instant> = None;
-        loop {
-            let deployments = k8s::list_versioned_deployments(&self.kube, &request.twd, &uid)
-                .await
-                .map_err(retryable)?;
-            let deployment = deployments
-                .iter()
-                .find(|d| d.build_id == request.build_id && !d.deleting);
-            let available = deployment.is_some_and(|d| d.available);
-            let problem = deployment.and_then(|d| d.problem.clone());
-            let ask = available
-                || asked_at.is_none_or(|at| at.elapsed() >= UNAVAILABLE_TEMPORAL_RECHECK)
-                || tokio::time::Instant::now() >= deadline;
-            if ask {
-                queues = temporal::version_task_queues(
-                    &resolved.temporal,
-                    &resolved.spec.temporal_namespace,
-                    &deployment_name,
-                    &request.build_id,
-                )
-                .await;
-                asked_at = Some(tokio::time::Instant::now());
-            }
-            let (registered, workflow_task_queues) = match &queues {
-                Ok(Some(queues)) => (
-                    true,
-                    queues
-                        .iter()
-                        .filter(|(_, kind)| *kind == TaskQueueKind::Workflow)
-                        .map(|(n, _)| n.clone())
-                        .collect(),
-                ),
-                Ok(None) | Err(_) => (false, Vec::new()),
+        with_heartbeats(&ctx, async {
+            let started = tokio::time::Instant::now();
+            let deadline =
+                started + Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0));
+            let resolved = match self.resolve(&request.twd).await? {
+                None => {
+                    return Ok(not_ready(
+                        None,
+                        Some("the TemporalWorkerDeployment is gone".into()),
+                    ));
+                }
+                Some(Err(blocked)) => return Ok(not_ready(Some(blocked), None)),
+                Some(Ok(r)) => r,
             };
-            let done = registered && available;
-            if done || tokio::time::Instant::now() >= deadline || ctx.is_cancelled() {
-                self.metrics.waited_for_pollers(started.elapsed(), done);
-                let blocked = queues.err();
-                return Ok(PollerWaitOutcome {
-                    registered,
-                    available,
-                    problem,
-                    workflow_task_queues,
-                    blocked,
-                });
+            let uid = resolved.resource.metadata.uid.clone().unwrap_or_default();
+            let deployment_name = request.twd.key();
+            let mut changes = Box::pin(k8s::versioned_deployment_changes(&self.kube, &request.twd));
+            // Temporal is asked on the first look, whenever the Deployment is Available, and every
+            // UNAVAILABLE_TEMPORAL_RECHECK otherwise: pods that are not up cannot have polled, and
+            // a burst of rollouts must not spend the namespace's read budget on such reads.
+            let mut queues: Result<Option<Vec<(String, TaskQueueKind)>>, Blocked> = Ok(None);
+            let mut asked_at: Option<tokio::time::Instant> = None;
+            loop {
+                let deployments = k8s::list_versioned_deployments(&self.kube, &request.twd, &uid)
+                    .await
+                    .map_err(retryable)?;
+                let deployment = deployments
+                    .iter()
+                    .find(|d| d.build_id == request.build_id && !d.deleting);
+                let available = deployment.is_some_and(|d| d.available);
+                let problem = deployment.and_then(|d| d.problem.clone());
+                let ask = available
+                    || asked_at.is_none_or(|at| at.elapsed() >= UNAVAILABLE_TEMPORAL_RECHECK)
+                    || tokio::time::Instant::now() >= deadline;
+                if ask {
+                    queues = temporal::version_task_queues(
+                        &resolved.temporal,
+                        &resolved.spec.temporal_namespace,
+                        &deployment_name,
+                        &request.build_id,
+                    )
+                    .await;
+                    asked_at = Some(tokio::time::Instant::now());
+                }
+                let (registered, workflow_task_queues) = match &queues {
+                    Ok(Some(queues)) => (
+                        true,
+                        queues
+                            .iter()
+                            .filter(|(_, kind)| *kind == TaskQueueKind::Workflow)
+                            .map(|(n, _)| n.clone())
+                            .collect(),
+                    ),
+                    Ok(None) | Err(_) => (false, Vec::new()),
+                };
+                let done = registered && available;
+                if done || tokio::time::Instant::now() >= deadline || ctx.is_cancelled() {
+                    self.metrics.waited_for_pollers(started.elapsed(), done);
+                    let blocked = queues.err();
+                    return Ok(PollerWaitOutcome {
+                        registered,
+                        available,
+                        problem,
+                        workflow_task_queues,
+                        blocked,
+                    });
+                }
+                // Pods up: pollers register within moments, so look again soon. Until then a
+                // change of the Deployment (its status turning Available) ends the wait early.
+                let interval = if available {
+                    POLLER_RECHECK
+                } else {
+                    AVAILABILITY_RECHECK
+                };
+                tokio::select! {
+                    () = tokio::time::sleep(interval) => {}
+                    _ = changes.next() => {}
+                }
             }
-            heartbeat(&ctx).await;
-            // Pods up: pollers register within moments, so look again soon. Until then a
-            // change of the Deployment (its status turning Available) ends the wait early.
-            let interval = if available {
-                POLLER_RECHECK
-            } else {
-                AVAILABILITY_RECHECK
-            };
-            tokio::select! {
-                () = tokio::time::sleep(interval) => {}
-                _ = changes.next() => {}
-            }
-        }
+        })
+        .await
     }
 
     /// Changes routing in the workers' Temporal.
     #[activity(name = "set_routing")]
     pub async fn set_routing(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         request: RoutingRequest,
     ) -> Result<RoutingOutcome, ActivityError> {
-        let resolved = match self.resolve(&request.twd).await? {
-            None => return Ok(RoutingOutcome::Blocked(gone(&request.twd))),
-            Some(Err(blocked)) => return Ok(RoutingOutcome::Blocked(blocked)),
-            Some(Ok(r)) => r,
-        };
-        let result = temporal::set_routing(
-            &resolved.temporal,
-            &resolved.spec.temporal_namespace,
-            &request.twd.key(),
-            &self.identity,
-            request.change,
-            request.conflict_token.as_deref(),
-        )
-        .await;
-        match result {
-            Ok(outcome) => Ok(outcome),
-            Err(e) => {
-                self.after_error(&resolved.temporal, &e);
-                if e.is_transient() {
-                    Err(retryable(e))
-                } else {
-                    Ok(RoutingOutcome::Blocked(
-                        e.to_blocked(BlockReason::PlanExecutionFailed),
-                    ))
+        with_heartbeats(&ctx, async {
+            let resolved = match self.resolve(&request.twd).await? {
+                None => return Ok(RoutingOutcome::Blocked(gone(&request.twd))),
+                Some(Err(blocked)) => return Ok(RoutingOutcome::Blocked(blocked)),
+                Some(Ok(r)) => r,
+            };
+            let result = temporal::set_routing(
+                &resolved.temporal,
+                &resolved.spec.temporal_namespace,
+                &request.twd.key(),
+                &self.identity,
+                request.change,
+                request.conflict_token.as_deref(),
+            )
+            .await;
+            match result {
+                Ok(outcome) => Ok(outcome),
+                Err(e) => {
+                    self.after_error(&resolved.temporal, &e);
+                    if e.is_transient() {
+                        Err(retryable(e))
+                    } else {
+                        Ok(RoutingOutcome::Blocked(
+                            e.to_blocked(BlockReason::PlanExecutionFailed),
+                        ))
+                    }
                 }
             }
-        }
+        })
+        .await
     }
 
     /// Deletes a version from the workers' Temporal.
     #[activity(name = "delete_version")]
     pub async fn delete_version(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         request: DeleteVersionRequest,
     ) -> Result<DeleteVersionOutcome, ActivityError> {
-        let resolved = match self.resolve(&request.twd).await? {
-            None => {
-                return Ok(DeleteVersionOutcome::NotYet {
-                    message: "the TemporalWorkerDeployment is gone".into(),
-                });
-            }
-            Some(Err(blocked)) => {
-                return Ok(DeleteVersionOutcome::NotYet {
-                    message: blocked.message,
-                });
-            }
-            Some(Ok(r)) => r,
-        };
-        temporal::delete_version(
-            &resolved.temporal,
-            &resolved.spec.temporal_namespace,
-            &request.twd.key(),
-            &request.build_id,
-            request.skip_drainage,
-            &self.identity,
-        )
-        .await
-        .map_err(|e| {
-            self.after_error(&resolved.temporal, &e);
-            retryable(e)
+        with_heartbeats(&ctx, async {
+            let resolved = match self.resolve(&request.twd).await? {
+                None => {
+                    return Ok(DeleteVersionOutcome::NotYet {
+                        message: "the TemporalWorkerDeployment is gone".into(),
+                    });
+                }
+                Some(Err(blocked)) => {
+                    return Ok(DeleteVersionOutcome::NotYet {
+                        message: blocked.message,
+                    });
+                }
+                Some(Ok(r)) => r,
+            };
+            temporal::delete_version(
+                &resolved.temporal,
+                &resolved.spec.temporal_namespace,
+                &request.twd.key(),
+                &request.build_id,
+                request.skip_drainage,
+                &self.identity,
+            )
+            .await
+            .map_err(|e| {
+                self.after_error(&resolved.temporal, &e);
+                retryable(e)
+            })
         })
+        .await
     }
 
     /// Starts the gate workflows (idempotently) and waits a bounded time for their results.
@@ -452,274 +538,485 @@ impl EngineActivities {
         ctx: ActivityContext,
         request: GateRequest,
     ) -> Result<GateOutcome, ActivityError> {
-        let blocked_outcome = |blocked: Blocked| GateOutcome {
-            runs: Vec::new(),
-            passed: false,
-            blocked: Some(blocked),
-        };
-        let resolved = match self.resolve(&request.twd).await? {
-            None => return Ok(blocked_outcome(gone(&request.twd))),
-            Some(Err(blocked)) => return Ok(blocked_outcome(blocked)),
-            Some(Ok(r)) => r,
-        };
-        let input = match k8s::gate_input(&self.kube, &resolved.resource).await {
-            Ok(input) => input,
-            Err(blocked) => return Ok(blocked_outcome(blocked)),
-        };
-        let namespace = resolved.spec.temporal_namespace.clone();
-        let deployment_name = request.twd.key();
-        let max_wait = Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0));
-        let deadline = tokio::time::Instant::now() + max_wait;
-        // The version's workflow task queues: known once its workers polled.
-        let task_queues = loop {
-            match temporal::version_task_queues(
-                &resolved.temporal,
-                &namespace,
-                &deployment_name,
-                &request.build_id,
-            )
-            .await
-            {
-                Ok(Some(queues)) => {
-                    let workflow: Vec<String> = queues
-                        .into_iter()
-                        .filter(|(_, k)| *k == TaskQueueKind::Workflow)
-                        .map(|(n, _)| n)
-                        .collect();
-                    if !workflow.is_empty() {
-                        break workflow;
+        with_heartbeats(&ctx, async {
+            let blocked_outcome = |blocked: Blocked| GateOutcome {
+                runs: Vec::new(),
+                passed: false,
+                blocked: Some(blocked),
+            };
+            let resolved = match self.resolve(&request.twd).await? {
+                None => return Ok(blocked_outcome(gone(&request.twd))),
+                Some(Err(blocked)) => return Ok(blocked_outcome(blocked)),
+                Some(Ok(r)) => r,
+            };
+            let input = match k8s::gate_input(&self.kube, &resolved.resource).await {
+                Ok(input) => input,
+                Err(ResolveError::Blocked(blocked)) => return Ok(blocked_outcome(blocked)),
+                Err(ResolveError::Transient(e)) => return Err(retryable(e)),
+            };
+            let namespace = resolved.spec.temporal_namespace.clone();
+            let deployment_name = request.twd.key();
+            let max_wait = Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0));
+            let deadline = tokio::time::Instant::now() + max_wait;
+            // The version's workflow task queues: known once its workers polled.
+            let task_queues = loop {
+                match temporal::version_task_queues(
+                    &resolved.temporal,
+                    &namespace,
+                    &deployment_name,
+                    &request.build_id,
+                )
+                .await
+                {
+                    Ok(Some(queues)) => {
+                        let workflow: Vec<String> = queues
+                            .into_iter()
+                            .filter(|(_, k)| *k == TaskQueueKind::Workflow)
+                            .map(|(n, _)| n)
+                            .collect();
+                        if !workflow.is_empty() {
+                            break workflow;
+                        }
                     }
+                    Ok(None) => {}
+                    Err(blocked) => return Ok(blocked_outcome(blocked)),
                 }
-                Ok(None) => {}
-                Err(blocked) => return Ok(blocked_outcome(blocked)),
-            }
-            if tokio::time::Instant::now() >= deadline {
+                if tokio::time::Instant::now() >= deadline {
+                    return Ok(GateOutcome {
+                        runs: Vec::new(),
+                        passed: false,
+                        blocked: None,
+                    });
+                }
+                tokio::time::sleep(POLL_INTERVAL).await;
+            };
+            // The wait above may be long: a build superseded meanwhile gets no gates (its rollout
+            // stops the gates it knows of, and would miss these).
+            if ctx.is_cancelled() || !self.still_target(&request.twd, &request.build_id).await? {
                 return Ok(GateOutcome {
                     runs: Vec::new(),
                     passed: false,
                     blocked: None,
                 });
             }
-            heartbeat(&ctx).await;
-            tokio::time::sleep(POLL_INTERVAL).await;
-        };
-        // The wait above may be long: a build superseded meanwhile gets no gates (its rollout
-        // stops the gates it knows of, and would miss these).
-        if ctx.is_cancelled() || !self.still_target(&request.twd, &request.build_id).await? {
-            return Ok(GateOutcome {
-                runs: Vec::new(),
-                passed: false,
+            let runs = match temporal::start_gates(
+                &resolved.temporal,
+                &namespace,
+                &deployment_name,
+                &request.build_id,
+                &request.workflow_type,
+                input,
+                request.attempt,
+                &task_queues,
+            )
+            .await
+            {
+                Ok(runs) => runs,
+                Err(e) if e.is_transient() => {
+                    self.after_error(&resolved.temporal, &e.source);
+                    return Err(retryable(e));
+                }
+                Err(e) => {
+                    self.after_error(&resolved.temporal, &e.source);
+                    return Ok(blocked_outcome(e.to_blocked()));
+                }
+            };
+            let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let wait = temporal::wait_gates(&resolved.temporal, &namespace, runs.clone(), || {});
+            let waited = tokio::time::timeout(remaining, wait).await;
+            let runs = match waited {
+                Ok(Ok(runs)) => runs,
+                Ok(Err(blocked)) => return Ok(blocked_outcome(blocked)),
+                Err(_) => runs,
+            };
+            let passed = !runs.is_empty() && runs.iter().all(|r| r.status == "Completed");
+            Ok(GateOutcome {
+                runs,
+                passed,
                 blocked: None,
-            });
-        }
-        let runs = match temporal::start_gates(
-            &resolved.temporal,
-            &namespace,
-            &deployment_name,
-            &request.build_id,
-            &request.workflow_type,
-            input,
-            request.attempt,
-            &task_queues,
-        )
+            })
+        })
         .await
-        {
-            Ok(runs) => runs,
-            Err(blocked) => return Ok(blocked_outcome(blocked)),
-        };
-        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let wait = temporal::wait_gates(&resolved.temporal, &namespace, runs.clone(), || {});
-        let heartbeats = async {
-            loop {
-                heartbeat(&ctx).await;
-                tokio::time::sleep(Duration::from_secs(5)).await;
-            }
-        };
-        let waited = tokio::time::timeout(remaining, async {
-            tokio::select! {
-                result = wait => result,
-                never = heartbeats => never,
-            }
-        })
-        .await;
-        let runs = match waited {
-            Ok(Ok(runs)) => runs,
-            Ok(Err(blocked)) => return Ok(blocked_outcome(blocked)),
-            Err(_) => runs,
-        };
-        let passed = !runs.is_empty() && runs.iter().all(|r| r.status == "Completed");
-        Ok(GateOutcome {
-            runs,
-            passed,
-            blocked: None,
-        })
     }
 
     /// Cancels the build's running gate workflows; terminates those that ignore it.
     #[activity(name = "cancel_gates")]
     pub async fn cancel_gates(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         request: BuildRequest,
     ) -> Result<(), ActivityError> {
-        let Some(Ok(resolved)) = self.resolve(&request.twd).await? else {
-            return Ok(());
-        };
-        temporal::stop_build_gates(
-            &resolved.temporal,
-            &resolved.spec.temporal_namespace,
-            &request.twd.key(),
-            &request.build_id,
-            GATE_STOP_GRACE,
-        )
+        with_heartbeats(&ctx, async {
+            let Some(Ok(resolved)) = self.resolve(&request.twd).await? else {
+                return Ok(());
+            };
+            temporal::stop_build_gates(
+                &resolved.temporal,
+                &resolved.spec.temporal_namespace,
+                &request.twd.key(),
+                &request.build_id,
+                GATE_STOP_GRACE,
+            )
+            .await
+            .map(|_| ())
+            .map_err(retryable)
+        })
         .await
-        .map(|_| ())
-        .map_err(retryable)
     }
 
     /// Writes the TWD's status.
     #[activity(name = "write_status")]
     pub async fn write_status(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         request: StatusRequest,
     ) -> Result<(), ActivityError> {
-        let twd = &request.twd;
-        let (write, before) = k8s::write_twd_status_seen(&self.kube, twd, request.status.clone())
-            .await
-            .map_err(retryable)?;
-        if let (k8s::StatusWrite::Written | k8s::StatusWrite::Unchanged, Some(before)) =
-            (write, before)
-        {
-            self.metrics.status_written(
-                metrics::strategy_label(&before.spec.rollout.strategy),
-                before.status.as_ref(),
-                &request.status,
-                k8s_openapi::jiff::Timestamp::now(),
-            );
-        }
-        Ok(())
+        with_heartbeats(&ctx, async {
+            let twd = &request.twd;
+            let (write, before) =
+                k8s::write_twd_status_seen(&self.kube, twd, request.status.clone())
+                    .await
+                    .map_err(retryable)?;
+            if let (k8s::StatusWrite::Written | k8s::StatusWrite::Unchanged, Some(before)) =
+                (write, before)
+            {
+                self.metrics.status_written(
+                    metrics::strategy_label(&before.spec.rollout.strategy),
+                    before.status.as_ref(),
+                    &request.status,
+                    k8s_openapi::jiff::Timestamp::now(),
+                );
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// Records an Event on the TWD.
     #[activity(name = "emit_event")]
     pub async fn emit_event(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         request: EventRequest,
     ) -> Result<(), ActivityError> {
-        k8s::emit_event(
-            &self.kube,
-            &request.twd,
-            request.kind,
-            &request.reason,
-            &request.message,
-        )
+        with_heartbeats(&ctx, async {
+            k8s::emit_event(
+                &self.kube,
+                &request.twd,
+                request.kind,
+                &request.reason,
+                &request.message,
+            )
+            .await
+            .map(|_| ())
+            .map_err(retryable)
+        })
         .await
-        .map(|_| ())
-        .map_err(retryable)
     }
 
     /// Deletion path of a TWD.
     #[activity(name = "cleanup_deleted")]
     pub async fn cleanup_deleted(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         twd: TwdRef,
     ) -> Result<CleanupOutcome, ActivityError> {
-        let resolved = match self.resolve(&twd).await? {
-            None => return Ok(CleanupOutcome::Done),
-            Some(Err(blocked)) => {
-                return Ok(CleanupOutcome::Pending {
-                    message: blocked.message,
-                });
-            }
-            Some(Ok(r)) => r,
-        };
-        let namespace = resolved.spec.temporal_namespace.clone();
-        let deployment_name = twd.key();
-        let client = &resolved.temporal;
-        // 1. New work goes to unversioned workers again.
-        match temporal::reset_to_unversioned(client, &namespace, &deployment_name, &self.identity)
+        with_heartbeats(&ctx, async {
+            let resolved = match self.resolve(&twd).await? {
+                None => return Ok(CleanupOutcome::Done),
+                Some(Err(blocked)) => return self.cleanup_blocked(&twd, blocked).await,
+                Some(Ok(r)) => r,
+            };
+            let namespace = resolved.spec.temporal_namespace.clone();
+            let deployment_name = twd.key();
+            let client = &resolved.temporal;
+            // 1. New work goes to unversioned workers again.
+            match temporal::reset_to_unversioned(
+                client,
+                &namespace,
+                &deployment_name,
+                &self.identity,
+            )
             .await
-        {
-            Ok(RoutingOutcome::Applied) => {}
-            Ok(other) => {
+            {
+                Ok(RoutingOutcome::Applied) => {}
+                Ok(other) => {
+                    return Ok(CleanupOutcome::Pending {
+                        message: format!(
+                            "Waiting to route worker deployment {deployment_name} back to unversioned workers: {other:?}"
+                        ),
+                        blocked_by: None,
+                    });
+                }
+                Err(e) => {
+                    return Ok(CleanupOutcome::Pending {
+                        message: format!(
+                            "Waiting to route worker deployment {deployment_name} back to unversioned workers: {e}"
+                        ),
+                        blocked_by: None,
+                    });
+                }
+            }
+            // 2. Stop the versioned workers (their pollers must be gone before versions can go).
+            let uid = resolved.resource.metadata.uid.clone().unwrap_or_default();
+            for deployment in k8s::list_versioned_deployments(&self.kube, &twd, &uid)
+                .await
+                .map_err(retryable)?
+            {
+                k8s::delete_deployment(&self.kube, &twd.namespace, &deployment.name)
+                    .await
+                    .map_err(retryable)?;
+            }
+            // 3. Versions and the worker deployment.
+            let state =
+                match temporal::describe_worker_deployment(client, &namespace, &deployment_name)
+                    .await
+                {
+                    Ok(state) => state,
+                    Err(blocked) => {
+                        return Ok(CleanupOutcome::Pending {
+                            message: format!(
+                                "Waiting to read worker deployment {deployment_name} from Temporal: {}",
+                                blocked.message
+                            ),
+                            blocked_by: None,
+                        });
+                    }
+                };
+            let mut pending = Vec::new();
+            for version in &state.versions {
+                match temporal::delete_version(
+                    client,
+                    &namespace,
+                    &deployment_name,
+                    &version.build_id,
+                    true,
+                    &self.identity,
+                )
+                .await
+                {
+                    Ok(DeleteVersionOutcome::Deleted) => {}
+                    Ok(DeleteVersionOutcome::NotYet { message }) => {
+                        pending.push(format!("{}: {message}", version.build_id))
+                    }
+                    Err(e) => pending.push(format!("{}: {e}", version.build_id)),
+                }
+            }
+            if state.exists && pending.is_empty() {
+                match temporal::delete_worker_deployment(
+                    client,
+                    &namespace,
+                    &deployment_name,
+                    &self.identity,
+                )
+                .await
+                {
+                    Ok(DeleteVersionOutcome::Deleted) => {}
+                    Ok(DeleteVersionOutcome::NotYet { message }) => pending.push(message),
+                    Err(e) => pending.push(e.to_string()),
+                }
+            }
+            if !pending.is_empty() {
                 return Ok(CleanupOutcome::Pending {
-                    message: format!("resetting routing: {other:?}"),
+                    message: format!(
+                        "Waiting to delete worker deployment {deployment_name} from Temporal: {}",
+                        pending.join("; ")
+                    ),
+                    blocked_by: None,
                 });
             }
-            Err(e) => {
-                return Ok(CleanupOutcome::Pending {
-                    message: format!("resetting routing: {e}"),
-                });
-            }
-        }
-        // 2. Stop the versioned workers (their pollers must be gone before versions can go).
-        let uid = resolved.resource.metadata.uid.clone().unwrap_or_default();
-        for deployment in k8s::list_versioned_deployments(&self.kube, &twd, &uid)
-            .await
-            .map_err(retryable)?
-        {
-            k8s::delete_deployment(&self.kube, &twd.namespace, &deployment.name)
+            // 4. Let the TWD (and, if unused, its connection) go.
+            k8s::release_finalizers(&self.kube, &twd)
                 .await
                 .map_err(retryable)?;
-        }
-        // 3. Versions and the worker deployment.
-        let state = match temporal::describe_worker_deployment(client, &namespace, &deployment_name)
-            .await
-        {
-            Ok(state) => state,
-            Err(blocked) => {
-                return Ok(CleanupOutcome::Pending {
-                    message: blocked.message,
-                });
-            }
-        };
-        let mut pending = Vec::new();
-        for version in &state.versions {
-            match temporal::delete_version(
-                client,
-                &namespace,
-                &deployment_name,
-                &version.build_id,
-                true,
-                &self.identity,
-            )
-            .await
-            {
-                Ok(DeleteVersionOutcome::Deleted) => {}
-                Ok(DeleteVersionOutcome::NotYet { message }) => {
-                    pending.push(format!("{}: {message}", version.build_id))
-                }
-                Err(e) => pending.push(format!("{}: {e}", version.build_id)),
-            }
-        }
-        if state.exists && pending.is_empty() {
-            match temporal::delete_worker_deployment(
-                client,
-                &namespace,
-                &deployment_name,
-                &self.identity,
-            )
-            .await
-            {
-                Ok(DeleteVersionOutcome::Deleted) => {}
-                Ok(DeleteVersionOutcome::NotYet { message }) => pending.push(message),
-                Err(e) => pending.push(e.to_string()),
-            }
-        }
-        if !pending.is_empty() {
-            return Ok(CleanupOutcome::Pending {
-                message: pending.join("; "),
-            });
-        }
-        // 4. Let the TWD (and, if unused, its connection) go.
-        k8s::release_finalizers(&self.kube, &twd)
-            .await
-            .map_err(retryable)?;
-        Ok(CleanupOutcome::Done)
+            Ok(CleanupOutcome::Done)
+        })
+        .await
     }
+
+    /// Deletion path when Temporal cannot be cleaned up (the connection or its Secret is gone
+    /// for good): deletes the versioned Deployments, releases the finalizers and says what was
+    /// left in Temporal and how to remove it by hand. Does nothing to a TWD that is not being
+    /// deleted.
+    #[activity(name = "release_without_temporal")]
+    pub async fn release_without_temporal(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        twd: TwdRef,
+    ) -> Result<String, ActivityError> {
+        with_heartbeats(&ctx, async {
+            let Some(resource) = k8s::get_twd(&self.kube, &twd).await.map_err(retryable)? else {
+                return Ok(format!(
+                    "TemporalWorkerDeployment {} is already gone; nothing was left to release",
+                    twd.key()
+                ));
+            };
+            let spec = spec_view(&resource);
+            if !spec.deleting {
+                return Ok(format!(
+                    "TemporalWorkerDeployment {} is not being deleted; nothing was released",
+                    twd.key()
+                ));
+            }
+            let connection =
+                k8s::find_connection(&self.kube, &twd.namespace, &spec.connection_name)
+                    .await
+                    .map_err(retryable)?;
+            let mut deleted = 0;
+            for deployment in k8s::list_versioned_deployments(&self.kube, &twd, &spec.uid)
+                .await
+                .map_err(retryable)?
+            {
+                if !deployment.deleting
+                    && k8s::delete_deployment(&self.kube, &twd.namespace, &deployment.name)
+                        .await
+                        .map_err(retryable)?
+                {
+                    deleted += 1;
+                }
+            }
+            let left = LeftInTemporal {
+                deployment_name: twd.key(),
+                temporal_namespace: spec.temporal_namespace.clone(),
+                address: connection.map(|c| c.spec.host_port),
+                versions: known_versions(resource.status.as_ref()),
+                identity: self.identity.clone(),
+            };
+            k8s::release_finalizers(&self.kube, &twd)
+                .await
+                .map_err(retryable)?;
+            let message = format!(
+                "Released TemporalWorkerDeployment {} without cleaning up Temporal; deleted {deleted} versioned Deployment(s). {}",
+                twd.key(),
+                left.describe()
+            );
+            tracing::warn!(twd = %twd.key(), "{message}");
+            Ok(message)
+        })
+        .await
+    }
+
+    /// Re-asserts finalizers, the connection's settings on live Deployments and, under
+    /// `unsafeCustomBuildID`, the current pod template; returns what it changed.
+    #[activity(name = "reassert_resources")]
+    pub async fn reassert_resources(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        twd: TwdRef,
+    ) -> Result<twc_workflows::contract::ReassertOutcome, ActivityError> {
+        with_heartbeats(&ctx, async {
+            k8s::reassert_resources(&self.kube, &twd)
+                .await
+                .map_err(retryable)
+        })
+        .await
+    }
+}
+
+/// What the deletion path waits for when the TWD's connection (`ConnectionGone`) or its Secret
+/// (`SecretGone`, `cause` says which and why) is missing or unusable, and what the user can
+/// do; with `NamespaceDeleting` neither will come back.
+fn cleanup_blocked_message(
+    twd: &TwdRef,
+    connection_name: &str,
+    cause: &str,
+    block: CleanupBlock,
+) -> String {
+    let deployment = twd.key();
+    let connection = format!("TemporalConnection {}/{connection_name}", twd.namespace);
+    let otherwise = format!(
+        "otherwise the TemporalWorkerDeployment is released without that cleanup and worker \
+         deployment {deployment} stays in Temporal"
+    );
+    match block {
+        CleanupBlock::ConnectionGone => format!(
+            "Waiting for {connection} (not found) to remove worker deployment {deployment} from \
+             Temporal: recreate the connection to let the cleanup finish; {otherwise}"
+        ),
+        CleanupBlock::SecretGone => format!(
+            "Waiting for the credentials of {connection} to remove worker deployment \
+             {deployment} from Temporal: {cause}. Restore the Secret to let the cleanup finish; \
+             {otherwise}"
+        ),
+        CleanupBlock::NamespaceDeleting => format!(
+            "Cannot remove worker deployment {deployment} from Temporal: {cause}, and {connection} \
+             is being deleted (as when its namespace is deleted), so neither comes back; the \
+             TemporalWorkerDeployment is released without that cleanup and the worker deployment \
+             stays in Temporal"
+        ),
+    }
+}
+
+/// What `release_without_temporal` left in the workers' Temporal.
+struct LeftInTemporal {
+    deployment_name: String,
+    temporal_namespace: String,
+    /// `hostPort` of the connection, when it still exists.
+    address: Option<String>,
+    /// Build IDs the TWD's status knew, with their role.
+    versions: Vec<(String, &'static str)>,
+    /// Manager identity the controller claimed on the worker deployment.
+    identity: String,
+}
+
+impl LeftInTemporal {
+    /// The worker deployment, where it is, its known versions and the commands that remove it.
+    fn describe(&self) -> String {
+        let Self {
+            deployment_name,
+            temporal_namespace,
+            address,
+            versions,
+            identity,
+        } = self;
+        let address = address.as_deref().unwrap_or("<address of your Temporal>");
+        let versions = if versions.is_empty() {
+            "no version known to the TemporalWorkerDeployment's status (`temporal worker \
+             deployment describe` lists them)"
+                .to_owned()
+        } else {
+            let list: Vec<String> = versions
+                .iter()
+                .map(|(build, role)| format!("{build} ({role})"))
+                .collect();
+            format!("versions {}", list.join(", "))
+        };
+        format!(
+            "Left in Temporal: worker deployment {deployment_name} in namespace \
+             {temporal_namespace} at {address}, with {versions}. To remove it by hand, with \
+             `--address {address} --namespace {temporal_namespace} --identity {identity}` on each \
+             command: `temporal worker deployment set-current-version --deployment-name \
+             {deployment_name} --unversioned --yes`, then for each version `temporal worker \
+             deployment delete-version --deployment-name {deployment_name} --build-id <build ID> \
+             --skip-drainage`, then `temporal worker deployment delete --name {deployment_name}`"
+        )
+    }
+}
+
+/// The versions a TWD's status names, each once: current, target, deprecated.
+fn known_versions(status: Option<&TemporalWorkerDeploymentStatus>) -> Vec<(String, &'static str)> {
+    let Some(status) = status else {
+        return Vec::new();
+    };
+    let current = status
+        .current_version
+        .iter()
+        .map(|v| (v.build_id.clone(), "current"));
+    let target = status
+        .target_version
+        .iter()
+        .map(|t| (t.version.build_id.clone(), "target"));
+    let deprecated = status
+        .deprecated_versions
+        .iter()
+        .map(|d| (d.version.build_id.clone(), "deprecated"));
+    let mut versions: Vec<(String, &'static str)> = Vec::new();
+    for (build, role) in current.chain(target).chain(deprecated) {
+        if !build.is_empty() && !versions.iter().any(|(b, _)| *b == build) {
+            versions.push((build, role));
+        }
+    }
+    versions
 }
 
 fn not_ready(blocked: Option<Blocked>, problem: Option<String>) -> PollerWaitOutcome {
@@ -739,6 +1036,37 @@ fn gone(twd: &TwdRef) -> Blocked {
     }
 }
 
+/// Runs `work`, heartbeating every [`HEARTBEAT_INTERVAL`] (the first at once) until it ends.
+async fn with_heartbeats<T>(
+    ctx: &ActivityContext,
+    work: impl Future<Output = Result<T, ActivityError>>,
+) -> Result<T, ActivityError> {
+    alongside_every(HEARTBEAT_INTERVAL, || heartbeat(ctx), work).await
+}
+
+/// Runs `work`, calling `beat` at once and then every `interval` until `work` ends.
+async fn alongside_every<T, B>(
+    interval: Duration,
+    beat: impl Fn() -> B,
+    work: impl Future<Output = T>,
+) -> T
+where
+    B: Future<Output = ()>,
+{
+    let beats = async {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            beat().await;
+        }
+    };
+    tokio::select! {
+        result = work => result,
+        never = beats => never,
+    }
+}
+
 async fn heartbeat(ctx: &ActivityContext) {
     if let Err(e) = ctx.record_heartbeat(()).await {
         tracing::debug!("heartbeat not recorded: {e}");
@@ -754,4 +1082,130 @@ fn now_millis() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    fn twd() -> TwdRef {
+        TwdRef {
+            namespace: "demo".into(),
+            name: "hello".into(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_is_accompanied_by_a_heartbeat_at_once_and_every_second() {
+        let beats = AtomicU32::new(0);
+        let started = tokio::time::Instant::now();
+        let work = async {
+            tokio::time::sleep(Duration::from_millis(4_500)).await;
+            "done"
+        };
+        let beat = || async {
+            beats.fetch_add(1, Ordering::Relaxed);
+        };
+        let result = alongside_every(HEARTBEAT_INTERVAL, beat, work).await;
+        assert_eq!(result, "done");
+        assert_eq!(started.elapsed(), Duration::from_millis(4_500));
+        // At 0, 1, 2, 3 and 4 s; none after the work ended.
+        assert_eq!(beats.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn a_blocked_cleanup_says_what_it_waits_for_and_what_to_do() {
+        let secret = "Secret demo/cloud-api-key named by TemporalConnection cloud (apiKeySecretRef) not found";
+        let cases = [
+            (
+                CleanupBlock::ConnectionGone,
+                "",
+                vec![
+                    "Waiting for TemporalConnection demo/cloud (not found)",
+                    "worker deployment demo/hello",
+                    "recreate the connection",
+                    "released without that cleanup",
+                ],
+            ),
+            (
+                CleanupBlock::SecretGone,
+                secret,
+                vec![
+                    "Waiting for the credentials of TemporalConnection demo/cloud",
+                    "Secret demo/cloud-api-key",
+                    "Restore the Secret",
+                    "released without that cleanup",
+                ],
+            ),
+            (
+                CleanupBlock::NamespaceDeleting,
+                secret,
+                vec![
+                    "Cannot remove worker deployment demo/hello",
+                    "Secret demo/cloud-api-key",
+                    "TemporalConnection demo/cloud is being deleted",
+                    "released without that cleanup",
+                ],
+            ),
+        ];
+        for (block, cause, expected) in cases {
+            let message = cleanup_blocked_message(&twd(), "cloud", cause, block);
+            for part in expected {
+                assert!(message.contains(part), "{block:?}: {part:?} in {message}");
+            }
+        }
+    }
+
+    #[test]
+    fn versions_left_in_temporal_are_the_ones_the_status_names_once_each() {
+        let version =
+            |build: &str, state: &str| serde_json::json!({ "buildID": build, "status": state });
+        let status: TemporalWorkerDeploymentStatus = serde_json::from_value(serde_json::json!({
+            "currentVersion": version("v2-b", "Current"),
+            "targetVersion": version("v3-c", "Ramping"),
+            "deprecatedVersions": [version("v1-a", "Drained"), version("v2-b", "Current")],
+        }))
+        .expect("a status");
+        assert_eq!(
+            known_versions(Some(&status)),
+            vec![
+                ("v2-b".to_owned(), "current"),
+                ("v3-c".to_owned(), "target"),
+                ("v1-a".to_owned(), "deprecated"),
+            ]
+        );
+        assert!(known_versions(None).is_empty());
+    }
+
+    #[test]
+    fn what_was_left_in_temporal_comes_with_the_commands_that_remove_it() {
+        let left = LeftInTemporal {
+            deployment_name: "demo/hello".into(),
+            temporal_namespace: "workers".into(),
+            address: Some("temporal.example:7233".into()),
+            versions: vec![("v2-b".into(), "current"), ("v3-c".into(), "target")],
+            identity: "twc".into(),
+        };
+        let text = left.describe();
+        for part in [
+            "worker deployment demo/hello in namespace workers at temporal.example:7233",
+            "versions v2-b (current), v3-c (target)",
+            "--address temporal.example:7233 --namespace workers --identity twc",
+            "temporal worker deployment set-current-version --deployment-name demo/hello --unversioned --yes",
+            "temporal worker deployment delete-version --deployment-name demo/hello --build-id <build ID> --skip-drainage",
+            "temporal worker deployment delete --name demo/hello",
+        ] {
+            assert!(text.contains(part), "{part:?} in {text}");
+        }
+        let unknown = LeftInTemporal {
+            address: None,
+            versions: Vec::new(),
+            ..left
+        };
+        let text = unknown.describe();
+        assert!(text.contains("at <address of your Temporal>"), "{text}");
+        assert!(text.contains("no version known"), "{text}");
+    }
 }

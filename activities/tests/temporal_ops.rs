@@ -635,7 +635,7 @@ async fn gates(client: &TemporalClient, dep: &str) -> Result<()> {
                 &queues,
             )
             .await
-            .map_err(|b| anyhow!("{:?}: {}", b.reason, b.message))
+            .map_err(|e| anyhow!("{e}"))
         }
     };
 

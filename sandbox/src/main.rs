@@ -260,16 +260,11 @@ async fn apply_sample_manifests(sandbox: &Sandbox, repo_dir: &Path) -> anyhow::R
 
 fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
     let env = &sandbox.env;
-    let kubectl = format!(
-        "{} --kubeconfig {}",
-        env.kubectl.display(),
-        env.kubeconfig.display()
-    );
     println!(
         "\n\
         ================ twc sandbox is up ================\n\
         Temporal Web UI : {ui}\n\
-        Temporal address: {addr} (namespace default)\n\
+        Temporal address: {addr} (namespace default; `kubectl twc` finds it through the kubeconfig)\n\
         kubeconfig      : {kc}\n\
         logs            : {logs}\n\
         controller      : {controller}\n\
@@ -284,6 +279,10 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
         \x20 kubectl -n demo patch twd hello --type merge -p '{{\"spec\":{{\"template\":{{\"spec\":{{\"containers\":[{{\"name\":\"worker\",\"image\":\"twc.local/sample-worker:v2\"}}]}}}}}}}}'\n\
         \x20 kubectl -n demo get twd hello -w\n\
         \x20 {temporal} worker deployment describe --name demo/hello --address {addr}\n\
+        \x20 # the operator commands, as a kubectl plugin (no other setting needed here):\n\
+        \x20 ln -sf {bin}/twc ~/.local/bin/kubectl-twc\n\
+        \x20 kubectl twc status hello -n demo\n\
+        \x20 kubectl twc pause hello -n demo    # also: resume, promote, abort, retry\n\
         \n\
         Ctrl-C stops everything.\n",
         ui = env.temporal_ui_url.as_deref().unwrap_or("(disabled)"),
@@ -299,6 +298,6 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
         temporal = env.temporal_cli.display(),
         metrics = env.controller_metrics_url.as_deref().unwrap_or("-"),
         health = env.controller_health_url.as_deref().unwrap_or("-"),
+        bin = env.bin_dir.display(),
     );
-    let _ = kubectl;
 }

@@ -1,12 +1,14 @@
 //! `pause`, `resume`, `promote`, `abort`, `retry`: send a control to a TWD's rollout, through
-//! the engine Temporal (signal `control` on `twd/<ns>/<name>`) or, with `--via-annotation`,
-//! through the `temporal.io/rollout-action` annotation that the controller's watcher turns into
-//! that signal.
+//! the engine Temporal (the `control` update on the rollout workflow, which accepts it with what
+//! it does or rejects it with why) or, with `--via-annotation`, through the
+//! `temporal.io/rollout-action` annotation that the controller's watcher turns into the
+//! `control` signal.
 //!
-//! Through the engine the answer is known before anything is sent (the rollout's
-//! `control_state` query), so a control that does not apply is reported and not sent. Through
-//! the annotation the command waits for the controller to take the annotation and for the
-//! event that answers it.
+//! Through the engine the answer is synchronous: `accepted: <what it does>` (exit 0) or
+//! `rejected: <why>` (exit 1). A rollout that has ended takes no update; its outcome answers,
+//! and `retry` of an aborted build goes to the TWD's workflow, which starts the rollout again.
+//! Through the annotation the command waits for the controller to take the annotation and for
+//! the event that answers it.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -15,15 +17,22 @@ use anyhow::Context;
 use k8s_openapi::api::core::v1::Event;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use temporalio_client::WorkflowSignalOptions;
+use temporalio_client::errors::{WorkflowGetResultError, WorkflowUpdateError};
+use temporalio_client::{
+    Client, WorkflowExecuteUpdateOptions, WorkflowGetResultOptions, WorkflowSignalOptions,
+};
 use twc_crds::TemporalWorkerDeployment;
-use twc_workflows::control::{self, ControlEffect, ROLLOUT_ACTION_ANNOTATION};
-use twc_workflows::model::{ControlAction, TwdRef};
+use twc_workflows::control::{self, ControlEffect, ControlState, ROLLOUT_ACTION_ANNOTATION};
+use twc_workflows::model::{ControlAction, RolloutProgress, TwdRef};
+use twc_workflows::rollout_workflow::{RolloutOutcome, RolloutWorkflow};
 use twc_workflows::twd_workflow::TwdWorkflow;
 
 use super::engine::EngineArgs;
 use super::status::twd_events;
-use super::{NotApplicable, TwdArgs, block_on, engine_client, engine_view, get_twd, kube_client};
+use super::{
+    EngineView, NotApplicable, TwdArgs, block_on, engine_args, engine_client, engine_view, get_twd,
+    kube_client,
+};
 
 /// Flags of the control commands.
 #[derive(clap::Args, Debug, Clone)]
@@ -36,32 +45,28 @@ pub struct ControlArgs {
     /// engine Temporal (for when only the Kubernetes API is reachable from here).
     #[arg(long)]
     via_annotation: bool,
-    /// With --via-annotation: seconds to wait for the controller to take the annotation.
+    /// With --via-annotation: seconds to wait for the controller to take the annotation, then
+    /// for the event that answers it.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
 }
 
-/// Event reasons that answer a control.
-const ANSWERS: &[&str] = &[
-    "ControlIgnored",
-    "ControlUnchanged",
-    "InvalidRolloutAction",
-    "RolloutActionFailed",
-    "Paused",
-    "Resumed",
-    "PromotedByOperator",
-    "Aborted",
-    "Retrying",
-];
-/// Answers that mean the control did nothing.
-const REFUSALS: &[&str] = &[
-    "ControlIgnored",
-    "InvalidRolloutAction",
-    "RolloutActionFailed",
-];
-/// How long to wait for the event that answers an annotation once the controller took it.
-const ANSWER_WAIT: Duration = Duration::from_secs(15);
+/// How long the rollout workflow has to accept or reject an update (it needs a controller).
+const UPDATE_WAIT: Duration = Duration::from_secs(30);
+/// How long to wait for the outcome of a rollout workflow that has closed.
+const OUTCOME_WAIT: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(500);
+
+/// The answer to a control.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Answer {
+    /// Taken; what it does (or that it was already so).
+    Accepted(String),
+    /// Not taken; why.
+    Rejected(String),
+    /// Sent, with no answer yet; what to do to follow it.
+    Unanswered(String),
+}
 
 /// Sends `action` to the rollout of the TWD named in `args`.
 pub fn run(action: ControlAction, args: ControlArgs) -> anyhow::Result<()> {
@@ -75,19 +80,124 @@ async fn send(action: ControlAction, args: ControlArgs) -> anyhow::Result<()> {
         namespace,
         name: args.twd.name.clone(),
     };
-    if args.via_annotation {
-        return via_annotation(&kube, &twd, action, Duration::from_secs(args.timeout)).await;
-    }
-    let engine = engine_client(&args.engine, Duration::from_secs(15))
+    let answer = if args.via_annotation {
+        via_annotation(&kube, &twd, action, Duration::from_secs(args.timeout)).await?
+    } else {
+        let engine = engine_client(
+            &engine_args(&args.engine, &args.twd),
+            Duration::from_secs(15),
+        )
         .await
         .context("use --via-annotation when the engine Temporal is not reachable from here")?;
-    let view = engine_view(&engine, &twd).await?;
-    let answer = match &view.control {
-        Some(state) => control::effect(action, state),
-        None => control::no_rollout(action, &twd.key()),
+        through_engine(&engine, &twd, action).await?
     };
     match answer {
+        Answer::Accepted(message) => {
+            println!("accepted: {message}");
+            Ok(())
+        }
+        Answer::Rejected(reason) => Err(NotApplicable(reason).into()),
+        Answer::Unanswered(message) => {
+            println!("{message}");
+            Ok(())
+        }
+    }
+}
+
+/// Sends `action` as the `control` update of the TWD's rollout workflow (by workflow ID, so it
+/// reaches the latest run), or answers it from the outcome of a rollout that has ended.
+async fn through_engine(
+    engine: &Client,
+    twd: &TwdRef,
+    action: ControlAction,
+) -> anyhow::Result<Answer> {
+    let view = engine_view(engine, twd).await?;
+    let (Some(active), Some(state)) = (view.twd.active.clone(), view.control.clone()) else {
+        let answer = control::no_rollout(action, &twd.key());
+        return Ok(Answer::Rejected(answer.message().to_owned()));
+    };
+    if ended(&state) {
+        return after_the_end(engine, twd, &view, action, &state).await;
+    }
+    let workflow_id = active.workflow_id;
+    let rollout = engine.get_workflow_handle::<RolloutWorkflow>(workflow_id.clone());
+    let update = rollout.execute_update(
+        RolloutWorkflow::control_update,
+        action,
+        WorkflowExecuteUpdateOptions::default(),
+    );
+    match tokio::time::timeout(UPDATE_WAIT, update).await {
+        Ok(Ok(answer)) => Ok(Answer::Accepted(answer)),
+        Ok(Err(WorkflowUpdateError::Failed(failure))) => Ok(Answer::Rejected(failure.message)),
+        // The rollout closed since the TWD's workflow named it: its outcome answers.
+        Ok(Err(WorkflowUpdateError::NotFound(_))) => {
+            let state = ControlState {
+                progress: Some(outcome(engine, &workflow_id).await?),
+                ..state
+            };
+            after_the_end(engine, twd, &view, action, &state).await
+        }
+        Ok(Err(e)) => Err(anyhow::Error::new(e).context(format!(
+            "sending `{}` to workflow {workflow_id}",
+            control::action_name(action)
+        ))),
+        Err(_) => anyhow::bail!(
+            "workflow {workflow_id} took no decision on `{}` within {}s: is the controller running?",
+            control::action_name(action),
+            UPDATE_WAIT.as_secs()
+        ),
+    }
+}
+
+/// Whether the rollout has ended (it takes no more controls).
+fn ended(state: &ControlState) -> bool {
+    matches!(
+        state.progress,
+        Some(RolloutProgress::Complete | RolloutProgress::Superseded | RolloutProgress::Aborted)
+    )
+}
+
+/// How a closed rollout workflow ended, as its progress.
+async fn outcome(engine: &Client, workflow_id: &str) -> anyhow::Result<RolloutProgress> {
+    let rollout = engine.get_workflow_handle::<RolloutWorkflow>(workflow_id.to_owned());
+    let result = rollout.get_result(WorkflowGetResultOptions::default());
+    let outcome = tokio::time::timeout(OUTCOME_WAIT, result)
+        .await
+        .with_context(|| format!("reading how workflow {workflow_id} ended: timed out"))?;
+    match outcome {
+        Ok(RolloutOutcome::Complete) => Ok(RolloutProgress::Complete),
+        Ok(RolloutOutcome::Superseded) => Ok(RolloutProgress::Superseded),
+        Ok(RolloutOutcome::Aborted) => Ok(RolloutProgress::Aborted),
+        Err(e @ (WorkflowGetResultError::Failed(_) | WorkflowGetResultError::Terminated { .. })) => {
+            Err(anyhow::Error::new(e).context(format!(
+                "workflow {workflow_id} ended without an outcome; see it with `temporal workflow show --workflow-id {workflow_id}`"
+            )))
+        }
+        Err(e) => Err(anyhow::Error::new(e).context(format!("reading how workflow {workflow_id} ended"))),
+    }
+}
+
+/// Answers a control sent to a rollout that has ended: rejected with the reason, except an
+/// abort that is already so and `retry` of an aborted build, which the TWD's workflow carries
+/// out by starting the rollout again.
+async fn after_the_end(
+    engine: &Client,
+    twd: &TwdRef,
+    view: &EngineView,
+    action: ControlAction,
+    state: &ControlState,
+) -> anyhow::Result<Answer> {
+    match control::effect(action, state) {
         ControlEffect::Apply(message) => {
+            let wanted = view.twd.spec.as_ref().map(|s| s.build_id.as_str());
+            if wanted != Some(state.build_id.as_str()) {
+                return Ok(Answer::Rejected(format!(
+                    "{}: the spec now asks for build {}, not the aborted build {}",
+                    control::action_name(action),
+                    wanted.unwrap_or("-"),
+                    state.build_id
+                )));
+            }
             let workflow_id = twd.twd_workflow_id();
             engine
                 .get_workflow_handle::<TwdWorkflow>(workflow_id.clone())
@@ -98,18 +208,10 @@ async fn send(action: ControlAction, args: ControlArgs) -> anyhow::Result<()> {
                 )
                 .await
                 .with_context(|| format!("signalling workflow {workflow_id}"))?;
-            println!("{message}");
-            println!(
-                "Sent `{}` to workflow {workflow_id}.",
-                control::action_name(action)
-            );
-            Ok(())
+            Ok(Answer::Accepted(message))
         }
-        ControlEffect::Unchanged(message) => {
-            println!("{message} (nothing sent)");
-            Ok(())
-        }
-        ControlEffect::NotApplicable(message) => Err(NotApplicable(message).into()),
+        ControlEffect::Unchanged(message) => Ok(Answer::Accepted(message)),
+        ControlEffect::NotApplicable(reason) => Ok(Answer::Rejected(reason)),
     }
 }
 
@@ -120,7 +222,7 @@ async fn via_annotation(
     twd: &TwdRef,
     action: ControlAction,
     timeout: Duration,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Answer> {
     let name = control::action_name(action);
     let before: HashMap<String, String> = twd_events(kube, twd)
         .await?
@@ -161,34 +263,148 @@ async fn via_annotation(
     }
     println!("The controller took `{name}`.");
 
-    let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
+    let deadline = tokio::time::Instant::now() + timeout;
     while tokio::time::Instant::now() < deadline {
-        let answer = twd_events(kube, twd).await?.into_iter().find(|e| {
-            let reason = e.reason.as_deref().unwrap_or_default();
-            let new = match (&e.metadata.uid, &e.metadata.resource_version) {
+        let new_events = twd_events(kube, twd).await?.into_iter().filter(|e| {
+            match (&e.metadata.uid, &e.metadata.resource_version) {
                 (Some(uid), Some(version)) => before.get(uid) != Some(version),
                 _ => false,
-            };
-            new && ANSWERS.contains(&reason)
+            }
         });
-        if let Some(event) = answer {
-            return answered(&event);
+        if let Some(answer) = answer_of(action, new_events) {
+            return Ok(answer);
         }
         tokio::time::sleep(POLL).await;
     }
-    println!(
+    Ok(Answer::Unanswered(format!(
         "No answer yet; follow it with `kubectl twc status {} -n {}`.",
         twd.name, twd.namespace
-    );
-    Ok(())
+    )))
 }
 
-fn answered(event: &Event) -> anyhow::Result<()> {
-    let reason = event.reason.clone().unwrap_or_default();
-    let message = event.message.clone().unwrap_or_default();
-    if REFUSALS.contains(&reason.as_str()) {
-        return Err(NotApplicable(format!("{reason}: {message}")).into());
+/// What an event answering a control says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Verdict {
+    /// Not about this control.
+    Unrelated,
+    /// It did not apply.
+    Refused,
+    /// Applied, or already so.
+    Taken,
+}
+
+/// The answer among new events of the TWD to `action` sent by annotation: a control that was
+/// applied (or already so) wins over a refusal seen at the same time.
+fn answer_of(action: ControlAction, events: impl IntoIterator<Item = Event>) -> Option<Answer> {
+    let (verdict, event) = events
+        .into_iter()
+        .map(|e| (verdict(action, &e), e))
+        .filter(|(v, _)| *v != Verdict::Unrelated)
+        .max_by_key(|(v, _)| *v)?;
+    let text = format!(
+        "{}: {}",
+        event.reason.unwrap_or_default(),
+        event.message.unwrap_or_default()
+    );
+    Some(match verdict {
+        Verdict::Taken => Answer::Accepted(text),
+        Verdict::Refused | Verdict::Unrelated => Answer::Rejected(text),
+    })
+}
+
+/// Whether `event` answers `action`, and how.
+fn verdict(action: ControlAction, event: &Event) -> Verdict {
+    let name = control::action_name(action);
+    let reason = event.reason.as_deref().unwrap_or_default();
+    let message = event.message.as_deref().unwrap_or_default();
+    let about_it = message.starts_with(&format!("{name}:"));
+    let applied = match action {
+        ControlAction::Pause => "Paused",
+        ControlAction::Resume => "Resumed",
+        ControlAction::Promote => "PromotedByOperator",
+        ControlAction::Abort => "Aborted",
+        ControlAction::Retry => "Retrying",
+    };
+    match reason {
+        r if r == applied => Verdict::Taken,
+        control::REASON_UNCHANGED if about_it => Verdict::Taken,
+        control::REASON_IGNORED if about_it => Verdict::Refused,
+        "InvalidRolloutAction" | "RolloutActionFailed"
+            if message.contains(&format!("{ROLLOUT_ACTION_ANNOTATION}={name}")) =>
+        {
+            Verdict::Refused
+        }
+        _ => Verdict::Unrelated,
     }
-    println!("{reason}: {message}");
-    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(reason: &str, message: &str) -> Event {
+        Event {
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+            ..Event::default()
+        }
+    }
+
+    #[test]
+    fn an_applied_control_is_reported_even_beside_a_refusal() {
+        let events = [
+            event("ControlIgnored", "promote: build v2 is already Current"),
+            event("PromotedByOperator", "Build v2 is now Current"),
+            event("RolloutComplete", "Build v2 is Current"),
+        ];
+        assert_eq!(
+            answer_of(ControlAction::Promote, events),
+            Some(Answer::Accepted(
+                "PromotedByOperator: Build v2 is now Current".to_owned()
+            ))
+        );
+    }
+
+    #[test]
+    fn only_answers_to_this_control_count() {
+        let cases = [
+            (
+                ControlAction::Pause,
+                event("ControlUnchanged", "pause: already paused"),
+                Verdict::Taken,
+            ),
+            (
+                ControlAction::Pause,
+                event("ControlUnchanged", "resume: not paused"),
+                Verdict::Unrelated,
+            ),
+            (
+                ControlAction::Retry,
+                event("ControlIgnored", "retry: nothing to retry"),
+                Verdict::Refused,
+            ),
+            (
+                ControlAction::Abort,
+                event("Aborted", "Rollout of build v3 aborted"),
+                Verdict::Taken,
+            ),
+            (
+                ControlAction::Promote,
+                event("Ramped", "Build v2 ramped to 10%"),
+                Verdict::Unrelated,
+            ),
+            (
+                ControlAction::Promote,
+                event(
+                    "RolloutActionFailed",
+                    "temporal.io/rollout-action=promote was not applied",
+                ),
+                Verdict::Refused,
+            ),
+        ];
+        for (action, event, expected) in cases {
+            assert_eq!(verdict(action, &event), expected, "{action:?} {event:?}");
+        }
+        assert_eq!(answer_of(ControlAction::Pause, []), None);
+    }
 }

@@ -1,19 +1,28 @@
 //! How to reach the engine Temporal (where the rollout workflows run): flags shared by `run`
-//! and the operator commands.
+//! and the operator commands, and, for the operator commands, the sandbox of `make dev` found
+//! through the kubeconfig, so `kubectl twc status` works there with no setting at all.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use serde::Deserialize;
 use twc_worker::{EngineConfig, EngineTls};
+
+/// Engine address when neither the flag, the environment nor a sandbox names one.
+pub const DEFAULT_ENGINE_ADDRESS: &str = "127.0.0.1:7233";
+/// Engine namespace when neither the flag, the environment nor a sandbox names one.
+pub const DEFAULT_ENGINE_NAMESPACE: &str = "default";
 
 /// Engine Temporal flags (each also readable from the environment).
 #[derive(clap::Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// `host:port` of the engine Temporal (where the rollout workflows run).
-    #[arg(long, env = "TWC_ENGINE_ADDRESS", default_value = "127.0.0.1:7233")]
-    pub engine_address: String,
-    /// Engine Temporal namespace.
-    #[arg(long, env = "TWC_ENGINE_NAMESPACE", default_value = "default")]
-    pub engine_namespace: String,
+    /// `host:port` of the engine Temporal (where the rollout workflows run) [default:
+    /// 127.0.0.1:7233; the operator commands use the sandbox's when the kubeconfig is one of
+    /// `make dev`].
+    #[arg(long, env = "TWC_ENGINE_ADDRESS")]
+    pub engine_address: Option<String>,
+    /// Engine Temporal namespace [default: default].
+    #[arg(long, env = "TWC_ENGINE_NAMESPACE")]
+    pub engine_namespace: Option<String>,
     /// API key for the engine Temporal (turns TLS on).
     #[arg(long, env = "TWC_ENGINE_API_KEY", hide_env_values = true)]
     pub engine_api_key: Option<String>,
@@ -44,13 +53,152 @@ impl EngineArgs {
             server_name: self.engine_tls_server_name.clone(),
         });
         EngineConfig {
-            address: self.engine_address.clone(),
-            namespace: self.engine_namespace.clone(),
+            address: self
+                .engine_address
+                .clone()
+                .unwrap_or_else(|| DEFAULT_ENGINE_ADDRESS.to_owned()),
+            namespace: self.namespace().to_owned(),
             task_queue: task_queue.to_owned(),
             identity: identity.to_owned(),
             api_key: self.engine_api_key.clone(),
             tls,
             max_cached_workflows: twc_worker::DEFAULT_MAX_CACHED_WORKFLOWS,
         }
+    }
+
+    /// The engine Temporal namespace.
+    pub fn namespace(&self) -> &str {
+        self.engine_namespace
+            .as_deref()
+            .unwrap_or(DEFAULT_ENGINE_NAMESPACE)
+    }
+
+    /// These flags with the sandbox's Temporal in place of an address (and namespace) nobody
+    /// set.
+    pub fn or_sandbox(&self, sandbox: Option<&Sandbox>) -> Self {
+        let mut args = self.clone();
+        if let Some(sandbox) = sandbox
+            && args.engine_address.is_none()
+        {
+            args.engine_address = Some(sandbox.temporal_address.clone());
+            if args.engine_namespace.is_none() {
+                args.engine_namespace = Some(sandbox.temporal_namespace.clone());
+            }
+        }
+        args
+    }
+}
+
+/// Name of the file a sandbox (`twc-sandbox up`, `make dev`) writes into its state folder; its
+/// kubeconfig is `<state folder>/apiserver/kubeconfig`.
+const SANDBOX_ENV_FILE: &str = "env.json";
+
+/// What the operator commands take from a running sandbox's env file.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Sandbox {
+    /// Temporal frontend `host:port`.
+    pub temporal_address: String,
+    /// Temporal namespace of the engine.
+    pub temporal_namespace: String,
+    /// Temporal Web UI, when it runs.
+    #[serde(default)]
+    pub temporal_ui_url: Option<String>,
+    /// The sandbox's kubeconfig (the env file belongs to this kubeconfig only).
+    kubeconfig: PathBuf,
+}
+
+/// The sandbox whose kubeconfig is in use: `--kubeconfig`, else each file of `$KUBECONFIG`.
+/// None when no kubeconfig in use belongs to a sandbox.
+pub fn sandbox_of(kubeconfig: Option<&Path>) -> Option<Sandbox> {
+    let candidates: Vec<PathBuf> = match kubeconfig {
+        Some(path) => vec![path.to_owned()],
+        None => std::env::var_os("KUBECONFIG")
+            .map(|v| std::env::split_paths(&v).collect())
+            .unwrap_or_default(),
+    };
+    candidates.iter().find_map(|path| sandbox_for(path))
+}
+
+/// The sandbox env file that names `kubeconfig`, looked for in the kubeconfig's folder and the
+/// one above it.
+fn sandbox_for(kubeconfig: &Path) -> Option<Sandbox> {
+    let kubeconfig = std::fs::canonicalize(kubeconfig).ok()?;
+    kubeconfig.ancestors().skip(1).take(2).find_map(|dir| {
+        let text = std::fs::read_to_string(dir.join(SANDBOX_ENV_FILE)).ok()?;
+        let sandbox: Sandbox = serde_json::from_str(&text).ok()?;
+        let names_it = std::fs::canonicalize(&sandbox.kubeconfig).ok()? == kubeconfig;
+        names_it.then_some(sandbox)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(address: Option<&str>) -> EngineArgs {
+        EngineArgs {
+            engine_address: address.map(str::to_owned),
+            engine_namespace: None,
+            engine_api_key: None,
+            engine_tls_cert: None,
+            engine_tls_key: None,
+            engine_tls_ca: None,
+            engine_tls_server_name: None,
+        }
+    }
+
+    /// A sandbox state folder as `twc-sandbox up` leaves it; returns its kubeconfig.
+    fn sandbox_dir(name: &str, env_kubeconfig: Option<&Path>) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("twc-cli-{}-{name}", std::process::id()));
+        let kubeconfig = dir.join("apiserver").join("kubeconfig");
+        std::fs::create_dir_all(dir.join("apiserver")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&kubeconfig, "apiVersion: v1\n").unwrap_or_else(|e| panic!("{e}"));
+        let env = serde_json::json!({
+            "temporalAddress": "127.0.0.1:40123",
+            "temporalNamespace": "default",
+            "temporalUiUrl": "http://127.0.0.1:40124",
+            "temporalMetricsUrl": "http://127.0.0.1:40125/metrics",
+            "kubeconfig": env_kubeconfig.unwrap_or(&kubeconfig),
+            "logsDir": dir.join("logs"),
+        });
+        std::fs::write(dir.join(SANDBOX_ENV_FILE), env.to_string())
+            .unwrap_or_else(|e| panic!("{e}"));
+        kubeconfig
+    }
+
+    #[test]
+    fn a_sandbox_kubeconfig_leads_to_the_sandbox_temporal() {
+        let kubeconfig = sandbox_dir("found", None);
+        let sandbox = sandbox_of(Some(&kubeconfig));
+        assert_eq!(
+            sandbox.as_ref().map(|s| s.temporal_address.as_str()),
+            Some("127.0.0.1:40123")
+        );
+        let config = args(None).or_sandbox(sandbox.as_ref()).config("q", "me");
+        assert_eq!(
+            (config.address.as_str(), config.namespace.as_str()),
+            ("127.0.0.1:40123", "default")
+        );
+    }
+
+    #[test]
+    fn an_address_that_was_set_wins_over_the_sandbox() {
+        let kubeconfig = sandbox_dir("set", None);
+        let sandbox = sandbox_of(Some(&kubeconfig));
+        let config = args(Some("temporal.example:7233"))
+            .or_sandbox(sandbox.as_ref())
+            .config("q", "me");
+        assert_eq!(config.address, "temporal.example:7233");
+        assert_eq!(args(None).config("q", "me").address, DEFAULT_ENGINE_ADDRESS);
+    }
+
+    #[test]
+    fn an_env_file_of_another_kubeconfig_is_not_used() {
+        let other = std::env::temp_dir().join("twc-cli-other-kubeconfig");
+        std::fs::write(&other, "apiVersion: v1\n").unwrap_or_else(|e| panic!("{e}"));
+        let kubeconfig = sandbox_dir("other", Some(&other));
+        assert_eq!(sandbox_of(Some(&kubeconfig)), None);
+        assert_eq!(sandbox_of(Some(Path::new("/nonexistent/kubeconfig"))), None);
     }
 }

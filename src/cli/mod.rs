@@ -1,9 +1,10 @@
 //! The operator commands: `status`, `pause`, `resume`, `promote`, `abort`, `retry`. The same
 //! binary installed as `kubectl-twc` is a kubectl plugin (`kubectl twc promote my-worker`).
 //!
-//! They read the TWD from Kubernetes with kubectl's flags and talk to the TWD's workflow
-//! (`twd/<ns>/<name>`) in the engine Temporal; `--via-annotation` sends a control through the
-//! Kubernetes API alone. Exit codes: 0 done, 1 failed or not applicable, 2 usage, 3 not found.
+//! They read the TWD from Kubernetes with kubectl's flags and talk to its workflows in the
+//! engine Temporal (found through the kubeconfig's env file in the `make dev` sandbox);
+//! `--via-annotation` sends a control through the Kubernetes API alone. Exit codes: 0 done
+//! (accepted), 1 failed or rejected, 2 usage, 3 not found.
 
 pub mod control;
 pub mod engine;
@@ -58,13 +59,14 @@ impl std::fmt::Display for NotFound {
 
 impl std::error::Error for NotFound {}
 
-/// A control that does not apply to the rollout as it is (exit code 1, message only).
+/// A control rejected because it does not apply to the rollout as it is, with the reason
+/// (exit code 1; printed as `rejected: <reason>`).
 #[derive(Debug)]
 pub struct NotApplicable(pub String);
 
 impl std::fmt::Display for NotApplicable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        write!(f, "rejected: {}", self.0)
     }
 }
 
@@ -139,13 +141,21 @@ pub fn cli_identity() -> String {
     format!("twc-cli@{user}")
 }
 
+/// The engine flags of a command, with the Temporal of the `make dev` sandbox when the
+/// kubeconfig in use is that sandbox's and no address was given.
+pub fn engine_args(engine: &EngineArgs, twd: &TwdArgs) -> EngineArgs {
+    engine.or_sandbox(engine::sandbox_of(twd.kubeconfig.as_deref()).as_ref())
+}
+
 /// Connects to the engine Temporal within `within`.
 pub async fn engine_client(args: &EngineArgs, within: Duration) -> anyhow::Result<Client> {
     let config = args.config(twc_workflows::ENGINE_TASK_QUEUE, &cli_identity());
     match tokio::time::timeout(within, twc_worker::connect_engine(&config)).await {
-        Ok(client) => client.map_err(anyhow::Error::from),
+        Ok(client) => client
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("connecting to the engine Temporal at {}", config.address)),
         Err(_) => anyhow::bail!(
-            "connecting to the engine Temporal at {} timed out after {}s",
+            "connecting to the engine Temporal at {} timed out after {}s (set --engine-address or TWC_ENGINE_ADDRESS)",
             config.address,
             within.as_secs()
         ),

@@ -20,7 +20,7 @@ use twc_workflows::control::ControlState;
 use twc_workflows::model::{RolloutProgress, TwdRef};
 use twc_workflows::rollout_workflow::{SA_BUILD_ID, SA_OUTCOME};
 
-use super::engine::EngineArgs;
+use super::engine::{EngineArgs, sandbox_of};
 use super::{
     EngineView, TwdArgs, block_on, engine_client, engine_view, get_twd, human_duration,
     kube_client, url_encode,
@@ -81,7 +81,9 @@ async fn status(args: &StatusArgs) -> anyhow::Result<String> {
         namespace,
         name: args.twd.name.clone(),
     };
-    let engine = match engine_client(&args.engine, ENGINE_WAIT).await {
+    let sandbox = sandbox_of(args.twd.kubeconfig.as_deref());
+    let engine_args = args.engine.or_sandbox(sandbox.as_ref());
+    let engine = match engine_client(&engine_args, ENGINE_WAIT).await {
         Ok(client) => engine_parts(&client, &twd_ref).await,
         Err(e) => Err(format!("{e:#}")),
     };
@@ -92,10 +94,11 @@ async fn status(args: &StatusArgs) -> anyhow::Result<String> {
         twd_ref,
         engine,
         events,
-        engine_namespace: args.engine.engine_namespace.clone(),
+        engine_namespace: engine_args.namespace().to_owned(),
         ui_url: args
             .ui_url
             .clone()
+            .or_else(|| sandbox.and_then(|s| s.temporal_ui_url))
             .map(|u| u.trim_end_matches('/').to_owned())
             .filter(|u| !u.is_empty()),
         now_ms: Timestamp::now().as_millisecond(),

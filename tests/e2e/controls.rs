@@ -1,16 +1,22 @@
 //! Operator controls end to end: pause, resume, promote, abort and retry through each of the
 //! three paths (the `kubectl twc` plugin, the rollout-action annotation, `temporal workflow
 //! signal` with no input), `spec.rollout.paused` as a declarative hold, and the rollout
-//! history as a visibility query. Real controller, Temporal, kube-apiserver and sample workers.
+//! history as a visibility query; the CLI's synchronous answers (the rollout's `control`
+//! update), the engine found from the `make dev` kubeconfig, and an annotation acted on once
+//! with two controller replicas. Real controller, Temporal, kube-apiserver and sample workers.
 
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use twc_crds::worker_deployment::RolloutPhase;
 
+use twc_sandbox::up::Sandbox;
+
+use crate::chaos::cluster::{Cluster, Private};
 use crate::harness::cli::{kubectl, temporal};
 use crate::harness::controls::{
-    Via, holds_for, kubectl_twc, send, signal_workflow, twc, wait_annotation_removed, wait_event,
+    EventRow, Via, events, holds_for, kubectl_twc, kubectl_twc_in, send, signal_workflow, twc,
+    wait_annotation_removed, wait_event,
 };
 use crate::harness::twd::{
     apply, condition, connection, deployments, get_twd, routing, target_build, wait_ready,
@@ -74,6 +80,17 @@ async fn wait_phase(client: &kube::Client, ns: &str, name: &str, phase: RolloutP
         }
     })
     .await;
+}
+
+/// The TWD `hello` in a fresh namespace (`<prefix>-...`) rolled out to `v1` with `rollout` and
+/// Ready; returns the client, the namespace and the v1 build ID.
+async fn hello_ready(prefix: &str, rollout: Value) -> (kube::Client, String, String) {
+    let client = kube_client().await;
+    let ns = test_namespace(&client, prefix).await;
+    apply(&connection(&ns)).await;
+    apply(&worker(&ns, "hello", "v1", rollout)).await;
+    let v1 = target_build(&wait_ready(&client, &ns, "hello", ROLLOUT).await).unwrap_or_default();
+    (client, ns, v1)
 }
 
 /// How a control that changes nothing is answered.
@@ -594,4 +611,208 @@ async fn rollouts_of_a_twd_are_listed_by_a_visibility_query() {
             out.stdout
         );
     }
+}
+
+#[tokio::test]
+async fn pause_on_a_completed_rollout_is_rejected_with_its_reason() {
+    let (_, ns, v1) = hello_ready("ctl-ended", json!({ "strategy": "AllAtOnce" })).await;
+
+    let out = kubectl_twc(&["pause", "hello", "-n", &ns]).await;
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr
+            .contains(&format!("rejected: pause: build {v1} is already Current")),
+        "the rejection says why: {out:?}"
+    );
+    assert!(!out.stdout.contains("accepted"), "{out:?}");
+}
+
+#[tokio::test]
+async fn an_applicable_control_through_the_cli_is_accepted_with_what_it_does() {
+    let (client, ns, _) = hello_ready("ctl-update", slow_steps()).await;
+    let deployment_name = format!("{ns}/hello");
+    apply(&worker(&ns, "hello", "v2", slow_steps())).await;
+    let v2 = wait_ramp(&deployment_name, "v2-", 30).await;
+
+    // The rollout's validator refuses what does not apply, with the reason.
+    let out = kubectl_twc(&["retry", "hello", "-n", &ns]).await;
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr.contains("rejected: retry: nothing to retry"),
+        "{out:?}"
+    );
+
+    let out = kubectl_twc(&["pause", "hello", "-n", &ns]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains(&format!(
+            "accepted: pause: the rollout of build {v2} holds where it is"
+        )),
+        "{out:?}"
+    );
+    wait_phase(&client, &ns, "hello", RolloutPhase::Paused).await;
+    wait_event(&client, &ns, "hello", "Paused", "an operator", ANSWER).await;
+
+    // The control reached the rollout workflow as an update, by workflow ID.
+    let rollout_id = format!("rollout/{ns}/hello/{v2}");
+    let history = temporal(&[
+        "workflow",
+        "show",
+        "--namespace",
+        &env().temporal_namespace,
+        "--workflow-id",
+        &rollout_id,
+        "--output",
+        "json",
+    ])
+    .await;
+    assert!(history.success, "{}", history.stderr);
+    let normalized = history.stdout.replace('_', "").to_lowercase();
+    assert!(
+        normalized.contains("workflowexecutionupdateaccepted"),
+        "no accepted update in the history of {rollout_id}"
+    );
+}
+
+#[tokio::test]
+async fn the_cli_finds_the_sandbox_temporal_through_the_kubeconfig() {
+    let (_, ns, v1) = hello_ready("ctl-devenv", json!({ "strategy": "AllAtOnce" })).await;
+
+    // Only KUBECONFIG is set, as after `export KUBECONFIG=...` in `make dev`.
+    let out = kubectl_twc_in(env(), &["status", "hello", "-n", &ns]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        !out.stdout.contains("not reachable"),
+        "status reached the engine: {}",
+        out.stdout
+    );
+    for text in ["Recent rollouts", v1.as_str()] {
+        assert!(
+            out.stdout.contains(text),
+            "status shows {text:?}:\n{}",
+            out.stdout
+        );
+    }
+    let out = kubectl_twc_in(env(), &["promote", "hello", "-n", &ns]).await;
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("rejected: promote:"), "{out:?}");
+}
+
+/// Waits until every controller of `sandbox` has signalled the TWD `namespace/name` (each
+/// watcher sees it).
+async fn wait_seen_by_every_controller(
+    cluster: &Cluster,
+    sandbox: &Sandbox,
+    namespace: &str,
+    name: &str,
+) {
+    let sign = format!("twd={namespace}/{name}");
+    cluster
+        .wait(
+            &format!("every controller signalled {namespace}/{name}"),
+            ROLLOUT,
+            || async {
+                let logs = sandbox.controller_logs();
+                let silent: Vec<_> = logs
+                    .iter()
+                    .filter(|log| {
+                        !std::fs::read_to_string(log)
+                            .unwrap_or_default()
+                            .lines()
+                            .any(|l| l.contains("signalled TWD workflow") && l.contains(&sign))
+                    })
+                    .collect();
+                if logs.len() >= 2 && silent.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("{} controllers, silent: {silent:?}", logs.len()))
+                }
+            },
+        )
+        .await;
+}
+
+#[tokio::test]
+async fn two_replicas_apply_an_annotation_control_exactly_once() {
+    let Private {
+        mut sandbox,
+        cluster,
+    } = Private::start("ctl-replicas").await;
+    sandbox
+        .start_extra_controller()
+        .unwrap_or_else(|e| panic!("starting a second controller: {e:#}"));
+    let ns = cluster.namespace("ctl-replicas").await;
+    cluster.apply(&cluster.connection(&ns, "dev")).await;
+    cluster
+        .apply(&worker(
+            &ns,
+            "hello",
+            "v1",
+            json!({ "strategy": "AllAtOnce" }),
+        ))
+        .await;
+    cluster.wait_ready(&ns, "hello", "v1", ROLLOUT).await;
+    cluster
+        .apply(&worker(&ns, "hello", "v2", json!({ "strategy": "Manual" })))
+        .await;
+    cluster
+        .wait_reason(&ns, "hello", "Ready", "WaitingForPromotion", ROLLOUT)
+        .await;
+    wait_seen_by_every_controller(&cluster, &sandbox, &ns, "hello").await;
+
+    let out = kubectl_twc_in(
+        &cluster.env,
+        &["promote", "hello", "-n", &ns, "--via-annotation"],
+    )
+    .await;
+    assert_eq!(out.code, Some(0), "{out:?}\n{}", cluster.logs());
+    assert!(
+        out.stdout.contains("accepted: PromotedByOperator"),
+        "{out:?}"
+    );
+    let twd = cluster.wait_ready(&ns, "hello", "v2", ROLLOUT).await;
+    let v2 = target_build(&twd).unwrap_or_default();
+
+    // One replica sent it: one promotion, and no second delivery answered as a control that
+    // changes nothing (it would arrive within moments of the first).
+    let answers = |events: Vec<EventRow>| -> Vec<EventRow> {
+        events
+            .into_iter()
+            .filter(|(_, reason, _)| {
+                ["PromotedByOperator", "ControlUnchanged", "ControlIgnored"]
+                    .contains(&reason.as_str())
+            })
+            .collect()
+    };
+    let only_the_promotion = || async {
+        let seen = answers(events(&cluster.client, &ns, "hello").await);
+        match seen.as_slice() {
+            [(_, reason, message)] if reason == "PromotedByOperator" && message.contains(&v2) => {
+                Ok(())
+            }
+            _ => Err(format!("control answers: {seen:?}")),
+        }
+    };
+    holds_for(
+        "exactly one answer to the annotation",
+        Duration::from_secs(5),
+        only_the_promotion,
+    )
+    .await;
+    let sent: usize = sandbox
+        .controller_logs()
+        .iter()
+        .map(|log| {
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| {
+                    l.contains("rollout action annotation sent as a signal")
+                        && l.contains(&format!("twd={ns}/hello"))
+                })
+                .count()
+        })
+        .sum();
+    assert_eq!(sent, 1, "controllers that sent the control");
+    sandbox.stop().await;
 }

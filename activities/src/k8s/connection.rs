@@ -1,6 +1,8 @@
 //! Resolves a TWD's TemporalConnection and its credential Secret into a [`ConnectionConfig`]
-//! for the Temporal client pool, or says why it cannot (`TemporalConnectionNotFound`,
-//! `AuthSecretInvalid`).
+//! for the Temporal client pool, or says why it cannot: `TemporalConnectionNotFound` only when
+//! the connection does not exist, `AuthSecretInvalid` only when its Secret does not exist or
+//! is malformed or expired. A read the API server could not answer (timeout, refused
+//! connection, 5xx, 429) is [`ResolveError::Transient`], for the activity to retry.
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
@@ -10,7 +12,8 @@ use twc_crds::connection::AuthMode;
 use twc_workflows::model::{BlockReason, Blocked};
 
 use super::credentials;
-use super::error::{K8sError, ObjectName, is_not_found};
+use super::error::{K8sError, ObjectName, ResolveError};
+use super::lookup::get_if_exists;
 use crate::connection::{ConnectionAuth, ConnectionConfig};
 
 /// Reads the TemporalConnection `connection_name` in `namespace` and the Secret it names, checks
@@ -20,7 +23,7 @@ pub async fn resolve_connection(
     namespace: &str,
     connection_name: &str,
     temporal_namespace: &str,
-) -> Result<(TemporalConnection, ConnectionConfig), Blocked> {
+) -> Result<(TemporalConnection, ConnectionConfig), ResolveError> {
     let connection = get_connection(client, namespace, connection_name).await?;
     let spec = &connection.spec;
     let (auth, secret) = match spec.auth_mode() {
@@ -66,22 +69,41 @@ async fn get_connection(
     client: &Client,
     namespace: &str,
     name: &str,
-) -> Result<TemporalConnection, Blocked> {
-    let api: Api<TemporalConnection> = Api::namespaced(client.clone(), namespace);
-    let not_found = |message: String| Blocked {
-        reason: BlockReason::TemporalConnectionNotFound,
-        message,
-    };
-    match api.get_opt(name).await {
+) -> Result<TemporalConnection, ResolveError> {
+    let object = ObjectName::new("TemporalConnection", namespace, name);
+    connection_read(&object, find_connection(client, namespace, name).await)
+}
+
+/// What a read of the TemporalConnection means: only a connection that does not exist is
+/// `TemporalConnectionNotFound`.
+fn connection_read(
+    object: &ObjectName,
+    read: Result<Option<TemporalConnection>, K8sError>,
+) -> Result<TemporalConnection, ResolveError> {
+    match read {
         Ok(Some(connection)) => Ok(connection),
-        Ok(None) => Err(not_found(format!(
-            "TemporalConnection {namespace}/{name} not found; create it or fix spec.workerOptions.connectionRef.name"
-        ))),
-        Err(e) => {
-            let object = ObjectName::new("TemporalConnection", namespace, name);
-            Err(not_found(K8sError::api("get", &object)(e).to_string()))
-        }
+        Ok(None) => Err(ResolveError::Blocked(Blocked {
+            reason: BlockReason::TemporalConnectionNotFound,
+            message: format!(
+                "{object} not found; create it or fix spec.workerOptions.connectionRef.name"
+            ),
+        })),
+        Err(e) => Err(ResolveError::from_read(e)),
     }
+}
+
+/// The TemporalConnection, or `None` when it does not exist (for the deletion path, which
+/// needs to know whether it is being deleted and where it pointed).
+pub async fn find_connection(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<TemporalConnection>, K8sError> {
+    let api: Api<TemporalConnection> = Api::namespaced(client.clone(), namespace);
+    let object = ObjectName::new("TemporalConnection", namespace, name);
+    get_if_exists(&api, name)
+        .await
+        .map_err(K8sError::api("get", &object))
 }
 
 async fn get_secret(
@@ -90,21 +112,36 @@ async fn get_secret(
     name: &str,
     connection: &str,
     field: &str,
-) -> Result<Secret, Blocked> {
+) -> Result<Secret, ResolveError> {
     if name.is_empty() {
         return Err(auth_invalid(format!(
             "TemporalConnection {namespace}/{connection}: {field}.name is not set"
-        )));
+        ))
+        .into());
     }
     let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    match api.get(name).await {
-        Ok(secret) => Ok(secret),
-        Err(e) if is_not_found(&e) => Err(auth_invalid(format!(
-            "Secret {namespace}/{name} named by TemporalConnection {connection} ({field}) not found"
-        ))),
-        Err(e) => Err(auth_invalid(
-            K8sError::api("get", &ObjectName::new("Secret", namespace, name))(e).to_string(),
-        )),
+    let object = ObjectName::new("Secret", namespace, name);
+    let read = get_if_exists(&api, name)
+        .await
+        .map_err(K8sError::api("get", &object));
+    secret_read(&object, connection, field, read)
+}
+
+/// What a read of the credential Secret means: only a Secret that does not exist is
+/// `AuthSecretInvalid` here (its content is checked by [`credentials`]).
+fn secret_read(
+    object: &ObjectName,
+    connection: &str,
+    field: &str,
+    read: Result<Option<Secret>, K8sError>,
+) -> Result<Secret, ResolveError> {
+    match read {
+        Ok(Some(secret)) => Ok(secret),
+        Ok(None) => Err(auth_invalid(format!(
+            "{object} named by TemporalConnection {connection} ({field}) not found"
+        ))
+        .into()),
+        Err(e) => Err(ResolveError::from_read(e)),
     }
 }
 
@@ -112,5 +149,143 @@ fn auth_invalid(message: String) -> Blocked {
     Blocked {
         reason: BlockReason::AuthSecretInvalid,
         message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::core::Status;
+
+    use super::*;
+
+    fn failed(source: kube::Error) -> Box<K8sError> {
+        Box::new(K8sError::api(
+            "get",
+            &ObjectName::new("Secret", "demo", "cloud"),
+        )(source))
+    }
+
+    fn answered(code: u16, reason: &str) -> Box<K8sError> {
+        failed(kube::Error::Api(
+            Status::failure("it failed", reason).with_code(code).boxed(),
+        ))
+    }
+
+    fn refused_connection() -> Box<K8sError> {
+        failed(kube::Error::Service(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        ))))
+    }
+
+    fn spec() -> twc_crds::connection::TemporalConnectionSpec {
+        twc_crds::connection::TemporalConnectionSpec {
+            host_port: "temporal:7233".into(),
+            tls: None,
+            mutual_tls_secret_ref: None,
+            api_key_secret_ref: None,
+        }
+    }
+
+    /// What a resolution failure shows: a condition reason, or `None` for a retry.
+    fn shown(result: Result<impl Sized, ResolveError>) -> Option<BlockReason> {
+        match result {
+            Ok(_) => panic!("resolved"),
+            Err(ResolveError::Blocked(blocked)) => Some(blocked.reason),
+            Err(ResolveError::Transient(_)) => None,
+        }
+    }
+
+    #[test]
+    fn only_a_missing_connection_or_secret_blames_the_configuration() {
+        use BlockReason::{AuthSecretInvalid, PlanExecutionFailed, TemporalConnectionNotFound};
+        let connection = ObjectName::new("TemporalConnection", "demo", "dev");
+        let secret = ObjectName::new("Secret", "demo", "cloud");
+        // (what happened, the read, what the connection's read shows, what the Secret's shows)
+        type Read = fn() -> Result<Option<()>, Box<K8sError>>;
+        let cases: Vec<(&str, Read, Option<BlockReason>, Option<BlockReason>)> = vec![
+            (
+                "missing",
+                || Ok(None),
+                Some(TemporalConnectionNotFound),
+                Some(AuthSecretInvalid),
+            ),
+            ("API server down", || Err(refused_connection()), None, None),
+            (
+                "API server error",
+                || Err(answered(500, "InternalError")),
+                None,
+                None,
+            ),
+            (
+                "API server unavailable",
+                || Err(answered(503, "ServiceUnavailable")),
+                None,
+                None,
+            ),
+            (
+                "request timeout",
+                || Err(answered(504, "Timeout")),
+                None,
+                None,
+            ),
+            (
+                "throttled",
+                || Err(answered(429, "TooManyRequests")),
+                None,
+                None,
+            ),
+            (
+                "CRD not served yet",
+                || Err(answered(404, "Failed to parse error data")),
+                None,
+                None,
+            ),
+            (
+                "RBAC",
+                || Err(answered(403, "Forbidden")),
+                Some(PlanExecutionFailed),
+                Some(PlanExecutionFailed),
+            ),
+        ];
+        for (what, read, on_connection, on_secret) in cases {
+            let connection_read = connection_read(
+                &connection,
+                read()
+                    .map(|o| o.map(|()| TemporalConnection::new("dev", spec())))
+                    .map_err(|e| *e),
+            );
+            assert_eq!(shown(connection_read), on_connection, "connection: {what}");
+            let secret_read = secret_read(
+                &secret,
+                "dev",
+                "apiKeySecretRef",
+                read()
+                    .map(|o| o.map(|()| Secret::default()))
+                    .map_err(|e| *e),
+            );
+            assert_eq!(shown(secret_read), on_secret, "Secret: {what}");
+        }
+    }
+
+    #[test]
+    fn missing_objects_are_named_with_what_to_do() {
+        let connection = ObjectName::new("TemporalConnection", "demo", "dev");
+        let Err(ResolveError::Blocked(blocked)) = connection_read(&connection, Ok(None)) else {
+            panic!("a missing connection blocks");
+        };
+        assert_eq!(
+            blocked.message,
+            "TemporalConnection demo/dev not found; create it or fix spec.workerOptions.connectionRef.name"
+        );
+        let secret = ObjectName::new("Secret", "demo", "cloud");
+        let Err(ResolveError::Blocked(blocked)) =
+            secret_read(&secret, "dev", "apiKeySecretRef", Ok(None))
+        else {
+            panic!("a missing Secret blocks");
+        };
+        assert_eq!(
+            blocked.message,
+            "Secret demo/cloud named by TemporalConnection dev (apiKeySecretRef) not found"
+        );
     }
 }

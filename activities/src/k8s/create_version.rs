@@ -10,7 +10,7 @@ use twc_workflows::plan::spec_view::spec_view;
 use super::connection::resolve_connection;
 use super::deployment_builder::build_deployment;
 use super::deployments::{CreateOutcome, create_deployment_if_absent};
-use super::error::K8sError;
+use super::error::{K8sError, ResolveError};
 use super::injection::ServerCa;
 use super::twd::get_twd;
 
@@ -47,7 +47,10 @@ pub async fn create_versioned_deployment(
     .await
     {
         Ok(resolved) => resolved,
-        Err(blocked) => return Ok(CreateDeploymentOutcome::Blocked(blocked)),
+        Err(ResolveError::Blocked(blocked)) => {
+            return Ok(CreateDeploymentOutcome::Blocked(blocked));
+        }
+        Err(ResolveError::Transient(e)) => return Err(*e),
     };
     let deployment = build_deployment(
         &resource,

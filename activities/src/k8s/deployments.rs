@@ -1,5 +1,6 @@
 //! Reads and idempotent writes of versioned Deployments: list a TWD's versions, create if
-//! absent, scale through the scale subresource, delete, and follow connection changes.
+//! absent, scale through the scale subresource, delete, and update in place (connection
+//! changes, in-place template rolls).
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -44,6 +45,19 @@ pub async fn list_versioned_deployments(
     twd: &TwdRef,
     twd_uid: &str,
 ) -> Result<Vec<DeploymentView>, K8sError> {
+    Ok(list_owned_deployments(client, twd, twd_uid)
+        .await?
+        .iter()
+        .filter_map(deployment_view)
+        .collect())
+}
+
+/// [`list_versioned_deployments`] as the Deployment objects themselves.
+pub async fn list_owned_deployments(
+    client: &Client,
+    twd: &TwdRef,
+    twd_uid: &str,
+) -> Result<Vec<Deployment>, K8sError> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), &twd.namespace);
     let selector = format!(
         "{}={}",
@@ -63,7 +77,7 @@ pub async fn list_versioned_deployments(
             .cmp(&created(b))
             .then_with(|| a.name_any().cmp(&b.name_any()))
     });
-    Ok(deployments.iter().filter_map(deployment_view).collect())
+    Ok(deployments)
 }
 
 /// Changes of the TWD's versioned Deployments (any of them: created, status written,
@@ -190,50 +204,50 @@ pub async fn delete_deployment(
     }
 }
 
-/// Brings a versioned Deployment's pods up to date with the connection when its
-/// connection-hash annotation differs: address, TLS and API-key env vars and the mutual-TLS
-/// volume are rewritten (a rolling restart). Returns whether it was updated; a missing or
-/// deleting Deployment is left alone.
-pub async fn update_deployment_connection(
+/// Replaces the Deployment `name` with what `change` makes of a fresh copy, when it says it
+/// changed something (`Some`), re-reading and re-deciding on conflict. A change of the pod
+/// template is a rolling restart. A missing or deleting Deployment is left alone (`None`).
+pub async fn update_deployment<T>(
     client: &Client,
     namespace: &str,
     name: &str,
-    connection: &TemporalConnectionSpec,
-    ca: ServerCa,
-) -> Result<bool, K8sError> {
+    change: impl Fn(&mut Deployment) -> Option<T>,
+) -> Result<Option<T>, K8sError> {
     let object = ObjectName::new("Deployment", namespace, name);
     let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
-    let hash = injection::connection_spec_hash(connection, ca);
-    retry_on_conflict("update connection of", &object, || async {
+    let (api, object, change) = (&api, &object, &change);
+    retry_on_conflict("update", object, || async move {
         let Some(mut deployment) = api
             .get_opt(name)
             .await
-            .map_err(K8sError::api("get", &object))?
+            .map_err(K8sError::api("get", object))?
         else {
-            return Ok(false);
+            return Ok(None);
         };
-        if deployment.metadata.deletion_timestamp.is_some()
-            || !apply_connection(&mut deployment, connection, ca, &hash)
-        {
-            return Ok(false);
+        if deployment.metadata.deletion_timestamp.is_some() {
+            return Ok(None);
         }
+        let Some(changed) = change(&mut deployment) else {
+            return Ok(None);
+        };
         api.replace(name, &PostParams::default(), &deployment)
             .await
-            .map_err(K8sError::api("update connection of", &object))?;
-        tracing::info!(%object, "updated Deployment for a changed TemporalConnection");
-        Ok(true)
+            .map_err(K8sError::api("update", object))?;
+        tracing::info!(%object, "updated versioned Deployment");
+        Ok(Some(changed))
     })
     .await
 }
 
-/// Rewrites the pod template for the connection unless its hash annotation already matches;
-/// returns whether anything changed.
-fn apply_connection(
+/// Rewrites the pod template for the connection (address, TLS and API-key env vars, the
+/// mutual-TLS volume) unless its hash annotation already matches; returns whether anything
+/// changed.
+pub(super) fn apply_connection(
     deployment: &mut Deployment,
     connection: &TemporalConnectionSpec,
     ca: ServerCa,
-    hash: &str,
 ) -> bool {
+    let hash = injection::connection_spec_hash(connection, ca);
     let Some(spec) = deployment.spec.as_mut() else {
         return false;
     };
@@ -242,11 +256,11 @@ fn apply_connection(
     if annotations
         .get(labels::CONNECTION_SPEC_HASH)
         .map(String::as_str)
-        == Some(hash)
+        == Some(hash.as_str())
     {
         return false;
     }
-    annotations.insert(labels::CONNECTION_SPEC_HASH.to_owned(), hash.to_owned());
+    annotations.insert(labels::CONNECTION_SPEC_HASH.to_owned(), hash);
     if let Some(pod) = spec.template.spec.as_mut() {
         injection::reinject_connection(pod, connection, ca);
     }
@@ -289,12 +303,10 @@ mod tests {
         let old = connection("cert");
         let mut deployment = built(&old);
         let before = deployment.clone();
-        let hash = injection::connection_spec_hash(&old, ServerCa::SystemRoots);
         assert!(!apply_connection(
             &mut deployment,
             &old,
-            ServerCa::SystemRoots,
-            &hash
+            ServerCa::SystemRoots
         ));
         assert_eq!(deployment, before);
     }
@@ -303,12 +315,10 @@ mod tests {
     fn a_changed_connection_matches_a_fresh_build() {
         let new = connection("rotated");
         let mut deployment = built(&connection("cert"));
-        let hash = injection::connection_spec_hash(&new, ServerCa::SystemRoots);
         assert!(apply_connection(
             &mut deployment,
             &new,
-            ServerCa::SystemRoots,
-            &hash
+            ServerCa::SystemRoots
         ));
         assert_eq!(deployment, built(&new));
     }

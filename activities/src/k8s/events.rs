@@ -8,6 +8,7 @@ use twc_workflows::contract::EventKind;
 use twc_workflows::model::TwdRef;
 
 use super::error::{K8sError, ObjectName};
+use super::lookup::get_if_exists;
 
 /// Reporting controller name on every event.
 pub const REPORTER: &str = "twc";
@@ -26,8 +27,7 @@ pub async fn emit_event(
 ) -> Result<bool, K8sError> {
     let object = ObjectName::new("TemporalWorkerDeployment", &twd.namespace, &twd.name);
     let api: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), &twd.namespace);
-    let Some(resource) = api
-        .get_opt(&twd.name)
+    let Some(resource) = get_if_exists(&api, &twd.name)
         .await
         .map_err(K8sError::api("get", &object))?
     else {

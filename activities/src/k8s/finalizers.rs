@@ -17,30 +17,57 @@ use twc_workflows::model::TwdRef;
 
 use super::error::{K8sError, ObjectName};
 use super::retry::retry_on_conflict;
+use super::twd::get_twd;
 
 /// Adds the finalizer to the TWD and to the TemporalConnection it references (neither when the
 /// TWD is being deleted; not to a connection that is missing or being deleted), then releases
 /// connections in the namespace that no TWD references any more (e.g. after a
 /// `connectionRef` change).
 pub async fn ensure_finalizers(client: &Client, twd: &TwdRef) -> Result<(), K8sError> {
-    let twds: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), &twd.namespace);
-    let object = ObjectName::new("TemporalWorkerDeployment", &twd.namespace, &twd.name);
-    let Some(resource) = twds
-        .get_opt(&twd.name)
-        .await
-        .map_err(K8sError::api("get", &object))?
-    else {
-        return Ok(());
-    };
-    if resource.metadata.deletion_timestamp.is_some() {
-        return Ok(());
+    match get_twd(client, twd).await? {
+        Some(resource) => restore_finalizers(client, &resource).await.map(drop),
+        None => Ok(()),
     }
-    let connections: Api<TemporalConnection> = Api::namespaced(client.clone(), &twd.namespace);
+}
+
+/// [`ensure_finalizers`] for a TWD just read: returns the objects it added the finalizer to.
+/// When nothing is missing it only lists the namespace's connections (and its TWDs when
+/// another connection still holds the finalizer).
+pub async fn restore_finalizers(
+    client: &Client,
+    resource: &TemporalWorkerDeployment,
+) -> Result<Vec<ObjectName>, K8sError> {
+    let namespace = resource.namespace().unwrap_or_default();
+    if resource.metadata.deletion_timestamp.is_some() {
+        return Ok(Vec::new());
+    }
+    let connections = list_connections(client, &namespace).await?;
+    let connections_api: Api<TemporalConnection> = Api::namespaced(client.clone(), &namespace);
     let connection_name = &resource.spec.worker_options.connection_ref.name;
-    let connection = ObjectName::new("TemporalConnection", &twd.namespace, connection_name);
-    add_finalizer(&connections, &connection).await?;
-    add_finalizer(&twds, &object).await?;
-    release_unreferenced_connections(client, &twd.namespace).await
+    let mut added = Vec::new();
+    let referenced = connections
+        .iter()
+        .find(|c| c.name_any() == *connection_name);
+    if referenced.is_some_and(|c| !has_finalizer(c) && c.metadata.deletion_timestamp.is_none()) {
+        let object = ObjectName::new("TemporalConnection", &namespace, connection_name);
+        if add_finalizer(&connections_api, &object).await? {
+            added.push(object);
+        }
+    }
+    if !has_finalizer(resource) {
+        let twds: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), &namespace);
+        let object = ObjectName::new("TemporalWorkerDeployment", &namespace, &resource.name_any());
+        if add_finalizer(&twds, &object).await? {
+            added.push(object);
+        }
+    }
+    // This TWD is live and uses its connection; only other protected connections may be unused.
+    let others: Vec<&TemporalConnection> = connections
+        .iter()
+        .filter(|c| c.name_any() != *connection_name)
+        .collect();
+    release_unused(client, &namespace, &others).await?;
+    Ok(added)
 }
 
 /// Removes the finalizer from the TWD (call on the deletion path, once Temporal is cleaned up)
@@ -52,14 +79,32 @@ pub async fn release_finalizers(client: &Client, twd: &TwdRef) -> Result<(), K8s
     release_unreferenced_connections(client, &twd.namespace).await
 }
 
-/// Removes the finalizer from connections in `namespace` that no TWD needs: a TWD counts while
-/// it is live or still holds its own finalizer (its cleanup may still use the connection).
+/// Removes the finalizer from connections in `namespace` that no TWD needs.
 async fn release_unreferenced_connections(
     client: &Client,
     namespace: &str,
 ) -> Result<(), K8sError> {
+    let connections = list_connections(client, namespace).await?;
+    release_unused(client, namespace, &connections.iter().collect::<Vec<_>>()).await
+}
+
+/// Removes the finalizer from those of `connections` no TWD needs: a TWD counts while it is live
+/// or still holds its own finalizer (its cleanup may still use the connection). Lists the TWDs
+/// only when one of `connections` holds the finalizer.
+async fn release_unused(
+    client: &Client,
+    namespace: &str,
+    connections: &[&TemporalConnection],
+) -> Result<(), K8sError> {
+    let protected: Vec<String> = connections
+        .iter()
+        .filter(|c| has_finalizer(**c))
+        .map(|c| c.name_any())
+        .collect();
+    if protected.is_empty() {
+        return Ok(());
+    }
     let twds: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), namespace);
-    let connections: Api<TemporalConnection> = Api::namespaced(client.clone(), namespace);
     let scope = ObjectName::new("Namespace", namespace, namespace);
     let in_use: BTreeSet<String> = twds
         .list(&ListParams::default())
@@ -70,21 +115,28 @@ async fn release_unreferenced_connections(
         .filter(|t| t.metadata.deletion_timestamp.is_none() || has_finalizer(t))
         .map(|t| t.spec.worker_options.connection_ref.name)
         .collect();
-    let protected = connections
-        .list(&ListParams::default())
-        .await
-        .map_err(K8sError::api("list TemporalConnections in", &scope))?
-        .items
-        .into_iter()
-        .filter(|c| has_finalizer(c) && !in_use.contains(&c.name_any()));
-    for connection in protected {
+    let api: Api<TemporalConnection> = Api::namespaced(client.clone(), namespace);
+    for name in protected.iter().filter(|n| !in_use.contains(*n)) {
         remove_finalizer(
-            &connections,
-            &ObjectName::new("TemporalConnection", namespace, &connection.name_any()),
+            &api,
+            &ObjectName::new("TemporalConnection", namespace, name),
         )
         .await?;
     }
     Ok(())
+}
+
+async fn list_connections(
+    client: &Client,
+    namespace: &str,
+) -> Result<Vec<TemporalConnection>, K8sError> {
+    let api: Api<TemporalConnection> = Api::namespaced(client.clone(), namespace);
+    let scope = ObjectName::new("Namespace", namespace, namespace);
+    Ok(api
+        .list(&ListParams::default())
+        .await
+        .map_err(K8sError::api("list TemporalConnections in", &scope))?
+        .items)
 }
 
 fn has_finalizer<K: Resource>(object: &K) -> bool {
@@ -94,8 +146,9 @@ fn has_finalizer<K: Resource>(object: &K) -> bool {
         .any(|f| f == DELETE_PROTECTION_FINALIZER)
 }
 
-/// Adds the finalizer unless the object is missing, being deleted, or already has it.
-async fn add_finalizer<K>(api: &Api<K>, object: &ObjectName) -> Result<(), K8sError>
+/// Adds the finalizer unless the object is missing, being deleted, or already has it; returns
+/// whether it added it.
+async fn add_finalizer<K>(api: &Api<K>, object: &ObjectName) -> Result<bool, K8sError>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
@@ -105,16 +158,16 @@ where
             .await
             .map_err(K8sError::api("get", object))?
         else {
-            return Ok(());
+            return Ok(false);
         };
         if current.meta().deletion_timestamp.is_some() || has_finalizer(&current) {
-            return Ok(());
+            return Ok(false);
         }
         let mut finalizers = current.finalizers().to_vec();
         finalizers.push(DELETE_PROTECTION_FINALIZER.to_owned());
         patch_finalizers(api, object, &current, finalizers).await?;
         tracing::info!(%object, "added finalizer");
-        Ok(())
+        Ok(true)
     })
     .await
 }

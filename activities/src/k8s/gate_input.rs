@@ -9,7 +9,8 @@ use twc_crds::TemporalWorkerDeployment;
 use twc_crds::worker_deployment::GateSpec;
 use twc_workflows::model::{BlockReason, Blocked};
 
-use super::error::{K8sError, ObjectName};
+use super::error::{K8sError, ObjectName, ResolveError};
+use super::lookup::get_if_exists;
 
 /// Where a gate's input comes from.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -40,11 +41,12 @@ pub enum InputSource<'a> {
 
 /// The TWD's gate input: `None` without a gate or input; `InvalidSpec` when the input is not a
 /// JSON object or both sources are set; `PlanGenerationFailed` when the ConfigMap, Secret or key
-/// is missing.
+/// is missing (or the API server refuses the read); [`ResolveError::Transient`] when the API
+/// server could not answer.
 pub async fn gate_input(
     client: &Client,
     twd: &TemporalWorkerDeployment,
-) -> Result<Option<Value>, Blocked> {
+) -> Result<Option<Value>, ResolveError> {
     let Some(gate) = twd.spec.rollout.gate.as_ref() else {
         return Ok(None);
     };
@@ -63,17 +65,17 @@ pub async fn gate_input(
         } => {
             let object = ObjectName::new("ConfigMap", &namespace, name);
             let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-            let config_map = api
-                .get_opt(name)
+            let config_map = get_if_exists(&api, name)
                 .await
-                .map_err(|e| plan_failed(K8sError::api("get", &object)(e).to_string()))?;
+                .map_err(|e| read_failed(K8sError::api("get", &object)(e)))?;
             let bytes = match config_map {
                 Some(config_map) => config_map_value(&config_map, key),
                 None if optional => return Ok(None),
                 None => {
                     return Err(plan_failed(format!(
                         "{object} not found (spec.rollout.gate.inputFrom)"
-                    )));
+                    ))
+                    .into());
                 }
             };
             let input = required(bytes, key, &object, optional)?;
@@ -90,17 +92,17 @@ pub async fn gate_input(
         } => {
             let object = ObjectName::new("Secret", &namespace, name);
             let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-            let secret = api
-                .get_opt(name)
+            let secret = get_if_exists(&api, name)
                 .await
-                .map_err(|e| plan_failed(K8sError::api("get", &object)(e).to_string()))?;
+                .map_err(|e| read_failed(K8sError::api("get", &object)(e)))?;
             let bytes = match secret {
                 Some(secret) => secret_value(&secret, key),
                 None if optional => return Ok(None),
                 None => {
                     return Err(plan_failed(format!(
                         "{object} not found (spec.rollout.gate.inputFrom)"
-                    )));
+                    ))
+                    .into());
                 }
             };
             let input = required(bytes, key, &object, optional)?;
@@ -214,6 +216,15 @@ fn required(
             "key {key:?} not found in {} {}/{}",
             object.kind, object.namespace, object.name
         ))),
+    }
+}
+
+/// A failed read of the input's ConfigMap or Secret: retried when transient, else
+/// `PlanGenerationFailed`.
+fn read_failed(error: K8sError) -> ResolveError {
+    match ResolveError::from_read(error) {
+        ResolveError::Blocked(blocked) => plan_failed(blocked.message).into(),
+        transient => transient,
     }
 }
 

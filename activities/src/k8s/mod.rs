@@ -1,6 +1,7 @@
 //! Kubernetes operations as plain async functions over a [`kube::Client`]: building, listing,
-//! creating, scaling and deleting versioned Deployments, resolving TemporalConnections and their
-//! Secrets, TWD and connection status, Events, finalizers, and gate input.
+//! creating, scaling, updating and deleting versioned Deployments, resolving TemporalConnections
+//! and their Secrets, TWD and connection status, Events, finalizers, gate input, and what each
+//! turn of a TWD's workflow re-asserts.
 //!
 //! Every write is idempotent (create-if-absent by deterministic name, scale-to, delete-if-present,
 //! conflict-retried patches guarded by resourceVersion), so a retried activity converges.
@@ -18,21 +19,24 @@ pub mod events;
 pub mod finalizers;
 pub mod gate_input;
 pub mod injection;
+pub mod lookup;
+pub mod reassert;
 pub mod retry;
 pub mod status;
 pub mod twd;
 
-pub use connection::resolve_connection;
+pub use connection::{find_connection, resolve_connection};
 pub use create_version::create_versioned_deployment;
 pub use deployment_builder::build_deployment;
 pub use deployments::{
-    CreateOutcome, create_deployment_if_absent, delete_deployment, list_versioned_deployments,
-    scale_deployment, update_deployment_connection, versioned_deployment_changes,
+    CreateOutcome, create_deployment_if_absent, delete_deployment, list_owned_deployments,
+    list_versioned_deployments, scale_deployment, update_deployment, versioned_deployment_changes,
 };
-pub use error::{K8sError, ObjectName};
+pub use error::{K8sError, ObjectName, ResolveError};
 pub use events::emit_event;
-pub use finalizers::{ensure_finalizers, release_finalizers};
+pub use finalizers::{ensure_finalizers, release_finalizers, restore_finalizers};
 pub use gate_input::gate_input;
 pub use injection::ServerCa;
+pub use reassert::reassert_resources;
 pub use status::{StatusWrite, write_connection_status, write_twd_status, write_twd_status_seen};
 pub use twd::get_twd;

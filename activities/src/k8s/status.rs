@@ -13,6 +13,7 @@ use twc_workflows::model::TwdRef;
 
 use super::conditions::{carry_transition_times, merge_patch, status_changed, upsert_condition};
 use super::error::{K8sError, ObjectName};
+use super::lookup::get_if_exists;
 use super::retry::retry_on_conflict;
 
 /// Condition type on a TemporalConnection.
@@ -52,8 +53,7 @@ pub async fn write_twd_status_seen(
     let object = ObjectName::new("TemporalWorkerDeployment", &twd.namespace, &twd.name);
     let api: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), &twd.namespace);
     retry_on_conflict("write status of", &object, || async {
-        let Some(current) = api
-            .get_opt(&twd.name)
+        let Some(current) = get_if_exists(&api, &twd.name)
             .await
             .map_err(K8sError::api("get", &object))?
         else {
@@ -97,8 +97,7 @@ pub async fn write_connection_status(
     let object = ObjectName::new("TemporalConnection", namespace, name);
     let api: Api<TemporalConnection> = Api::namespaced(client.clone(), namespace);
     retry_on_conflict("write status of", &object, || async {
-        let Some(current) = api
-            .get_opt(name)
+        let Some(current) = get_if_exists(&api, name)
             .await
             .map_err(K8sError::api("get", &object))?
         else {

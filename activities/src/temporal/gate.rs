@@ -89,7 +89,7 @@ pub fn status_name(status: i32) -> &'static str {
 /// `(deployment_name, build_id)`, with `input` as the single JSON argument (no arguments when
 /// `None`). IDs come from [`gate_workflow_id`]; reuse policy RejectDuplicate and conflict policy
 /// UseExisting make a retried call attach to the runs it started before, even once they closed
-/// (their current status is returned). Failures give `Blocked(PlanExecutionFailed)`.
+/// (their current status is returned).
 #[allow(clippy::too_many_arguments)]
 pub async fn start_gates(
     client: &TemporalClient,
@@ -100,7 +100,7 @@ pub async fn start_gates(
     input: Option<serde_json::Value>,
     attempt: u32,
     task_queues: &[String],
-) -> Result<Vec<GateRun>, Blocked> {
+) -> Result<Vec<GateRun>, StartGateError> {
     let mut runs = Vec::with_capacity(task_queues.len());
     for task_queue in task_queues {
         let gate = Gate {
@@ -112,16 +112,49 @@ pub async fn start_gates(
             attempt,
             task_queue,
         };
-        let run = start_gate(client, &gate).await.map_err(|err| Blocked {
-            reason: BlockReason::PlanExecutionFailed,
-            message: format!(
-                "Failed to start gate workflow \"{workflow_type}\" (buildID {build_id}, taskQueue \
-                 {task_queue}): {err}"
-            ),
-        })?;
+        let run = start_gate(client, &gate)
+            .await
+            .map_err(|source| StartGateError {
+                workflow_type: workflow_type.to_owned(),
+                build_id: build_id.to_owned(),
+                task_queue: task_queue.clone(),
+                source,
+            })?;
         runs.push(run);
     }
     Ok(runs)
+}
+
+/// A gate workflow that could not be started.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "Failed to start gate workflow \"{workflow_type}\" (buildID {build_id}, taskQueue {task_queue}): {source}"
+)]
+pub struct StartGateError {
+    /// Workflow type of the gate.
+    pub workflow_type: String,
+    /// Build the gate was for.
+    pub build_id: String,
+    /// Task queue it was started on.
+    pub task_queue: String,
+    /// Why the start failed.
+    #[source]
+    pub source: TemporalError,
+}
+
+impl StartGateError {
+    /// Retrying the start later may succeed without anyone changing anything.
+    pub fn is_transient(&self) -> bool {
+        self.source.is_transient()
+    }
+
+    /// The failure as a `PlanExecutionFailed` condition.
+    pub fn to_blocked(&self) -> Blocked {
+        Blocked {
+            reason: BlockReason::PlanExecutionFailed,
+            message: self.to_string(),
+        }
+    }
 }
 
 /// One gate workflow to start.

@@ -21,8 +21,8 @@ pub use describe::{
 };
 pub use error::{StatusClass, TemporalError, classify};
 pub use gate::{
-    cancel_build_gates, cancel_gates, gate_workflow_id, gate_workflow_id_prefix, start_gates,
-    stop_build_gates, wait_gates,
+    StartGateError, cancel_build_gates, cancel_gates, gate_workflow_id, gate_workflow_id_prefix,
+    start_gates, stop_build_gates, wait_gates,
 };
 pub use pool::{ClientPool, PoolKey, PoolOptions, TemporalClient};
 pub use routing::{reset_to_unversioned, set_routing};

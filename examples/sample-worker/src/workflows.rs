@@ -105,7 +105,8 @@ impl HelloWorld {
 }
 
 /// `RolloutGate`: returns its input unchanged, unless the input is an object with `"fail": true`
-/// or the worker runs with `SAMPLE_FAIL_GATE=1`.
+/// or the worker runs with `SAMPLE_FAIL_GATE=1`. With `"sleepSeconds": n` it first waits `n`
+/// seconds on a durable timer (a gate that takes its time).
 #[workflow]
 pub struct RolloutGate {
     fail_gate: bool,
@@ -123,6 +124,12 @@ impl RolloutGate {
     #[run(name = "RolloutGate")]
     pub async fn run(ctx: &mut WorkflowContext<Self>, input: RawValue) -> WorkflowResult<Value> {
         let input = decode_optional::<Value>(&input)?.unwrap_or(Value::Null);
+        if let Some(seconds) = input.get("sleepSeconds").and_then(Value::as_u64)
+            && seconds > 0
+            && ctx.timer(Duration::from_secs(seconds)).await == TimerResult::Cancelled
+        {
+            return Err(WorkflowTermination::cancelled());
+        }
         let build = build_label(ctx);
         if input.get("fail").and_then(Value::as_bool) == Some(true) {
             return Err(app_failure(

@@ -10,6 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
 use tokio::process::Command;
+use twc_sandbox::env::SandboxEnv;
 
 use super::cli::{kubectl, temporal};
 use super::env;
@@ -62,6 +63,21 @@ fn operator_env(command: &mut Command) {
         .env_remove("RUST_LOG");
 }
 
+/// The environment of a person in `make dev`: the sandbox's kubeconfig and nothing else, so
+/// the operator commands must find the engine Temporal on their own.
+fn kubeconfig_only(command: &mut Command, sandbox: &SandboxEnv) {
+    command.env("KUBECONFIG", &sandbox.kubeconfig);
+    for var in [
+        "TWC_ENGINE_ADDRESS",
+        "TWC_ENGINE_NAMESPACE",
+        "TWC_UI_URL",
+        "TWC_ENV_FILE",
+        "RUST_LOG",
+    ] {
+        command.env_remove(var);
+    }
+}
+
 /// Runs the `twc` binary.
 pub async fn twc(args: &[&str]) -> Exit {
     let mut command = Command::new(env().bin_dir.join("twc"));
@@ -97,6 +113,19 @@ pub async fn kubectl_twc(args: &[&str]) -> Exit {
         .args(args)
         .env("PATH", format!("{}:{path}", plugin_dir().display()));
     operator_env(&mut command);
+    output(command).await
+}
+
+/// Runs `kubectl twc ...` against `sandbox` with its kubeconfig as the only setting (as after
+/// `export KUBECONFIG=...` in `make dev`).
+pub async fn kubectl_twc_in(sandbox: &SandboxEnv, args: &[&str]) -> Exit {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let mut command = Command::new(&sandbox.kubectl);
+    command
+        .arg("twc")
+        .args(args)
+        .env("PATH", format!("{}:{path}", plugin_dir().display()));
+    kubeconfig_only(&mut command, sandbox);
     output(command).await
 }
 

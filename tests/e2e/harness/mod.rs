@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod controls;
+pub mod tls;
 pub mod twd;
 pub mod wait;
 

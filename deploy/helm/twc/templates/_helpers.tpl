@@ -54,12 +54,12 @@ rules are in deploy/manifests/clusterrole.yaml (a test compares them).
   resources: [temporalworkerdeployments/finalizers]
   verbs: [update]
 # Versioned Deployments (deployments.rs): list by label, get, create if absent, delete when
-# retired; wait_for_pollers watches them by label to hear of Available at once. Nothing
-# updates them (update_deployment_connection, a PUT, would need update once something
-# calls it).
+# retired; wait_for_pollers watches them by label to hear of Available at once;
+# reassert_resources (reassert.rs) updates them (a PUT) to follow TemporalConnection
+# changes and, under unsafeCustomBuildID, template edits.
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, update, delete]
 # Scaling is a merge patch of the scale subresource (scale_deployment).
 - apiGroups: [apps]
   resources: [deployments/scale]
