@@ -1036,7 +1036,8 @@ fn gone(twd: &TwdRef) -> Blocked {
     }
 }
 
-/// Runs `work`, heartbeating every [`HEARTBEAT_INTERVAL`] (the first at once) until it ends.
+/// Runs `work`, heartbeating every [`HEARTBEAT_INTERVAL`] until it ends. The first heartbeat
+/// comes after one interval, so the many activities that end sooner cost no heartbeat call.
 async fn with_heartbeats<T>(
     ctx: &ActivityContext,
     work: impl Future<Output = Result<T, ActivityError>>,
@@ -1044,7 +1045,8 @@ async fn with_heartbeats<T>(
     alongside_every(HEARTBEAT_INTERVAL, || heartbeat(ctx), work).await
 }
 
-/// Runs `work`, calling `beat` at once and then every `interval` until `work` ends.
+/// Runs `work`, calling `beat` every `interval` (the first after one interval) until `work`
+/// ends.
 async fn alongside_every<T, B>(
     interval: Duration,
     beat: impl Fn() -> B,
@@ -1054,7 +1056,7 @@ where
     B: Future<Output = ()>,
 {
     let beats = async {
-        let mut ticker = tokio::time::interval(interval);
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
@@ -1098,7 +1100,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn work_is_accompanied_by_a_heartbeat_at_once_and_every_second() {
+    async fn work_is_accompanied_by_a_heartbeat_every_second() {
         let beats = AtomicU32::new(0);
         let started = tokio::time::Instant::now();
         let work = async {
@@ -1111,8 +1113,13 @@ mod tests {
         let result = alongside_every(HEARTBEAT_INTERVAL, beat, work).await;
         assert_eq!(result, "done");
         assert_eq!(started.elapsed(), Duration::from_millis(4_500));
-        // At 0, 1, 2, 3 and 4 s; none after the work ended.
-        assert_eq!(beats.load(Ordering::Relaxed), 5);
+        // At 1, 2, 3 and 4 s; none after the work ended.
+        assert_eq!(beats.load(Ordering::Relaxed), 4);
+
+        // Work that ends within the first interval costs no heartbeat.
+        let quick = async { tokio::time::sleep(Duration::from_millis(300)).await };
+        alongside_every(HEARTBEAT_INTERVAL, beat, quick).await;
+        assert_eq!(beats.load(Ordering::Relaxed), 4);
     }
 
     #[test]

@@ -166,10 +166,17 @@ async fn held_rollouts_continue_as_new_under_signals_and_finish() {
     // Five or more runs chained by continue-as-new, the last completed; the replicas change
     // made during the rollout may add a fresh run that applies it and ends at once.
     assert!(
-        held_runs.iter().filter(|r| r.1 == "CONTINUED_AS_NEW").count() >= 4,
+        held_runs
+            .iter()
+            .filter(|r| r.1 == "CONTINUED_AS_NEW")
+            .count()
+            >= 4,
         "{held_runs:?}"
     );
-    assert!(held_runs.iter().any(|r| r.1 == "COMPLETED"), "{held_runs:?}");
+    assert!(
+        held_runs.iter().any(|r| r.1 == "COMPLETED"),
+        "{held_runs:?}"
+    );
     assert!(
         held_runs
             .iter()

@@ -12,6 +12,6 @@ mod history;
 mod long_horizon;
 mod metrics;
 mod pod_runner;
-mod recovery;
 mod reassert;
+mod recovery;
 mod rollout;

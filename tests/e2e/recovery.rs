@@ -35,7 +35,10 @@ async fn pending_activity(
         return Err(out.stderr);
     }
     let v: Value = serde_json::from_str(&out.stdout).map_err(|e| format!("{e}: {}", out.stdout))?;
-    let pending = v["pendingActivities"].as_array().cloned().unwrap_or_default();
+    let pending = v["pendingActivities"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let found = pending
         .iter()
         .find(|a| a["activityType"]["name"].as_str() == Some(activity))

@@ -165,6 +165,10 @@ pub async fn run_engine_worker_reporting(
     let options = WorkerOptions::new(config.task_queue.clone())
         .graceful_shutdown_period(Duration::from_secs(5))
         .max_cached_workflows(config.max_cached_workflows)
+        // Activities heartbeat every second against a 5 s heartbeat timeout (so a killed
+        // controller's activity is retried within seconds); the SDK would otherwise send only
+        // every 4 s (0.8 x the timeout), leaving about 1 s of margin.
+        .max_heartbeat_throttle_interval(Duration::from_secs(2))
         .register_activities(activities)
         .register_workflow::<TwdWorkflow>()
         .map_err(|e| WorkerError::Worker(e.to_string()))?

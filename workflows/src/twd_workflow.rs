@@ -64,6 +64,8 @@ const PATCH_ADOPT_OBSERVED_SPEC: &str = "adopt-observed-spec";
 /// event), and releases the TWD without cleaning Temporal once the connection or its Secret
 /// is gone for good (histories before it retried every 5 s forever).
 const PATCH_DELETION_BACKOFF: &str = "deletion-backoff";
+/// Longest interval between re-assertions of a TWD's resources while nothing signals a change.
+const REASSERT_EVERY: Duration = Duration::from_secs(30);
 /// Longest pause between cleanup attempts of the deletion path.
 const CLEANUP_RETRY_MAX: Duration = Duration::from_secs(120);
 /// How long a missing connection or Secret (outside a namespace deletion) blocks the cleanup
@@ -183,6 +185,10 @@ pub struct TwdWorkflow {
     poked: bool,
     last_status: Option<TemporalWorkerDeploymentStatus>,
     cleanup: CleanupProgress,
+    /// When this run last re-asserted the TWD's resources.
+    reasserted_at: Option<UnixMillis>,
+    /// A spec signal arrived since then (the spec or something around it changed).
+    spec_signalled: bool,
 }
 
 #[workflow_methods]
@@ -213,6 +219,8 @@ impl TwdWorkflow {
             poked: carried.poked,
             last_status: None,
             cleanup: carried.cleanup,
+            reasserted_at: None,
+            spec_signalled: false,
         }
     }
 
@@ -239,9 +247,11 @@ impl TwdWorkflow {
         // turn runs (a control during an activity) ends the next wait at once. Histories from
         // before the patch counted from the start of the wait, missing such signals.
         let mut seen = ctx.state(|s| s.wakeups);
-        let resync = ctx.state(|s| s.input.resync_seconds).map_or(DEFAULT_RESYNC, |seconds| {
-            Duration::from_secs(u64::from(seconds.max(1)))
-        });
+        let resync = ctx
+            .state(|s| s.input.resync_seconds)
+            .map_or(DEFAULT_RESYNC, |seconds| {
+                Duration::from_secs(u64::from(seconds.max(1)))
+            });
         loop {
             let counted_at_turn_start = ctx.patched(PATCH_SIGNALS_DURING_A_TURN);
             if !counted_at_turn_start {
@@ -305,6 +315,7 @@ impl TwdWorkflow {
             // A duplicate is a hint that something around the TWD changed (its connection).
             self.poked = true;
         }
+        self.spec_signalled = true;
         self.wakeups += 1;
     }
 
@@ -405,8 +416,24 @@ fn continue_as_new(ctx: &mut WorkflowContext<TwdWorkflow>) -> WorkflowResult<()>
 }
 
 /// Re-asserts finalizers, connection settings and (under `unsafeCustomBuildID`) the pod
-/// template; each change is a Normal event. A failure is retried at the next turn.
+/// template; each change is a Normal event. A failure is retried at the next turn. Done on the
+/// first turn of a run, on turns after a spec signal (the TWD or its connection changed), and
+/// otherwise at most every [`REASSERT_EVERY`], so the turns a rollout's reports cause stay
+/// cheap.
 async fn reassert_resources(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) {
+    let now = now_millis(ctx);
+    let due = ctx.state_mut(|s| {
+        let signalled = std::mem::take(&mut s.spec_signalled);
+        let every = i64::try_from(REASSERT_EVERY.as_millis()).unwrap_or(i64::MAX);
+        let due = signalled || s.reasserted_at.is_none_or(|at| now - at >= every);
+        if due {
+            s.reasserted_at = Some(now);
+        }
+        due
+    });
+    if !due {
+        return;
+    }
     let Ok(outcome) = run_activity(
         ctx,
         ReassertResources,

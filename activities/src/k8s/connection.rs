@@ -154,37 +154,8 @@ fn auth_invalid(message: String) -> Blocked {
 
 #[cfg(test)]
 mod tests {
-    use kube::core::Status;
-
     use super::*;
-
-    fn failed(source: kube::Error) -> Box<K8sError> {
-        Box::new(K8sError::api(
-            "get",
-            &ObjectName::new("Secret", "demo", "cloud"),
-        )(source))
-    }
-
-    fn answered(code: u16, reason: &str) -> Box<K8sError> {
-        failed(kube::Error::Api(
-            Status::failure("it failed", reason).with_code(code).boxed(),
-        ))
-    }
-
-    fn refused_connection() -> Box<K8sError> {
-        failed(kube::Error::Service(Box::new(std::io::Error::from(
-            std::io::ErrorKind::ConnectionRefused,
-        ))))
-    }
-
-    fn spec() -> twc_crds::connection::TemporalConnectionSpec {
-        twc_crds::connection::TemporalConnectionSpec {
-            host_port: "temporal:7233".into(),
-            tls: None,
-            mutual_tls_secret_ref: None,
-            api_key_secret_ref: None,
-        }
-    }
+    use crate::k8s::fake_api;
 
     /// What a resolution failure shows: a condition reason, or `None` for a retry.
     fn shown(result: Result<impl Sized, ResolveError>) -> Option<BlockReason> {
@@ -195,76 +166,100 @@ mod tests {
         }
     }
 
-    #[test]
-    fn only_a_missing_connection_or_secret_blames_the_configuration() {
-        use BlockReason::{AuthSecretInvalid, PlanExecutionFailed, TemporalConnectionNotFound};
-        let connection = ObjectName::new("TemporalConnection", "demo", "dev");
-        let secret = ObjectName::new("Secret", "demo", "cloud");
-        // (what happened, the read, what the connection's read shows, what the Secret's shows)
-        type Read = fn() -> Result<Option<()>, Box<K8sError>>;
-        let cases: Vec<(&str, Read, Option<BlockReason>, Option<BlockReason>)> = vec![
+    /// The API-key connection `cloud` and its Secret `cloud-key` in `demo`, as served.
+    fn served(connection: fake_api::Answer, secret: fake_api::Answer) -> kube::Client {
+        fake_api::client(vec![
             (
-                "missing",
-                || Ok(None),
-                Some(TemporalConnectionNotFound),
-                Some(AuthSecretInvalid),
+                "/apis/temporal.io/v1alpha1/namespaces/demo/temporalconnections/cloud".into(),
+                connection,
             ),
-            ("API server down", || Err(refused_connection()), None, None),
+            ("/api/v1/namespaces/demo/secrets/cloud-key".into(), secret),
+        ])
+    }
+
+    fn connection_object() -> fake_api::Answer {
+        fake_api::ok(serde_json::json!({
+            "apiVersion": "temporal.io/v1alpha1", "kind": "TemporalConnection",
+            "metadata": { "name": "cloud", "namespace": "demo" },
+            "spec": { "hostPort": "temporal:7233",
+                      "apiKeySecretRef": { "name": "cloud-key", "key": "key" } }
+        }))
+    }
+
+    fn secret_object() -> fake_api::Answer {
+        fake_api::ok(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": { "name": "cloud-key", "namespace": "demo", "uid": "u1",
+                          "resourceVersion": "7" },
+            "data": { "key": "c2VjcmV0" }
+        }))
+    }
+
+    #[tokio::test]
+    async fn what_the_api_server_answers_decides_between_a_condition_and_a_retry() {
+        use BlockReason::{AuthSecretInvalid, PlanExecutionFailed, TemporalConnectionNotFound};
+        use fake_api::{failure, not_found, unserved};
+        // (what happens, the connection's answer, the Secret's, the condition or None: retry)
+        let cases = [
             (
-                "API server error",
-                || Err(answered(500, "InternalError")),
-                None,
+                "connection missing",
+                not_found("temporalconnections", "cloud"),
+                secret_object(),
+                Some(TemporalConnectionNotFound),
+            ),
+            (
+                "connections not served yet",
+                unserved(),
+                secret_object(),
                 None,
             ),
             (
                 "API server unavailable",
-                || Err(answered(503, "ServiceUnavailable")),
-                None,
-                None,
-            ),
-            (
-                "request timeout",
-                || Err(answered(504, "Timeout")),
-                None,
+                failure(503, "ServiceUnavailable"),
+                secret_object(),
                 None,
             ),
             (
-                "throttled",
-                || Err(answered(429, "TooManyRequests")),
-                None,
+                "Secret missing",
+                connection_object(),
+                not_found("secrets", "cloud-key"),
+                Some(AuthSecretInvalid),
+            ),
+            (
+                "Secret read fails",
+                connection_object(),
+                failure(500, "InternalError"),
                 None,
             ),
             (
-                "CRD not served yet",
-                || Err(answered(404, "Failed to parse error data")),
-                None,
+                "Secret read throttled",
+                connection_object(),
+                failure(429, "TooManyRequests"),
                 None,
             ),
             (
-                "RBAC",
-                || Err(answered(403, "Forbidden")),
-                Some(PlanExecutionFailed),
+                "Secret read times out",
+                connection_object(),
+                failure(504, "Timeout"),
+                None,
+            ),
+            (
+                "Secret read forbidden",
+                connection_object(),
+                failure(403, "Forbidden"),
                 Some(PlanExecutionFailed),
             ),
         ];
-        for (what, read, on_connection, on_secret) in cases {
-            let connection_read = connection_read(
-                &connection,
-                read()
-                    .map(|o| o.map(|()| TemporalConnection::new("dev", spec())))
-                    .map_err(|e| *e),
-            );
-            assert_eq!(shown(connection_read), on_connection, "connection: {what}");
-            let secret_read = secret_read(
-                &secret,
-                "dev",
-                "apiKeySecretRef",
-                read()
-                    .map(|o| o.map(|()| Secret::default()))
-                    .map_err(|e| *e),
-            );
-            assert_eq!(shown(secret_read), on_secret, "Secret: {what}");
+        for (what, connection, secret, expected) in cases {
+            let client = served(connection, secret);
+            let resolved = resolve_connection(&client, "demo", "cloud", "default").await;
+            assert_eq!(shown(resolved), expected, "{what}");
         }
+        let client = served(connection_object(), secret_object());
+        let (_, config) = resolve_connection(&client, "demo", "cloud", "default")
+            .await
+            .unwrap_or_else(|e| panic!("all served: {e}"));
+        assert_eq!(config.host_port, "temporal:7233");
     }
 
     #[test]

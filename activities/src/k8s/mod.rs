@@ -16,6 +16,8 @@ pub mod deployment_view;
 pub mod deployments;
 pub mod error;
 pub mod events;
+#[cfg(test)]
+pub(crate) mod fake_api;
 pub mod finalizers;
 pub mod gate_input;
 pub mod injection;

@@ -18,3 +18,36 @@ pub async fn get_twd(
         .await
         .map_err(K8sError::api("get", &object))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::k8s::error::{ErrorClass, classify};
+    use crate::k8s::fake_api;
+
+    const PATH: &str = "/apis/temporal.io/v1alpha1/namespaces/demo/temporalworkerdeployments/hello";
+
+    fn twd() -> TwdRef {
+        TwdRef {
+            namespace: "demo".into(),
+            name: "hello".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_twd_is_gone_only_when_the_api_server_says_so() {
+        let client = fake_api::client(vec![(
+            PATH.into(),
+            fake_api::not_found("temporalworkerdeployments", "hello"),
+        )]);
+        assert!(matches!(get_twd(&client, &twd()).await, Ok(None)));
+        // A restarting API server that does not serve the CRD yet says nothing about the TWD.
+        let client = fake_api::client(vec![(PATH.into(), fake_api::unserved())]);
+        match get_twd(&client, &twd()).await {
+            Err(K8sError::Api { source, .. }) => {
+                assert_eq!(classify(&source), ErrorClass::Transient);
+            }
+            other => panic!("an unserved path is an error to retry: {other:?}"),
+        }
+    }
+}

@@ -979,7 +979,11 @@ mod tests {
             panic!("expected DeadlineExceeded");
         };
         assert_eq!(blocked.reason, BlockReason::ProgressDeadlineExceeded);
-        assert!(blocked.message.contains("orders: TimedOut"), "{}", blocked.message);
+        assert!(
+            blocked.message.contains("orders: TimedOut"),
+            "{}",
+            blocked.message
+        );
         // Without a gate configured, the old state is ignored.
         assert_eq!(
             decide(&ready(AllAtOnce), &timed_out, 0),
