@@ -219,6 +219,7 @@ async fn controls_through(via: Via, prefix: &str) {
     let (status, _, message) =
         wait_reason(&client, &ns, "hello", "Progressing", "Aborted", ROLLOUT).await;
     assert_eq!(status, "False", "{message}");
+    wait_phase(&client, &ns, "hello", RolloutPhase::Aborted).await;
     wait_current(&deployment_name, &v2).await;
     wait_event(&client, &ns, "hello", "Aborted", &v3, ANSWER).await;
     wait_for("the aborted build is retired", ROLLOUT, || async {

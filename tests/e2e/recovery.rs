@@ -55,11 +55,15 @@ async fn pending_activity(
     ))
 }
 
-/// Kills the controller while `activity` of `workflow_id` runs, restarts it, and returns how
-/// long after the restart the activity ran again (a new attempt started).
-async fn kill_during(private: &mut Private, workflow_id: &str, activity: &str) -> Duration {
+/// Waits until `activity` of `workflow_id` runs, kills the controller (SIGKILL) and restarts
+/// it; returns the attempt that was running, and when and at what time the restart happened.
+async fn kill_while_running(
+    private: &mut Private,
+    workflow_id: &str,
+    activity: &str,
+) -> (u64, Instant, SystemTime) {
     let cluster = &private.cluster;
-    let (attempt, _, _) = cluster
+    let attempt = cluster
         .wait(
             &format!("{activity} of {workflow_id} running"),
             ROLLOUT,
@@ -67,7 +71,7 @@ async fn kill_during(private: &mut Private, workflow_id: &str, activity: &str) -
                 let (attempt, state, started) =
                     pending_activity(cluster, workflow_id, activity).await?;
                 if state.ends_with("STARTED") && !started.is_empty() {
-                    Ok((attempt, state, started))
+                    Ok(attempt)
                 } else {
                     Err(format!("attempt {attempt} {state} {started}"))
                 }
@@ -80,8 +84,14 @@ async fn kill_during(private: &mut Private, workflow_id: &str, activity: &str) -
         private.sandbox.restart_dead_controller().is_some(),
         "the controller restarts"
     );
-    let restarted = Instant::now();
-    let restarted_at = SystemTime::now();
+    (attempt, Instant::now(), SystemTime::now())
+}
+
+/// Kills the controller while `activity` of `workflow_id` runs, restarts it, and returns how
+/// long after the restart the activity ran again (a new attempt started).
+async fn kill_during(private: &mut Private, workflow_id: &str, activity: &str) -> Duration {
+    let (attempt, restarted, restarted_at) =
+        kill_while_running(private, workflow_id, activity).await;
     let cluster = &private.cluster;
     cluster
         .wait(
@@ -156,5 +166,89 @@ async fn a_controller_killed_during_a_wait_resumes_it_within_seconds_of_its_rest
         wait_resumed <= RESUMED_WITHIN,
         "the poller wait resumed {wait_resumed:?} after the restart"
     );
+    private.sandbox.stop().await;
+}
+
+#[tokio::test]
+async fn a_controller_killed_during_create_deployment_or_set_routing_resumes_within_seconds() {
+    let mut private = Private::start("recovery-steps").await;
+    // Test-only fault injection: the first attempt of these activities is held for a minute,
+    // so the kill lands while one is in flight.
+    private
+        .sandbox
+        .restart_controller_with_env(&[(
+            "TWC_TEST_HOLD_ACTIVITIES",
+            "create_deployment,set_routing",
+        )])
+        .await
+        .unwrap_or_else(|e| panic!("restarting the controller: {e}"));
+    let ns = private.cluster.namespace("recovery-steps").await;
+    private
+        .cluster
+        .apply(&private.cluster.connection(&ns, "dev"))
+        .await;
+    private
+        .cluster
+        .apply(&worker(
+            &ns,
+            "hello",
+            "v1",
+            json!({ "strategy": "AllAtOnce" }),
+        ))
+        .await;
+    let build = private
+        .cluster
+        .wait("the TWD's target build", ROLLOUT, || async {
+            let twd = get_twd(&private.cluster.client, &ns, "hello").await?;
+            target_build(&twd).ok_or_else(|| "no target yet".to_owned())
+        })
+        .await;
+    let rollout_id = format!("rollout/{ns}/hello/{build}");
+
+    let (_, restarted, _) =
+        kill_while_running(&mut private, &rollout_id, "create_deployment").await;
+    private
+        .cluster
+        .wait(
+            "the Deployment created after the restart",
+            ROLLOUT,
+            || async {
+                let deployments =
+                    crate::harness::twd::deployments(&private.cluster.client, &ns, "hello").await;
+                if deployments.iter().any(|d| d.1 == build) {
+                    Ok(())
+                } else {
+                    Err(format!("{deployments:?}"))
+                }
+            },
+        )
+        .await;
+    let created_after = restarted.elapsed();
+    assert!(
+        created_after <= RESUMED_WITHIN,
+        "create_deployment resumed {created_after:?} after the restart"
+    );
+
+    let (_, restarted, _) = kill_while_running(&mut private, &rollout_id, "set_routing").await;
+    private
+        .cluster
+        .wait("the build Current after the restart", ROLLOUT, || async {
+            let routing = private.cluster.routing(&format!("{ns}/hello")).await?;
+            if routing.current.as_deref() == Some(build.as_str()) {
+                Ok(())
+            } else {
+                Err(format!("{routing:?}"))
+            }
+        })
+        .await;
+    let routed_after = restarted.elapsed();
+    assert!(
+        routed_after <= RESUMED_WITHIN,
+        "set_routing resumed {routed_after:?} after the restart"
+    );
+    private
+        .cluster
+        .wait_ready(&ns, "hello", "v1", ROLLOUT)
+        .await;
     private.sandbox.stop().await;
 }
