@@ -178,19 +178,7 @@ async fn wait_outcome(workflow_id: &str, outcome: &str) {
 
 /// Status of the latest run of a workflow (`RUNNING`, `COMPLETED`, `CANCELED`, ...).
 async fn workflow_status(workflow_id: &str) -> Result<String, String> {
-    let out = temporal(&[
-        "workflow",
-        "describe",
-        "--workflow-id",
-        workflow_id,
-        "--output",
-        "json",
-    ])
-    .await;
-    if !out.success {
-        return Err(out.stderr);
-    }
-    let v: Value = serde_json::from_str(&out.stdout).map_err(|e| format!("{e}: {}", out.stdout))?;
+    let v = crate::harness::cli::describe_workflow(workflow_id).await?;
     Ok(v["workflowExecutionInfo"]["status"]
         .as_str()
         .unwrap_or_default()

@@ -262,20 +262,7 @@ async fn run_hello_world(task_queue: &str, workflow_id: &str) {
         &format!("workflow {workflow_id} completed"),
         TURN,
         || async {
-            let out = temporal(&[
-                "workflow",
-                "describe",
-                "--workflow-id",
-                workflow_id,
-                "--output",
-                "json",
-            ])
-            .await;
-            if !out.success {
-                return Err(out.stderr);
-            }
-            let v: Value =
-                serde_json::from_str(&out.stdout).map_err(|e| format!("{e}: {}", out.stdout))?;
+            let v = crate::harness::cli::describe_workflow(workflow_id).await?;
             match v["workflowExecutionInfo"]["status"].as_str() {
                 Some("WORKFLOW_EXECUTION_STATUS_COMPLETED") => Ok(()),
                 other => Err(format!("status {other:?}")),

@@ -21,20 +21,18 @@ async fn pending_activity(
     workflow_id: &str,
     activity: &str,
 ) -> Result<(u64, String, String), String> {
-    let out = cluster
-        .temporal(&[
-            "workflow",
-            "describe",
-            "--workflow-id",
-            workflow_id,
-            "--output",
-            "json",
-        ])
-        .await;
-    if !out.success {
-        return Err(out.stderr);
-    }
-    let v: Value = serde_json::from_str(&out.stdout).map_err(|e| format!("{e}: {}", out.stdout))?;
+    let v = crate::harness::cli::json_output(
+        cluster
+            .temporal(&[
+                "workflow",
+                "describe",
+                "--workflow-id",
+                workflow_id,
+                "--output",
+                "json",
+            ])
+            .await,
+    )?;
     let pending = v["pendingActivities"]
         .as_array()
         .cloned()

@@ -60,3 +60,27 @@ pub async fn temporal(args: &[&str]) -> CliOutput {
         .args(["--address", &env.temporal_address]);
     run(command, None).await
 }
+
+/// `temporal workflow describe --output json` of the latest run of `workflow_id` in the engine
+/// namespace of the shared sandbox.
+pub async fn describe_workflow(workflow_id: &str) -> Result<serde_json::Value, String> {
+    json_output(
+        temporal(&[
+            "workflow",
+            "describe",
+            "--workflow-id",
+            workflow_id,
+            "--output",
+            "json",
+        ])
+        .await,
+    )
+}
+
+/// The JSON a successful CLI call printed, or its error output.
+pub fn json_output(out: CliOutput) -> Result<serde_json::Value, String> {
+    if !out.success {
+        return Err(out.stderr);
+    }
+    serde_json::from_str(&out.stdout).map_err(|e| format!("{e}: {}", out.stdout))
+}
