@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use temporalio_common::ActivityDefinition;
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 
-use crate::model::{Blocked, Observation, TwdRef};
+use crate::model::{Blocked, Observation, TwdRef, UnixMillis};
 
 macro_rules! activity {
     ($(#[$doc:meta])* $marker:ident, $name:literal, $input:ty => $output:ty) => {
@@ -93,6 +93,19 @@ activity!(
     /// good, e.g. the namespace is being deleted): deletes the versioned Deployments, releases
     /// the finalizers and returns what was left on the Temporal side, in words.
     ReleaseWithoutTemporal, "release_without_temporal", TwdRef => String
+);
+activity!(
+    /// Counts the open workflows pinned to a version of the TWD (matching the drain policy's
+    /// type filter) and finds the oldest one's start time; a visibility count, not a listing.
+    CountPinned, "count_pinned_workflows", PinnedRequest => PinnedCount
+);
+activity!(
+    /// One drain step of a retired version: a Temporal batch operation (signal, cancel,
+    /// terminate, or a pinned versioning override to the Current version) over the open
+    /// workflows pinned to that version, under a job ID derived from the TWD, build and step
+    /// (a retry after a crash finds the same job and never starts a second one); waits for it
+    /// to finish. In dry-run only counts.
+    DrainVersion, "drain_version", DrainRequest => DrainOutcome
 );
 activity!(
     /// Re-asserts what the TWD needs, every turn of its workflow: the finalizer on the TWD and
@@ -338,6 +351,85 @@ pub enum CleanupBlock {
     SecretGone,
     /// As one of the above, and the TWD's namespace is being deleted: nothing will come back.
     NamespaceDeleting,
+}
+
+/// Input of `count_pinned_workflows`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PinnedRequest {
+    /// The TWD.
+    pub twd: TwdRef,
+    /// The version's build ID.
+    pub build_id: String,
+    /// Only these workflow types (empty: all).
+    pub include_types: Vec<String>,
+    /// Never these workflow types.
+    pub exclude_types: Vec<String>,
+}
+
+/// Result of `count_pinned_workflows`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PinnedCount {
+    /// The visibility query used (readable in the history).
+    pub query: String,
+    /// Open pinned workflows on the version.
+    pub open: u64,
+    /// Start time of the oldest of them.
+    pub oldest_started_at: Option<UnixMillis>,
+}
+
+/// What a drain step does to each matching workflow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DrainAction {
+    /// Send the drain signal (no input); workflows that listen continue as new on the Current
+    /// version.
+    Signal {
+        /// Signal name.
+        name: String,
+    },
+    /// Request cancellation.
+    Cancel,
+    /// Terminate.
+    Terminate,
+    /// Pin to the Current version instead (a versioning override): for builds declared
+    /// compatible.
+    MoveToCurrent {
+        /// The Current build ID to pin to.
+        current_build_id: String,
+    },
+}
+
+/// Input of `drain_version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainRequest {
+    /// The TWD.
+    pub twd: TwdRef,
+    /// The retired version's build ID.
+    pub build_id: String,
+    /// What to do.
+    pub action: DrainAction,
+    /// Only these workflow types (empty: all).
+    pub include_types: Vec<String>,
+    /// Never these workflow types.
+    pub exclude_types: Vec<String>,
+    /// Operations per second.
+    pub rate: u32,
+    /// Count only.
+    pub dry_run: bool,
+}
+
+/// Result of `drain_version`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainOutcome {
+    /// The visibility query the batch ran over (readable in the history).
+    pub query: String,
+    /// Batch job ID (none in dry-run).
+    pub job_id: Option<String>,
+    /// Workflows the query matched when the step started.
+    pub matched: u64,
+    /// Operations that succeeded.
+    pub succeeded: u64,
+    /// Operations that failed (e.g. a workflow that closed meanwhile).
+    pub failed: u64,
 }
 
 /// Result of `reassert_resources`: one entry per change made (each becomes a Normal event).

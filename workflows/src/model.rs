@@ -76,6 +76,35 @@ pub struct SpecView {
     pub temporal_namespace: String,
     /// Problems the schema cannot catch (`InvalidSpec`); empty when valid.
     pub invalid: Vec<String>,
+    /// `spec.sunset.drain`: what to do to workflows still pinned to a retired version (absent
+    /// in histories from before it existed).
+    #[serde(default)]
+    pub drain: Option<DrainPolicy>,
+}
+
+/// The drain policy of retired versions (`spec.sunset.drain`), durations in milliseconds since
+/// the version stopped being Current or Ramping.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainPolicy {
+    /// Send the drain signal this long after retirement.
+    pub signal_after_ms: Option<i64>,
+    /// Name of the drain signal.
+    pub signal_name: String,
+    /// Cancel the workflows still open this long after retirement.
+    pub cancel_after_ms: Option<i64>,
+    /// Terminate the workflows still open this long after retirement.
+    pub terminate_after_ms: Option<i64>,
+    /// Only workflows of these types (empty: every type).
+    pub include_types: Vec<String>,
+    /// Never workflows of these types.
+    pub exclude_types: Vec<String>,
+    /// Operations per second of each batch.
+    pub rate: u32,
+    /// Count and report only; act on nothing.
+    pub dry_run: bool,
+    /// Builds declared compatible with any later build: their pinned workflows are moved to
+    /// the Current version (a pinned versioning override) as soon as they are retired.
+    pub move_to_current: Vec<String>,
 }
 
 /// One Progressive step.

@@ -37,6 +37,7 @@ pub fn spec(strategy: RolloutStrategy) -> SpecView {
         connection_name: "dev".into(),
         temporal_namespace: "default".into(),
         invalid: Vec::new(),
+        drain: None,
     }
 }
 

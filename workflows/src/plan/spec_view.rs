@@ -89,6 +89,7 @@ pub fn spec_view(twd: &TemporalWorkerDeployment) -> SpecView {
         connection_name: spec.worker_options.connection_ref.name.clone(),
         temporal_namespace: spec.worker_options.temporal_namespace.clone(),
         invalid,
+        drain: None,
     }
 }
 
