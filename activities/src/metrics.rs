@@ -791,11 +791,21 @@ mod tests {
                 version: version("v0", VersionState::Draining),
                 drained_since: None,
                 eligible_for_deletion: false,
+                open_pinned_workflows: None,
+                oldest_pinned_workflow_started_at: None,
+                next_drain_action: None,
+                next_drain_action_at: None,
+                drain_steps_done: Vec::new(),
             },
             DeprecatedVersion {
                 version: version("v1", VersionState::Draining),
                 drained_since: None,
                 eligible_for_deletion: false,
+                open_pinned_workflows: None,
+                oldest_pinned_workflow_started_at: None,
+                next_drain_action: None,
+                next_drain_action_at: None,
+                drain_steps_done: Vec::new(),
             },
         ];
         assert_eq!(version_count(&s), 3);

@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMapKeySelector, ObjectReference, PodTemplateSpec, SecretKeySelector,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::core::{Message, Rule};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -209,6 +210,10 @@ pub struct SunsetSpec {
     #[serde(default = "default_delete_delay")]
     #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"))]
     pub delete_delay: String,
+    /// What to do to workflows still pinned to a version after it stopped being Current or
+    /// Ramping, so that it drains sooner. Absent: nothing; the version drains on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainSpec>,
 }
 
 impl Default for SunsetSpec {
@@ -216,6 +221,7 @@ impl Default for SunsetSpec {
         Self {
             scaledown_delay: default_scaledown_delay(),
             delete_delay: default_delete_delay(),
+            drain: None,
         }
     }
 }
@@ -226,6 +232,134 @@ fn default_scaledown_delay() -> String {
 
 fn default_delete_delay() -> String {
     "24h".to_owned()
+}
+
+/// Signal name of the drain policy when `signalName` is not set; workers listen for it.
+pub const DEFAULT_DRAIN_SIGNAL: &str = "twc-drain";
+/// Operations per second of each drain batch when `rate` is not set.
+pub const DEFAULT_DRAIN_RATE: i32 = 50;
+/// Highest `rate` the schema accepts.
+pub const MAX_DRAIN_RATE: i32 = 1000;
+
+/// Actions on the workflows still open and pinned to a retired version (one that stopped being
+/// Current or Ramping). Each delay counts from that moment; each action is taken once.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.signalAfter) || has(self.cancelAfter) || has(self.terminateAfter) || has(self.moveToCurrent)")
+        .message("drain must set at least one of signalAfter, cancelAfter, terminateAfter or moveToCurrent"),
+    validation = not_shorter_than("cancelAfter", "signalAfter"),
+    validation = not_shorter_than("terminateAfter", "cancelAfter"),
+    validation = not_shorter_than("terminateAfter", "signalAfter"),
+)]
+pub struct DrainSpec {
+    /// Time after retirement at which workflows still open get the `signalName` signal (they
+    /// are expected to continue-as-new onto the Current version). Unset: no signal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = duration_format("signalAfter"))]
+    pub signal_after: Option<String>,
+    /// Name of the signal sent at `signalAfter`, with no arguments.
+    #[serde(default = "default_drain_signal_name")]
+    #[schemars(length(min = 1, max = 255))]
+    pub signal_name: String,
+    /// Time after retirement at which workflows still open are cancelled. Unset: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = duration_format("cancelAfter"))]
+    pub cancel_after: Option<String>,
+    /// Time after retirement at which workflows still open are terminated. Unset: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = duration_format("terminateAfter"))]
+    pub terminate_after: Option<String>,
+    /// Which workflow types the drain acts on (every type when unset). Applies to every action,
+    /// `moveToCurrent` included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow_types: Option<WorkflowTypeFilter>,
+    /// Operations per second of each batch operation (signal, cancel, terminate, move).
+    #[serde(default = "default_drain_rate")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub rate: i32,
+    /// Count the workflows each action would touch and report them, acting on none.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Move the workflows pinned to the listed builds to the Current version as soon as those
+    /// builds are retired. Only for builds whose workflows are compatible with later builds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub move_to_current: Option<MoveToCurrent>,
+}
+
+fn default_drain_signal_name() -> String {
+    DEFAULT_DRAIN_SIGNAL.to_owned()
+}
+
+fn default_drain_rate() -> i32 {
+    DEFAULT_DRAIN_RATE
+}
+
+/// CEL form of [`DURATION_PATTERN`] inside a single-quoted CEL string.
+fn cel_duration_pattern() -> String {
+    DURATION_PATTERN.replace('\\', "\\\\")
+}
+
+/// Rule on a duration field: it parses as a Go-style duration. The pattern has no sign, so a
+/// negative duration is rejected too.
+fn duration_format(field: &str) -> Rule {
+    Rule::new(format!("self.matches('{}')", cel_duration_pattern())).message(Message::Message(
+        format!("{field} must be a non-negative duration such as 30s, 5m or 1h30m"),
+    ))
+}
+
+/// Rule on the drain policy: when both durations are set and parse, `later` is at least `earlier`.
+fn not_shorter_than(later: &str, earlier: &str) -> Rule {
+    let pattern = cel_duration_pattern();
+    Rule::new(format!(
+        "!has(self.{later}) || !has(self.{earlier}) \
+         || !self.{later}.matches('{pattern}') || !self.{earlier}.matches('{pattern}') \
+         || duration(self.{later}) >= duration(self.{earlier})"
+    ))
+    .message(Message::Message(format!(
+        "{later} must not be shorter than {earlier}"
+    )))
+    .field_path(format!(".{later}"))
+}
+
+/// Workflow types a drain acts on: those in `include` (all when empty) minus those in `exclude`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.include) || !has(self.exclude) || !self.include.exists(t, t in self.exclude)")
+        .message("a workflow type cannot be both included and excluded"),
+)]
+pub struct WorkflowTypeFilter {
+    /// Only workflows of these types; empty or unset: every type.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100), inner(length(min = 1, max = 255)))]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    pub include: Vec<String>,
+    /// Never workflows of these types, even when included.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100), inner(length(min = 1, max = 255)))]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    pub exclude: Vec<String>,
+}
+
+/// Builds whose pinned workflows may run on any later build.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct MoveToCurrent {
+    /// Build IDs declared compatible with later builds: once one is retired, its pinned
+    /// workflows get a versioning override pinning them to the Current version.
+    #[serde(rename = "buildIDs")]
+    #[schemars(
+        length(min = 1, max = 100),
+        inner(
+            length(max = 63),
+            regex(pattern = r"^[a-zA-Z0-9]([a-zA-Z0-9._-]*[a-zA-Z0-9])?$")
+        )
+    )]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    pub build_ids: Vec<String>,
 }
 
 /// Observed state, written only by the controller (status subresource).
@@ -361,6 +495,21 @@ pub struct DeprecatedVersion {
     /// Drained and scaled to zero: may be deleted.
     #[serde(default)]
     pub eligible_for_deletion: bool,
+    /// Open workflows pinned to this version, as last counted (with a drain policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_pinned_workflows: Option<i64>,
+    /// Start time of the oldest of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_pinned_workflow_started_at: Option<Time>,
+    /// The next step of its drain: `moveToCurrent`, `signal`, `cancel` or `terminate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_drain_action: Option<String>,
+    /// When that step falls due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_drain_action_at: Option<Time>,
+    /// Drain steps done since the version was retired.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drain_steps_done: Vec<String>,
 }
 
 /// Where the rollout workflow is, for people and tools.

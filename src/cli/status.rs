@@ -15,7 +15,7 @@ use kube::Api;
 use kube::api::ListParams;
 use temporalio_client::{Client, WorkflowListOptions};
 use twc_crds::TemporalWorkerDeployment;
-use twc_crds::worker_deployment::{RolloutStrategy, VersionStatus};
+use twc_crds::worker_deployment::{DeprecatedVersion, RolloutStrategy, VersionStatus};
 use twc_workflows::control::ControlState;
 use twc_workflows::model::{RolloutProgress, TwdRef};
 use twc_workflows::rollout_workflow::{SA_BUILD_ID, SA_OUTCOME};
@@ -240,6 +240,17 @@ fn render(s: &Snapshot) -> String {
         rows.push(version_row("retired", &old.version, "-".to_owned(), note));
     }
     table(&mut out, &rows);
+    let drains: Vec<Vec<String>> = status
+        .deprecated_versions
+        .iter()
+        .filter_map(|old| drain_row(old, s.now_ms))
+        .collect();
+    if !drains.is_empty() {
+        let _ = writeln!(out, "\nDrain (spec.sunset.drain)");
+        let mut rows = vec![row(["BUILD ID", "OPEN PINNED", "OLDEST", "DONE", "NEXT"])];
+        rows.extend(drains);
+        table(&mut out, &rows);
+    }
 
     let _ = writeln!(out, "\nRollout");
     if let Some(step) = step_line(
@@ -463,6 +474,31 @@ fn version_row(role: &str, version: &VersionStatus, ramp: String, note: &str) ->
         ramp,
         format!("{deployment}{note}"),
     ]
+}
+
+/// A retired version's drain: open pinned workflows, the oldest, steps done, the next step.
+fn drain_row(old: &DeprecatedVersion, now_ms: i64) -> Option<Vec<String>> {
+    if old.open_pinned_workflows.is_none() && old.next_drain_action.is_none() {
+        return None;
+    }
+    let millis = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| t.0.as_millisecond();
+    let next = match (&old.next_drain_action, &old.next_drain_action_at) {
+        (Some(step), Some(at)) if millis(at) > now_ms => {
+            format!("{step} in {}", human_duration(millis(at) - now_ms))
+        }
+        (Some(step), _) => format!("{step} now"),
+        (None, _) => "-".to_owned(),
+    };
+    Some(vec![
+        old.version.build_id.clone(),
+        old.open_pinned_workflows
+            .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+        old.oldest_pinned_workflow_started_at
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), |t| ago(now_ms, millis(t))),
+        dash(&old.drain_steps_done.join(", ")),
+        next,
+    ])
 }
 
 fn ago(now_ms: i64, at_ms: i64) -> String {

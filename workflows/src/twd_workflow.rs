@@ -21,14 +21,16 @@ use temporalio_sdk::{
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 
 use crate::contract::{
-    CleanupBlock, CleanupDeleted, CleanupOutcome, DeleteDeployment, DeleteVersion,
-    DeleteVersionOutcome, DeleteVersionRequest, DeploymentRequest, EmitEvent, EnsureFinalizers,
-    EventKind, EventRequest, Observe, ReassertResources, ReleaseWithoutTemporal, ScaleDeployment,
-    ScaleRequest, StatusRequest, WriteStatus,
+    CleanupBlock, CleanupDeleted, CleanupOutcome, CountPinned, DeleteDeployment, DeleteVersion,
+    DeleteVersionOutcome, DeleteVersionRequest, DeploymentRequest, DrainAction, DrainRequest,
+    DrainVersion, EmitEvent, EnsureFinalizers, EventKind, EventRequest, Observe, PinnedRequest,
+    ReassertResources, ReleaseWithoutTemporal, ScaleDeployment, ScaleRequest, StatusRequest,
+    WriteStatus,
 };
+use crate::plan::drain::{DrainStep, PinnedSnapshot};
 use crate::control::{self, ControlEffect, ControlState};
 use crate::model::{
-    ControlAction, Observation, RolloutProgress, RolloutReport, TwdRef, UnixMillis,
+    ControlAction, DrainPolicy, Observation, RolloutProgress, RolloutReport, TwdRef, UnixMillis,
 };
 use crate::plan::sunset::{SunsetAction, SunsetMemory};
 use crate::plan::{conditions, status, sunset};
@@ -743,6 +745,8 @@ async fn write_status(
     let now = now_millis(ctx);
     let report = ctx.state(|s| s.last_report.clone());
     let projected = status::project(observation, report.as_ref(), generation, now);
+    let sunset = ctx.state(|s| s.sunset.clone());
+    let projected = status::with_drain(projected, observation, &sunset, now);
     let unchanged = ctx.state(|s| {
         s.last_status
             .as_ref()
@@ -796,8 +800,23 @@ async fn retire_versions(
     }
     let plan = sunset::plan(&observation, &memory, now);
     ctx.state_mut(|s| s.sunset = plan.memory.clone());
+    let policy = observation
+        .spec
+        .as_ref()
+        .and_then(|s| s.drain.clone())
+        .unwrap_or_default();
     for action in plan.actions {
         match action {
+            SunsetAction::CountPinned { build_id } => {
+                count_pinned(ctx, twd, &policy, &build_id).await;
+            }
+            SunsetAction::Drain {
+                build_id,
+                step,
+                action,
+            } => {
+                drain_step(ctx, twd, &policy, &build_id, step, action).await;
+            }
             SunsetAction::ScaleToZero {
                 build_id,
                 deployment,
@@ -887,6 +906,127 @@ async fn retire_versions(
     }
     plan.next_check_at
         .map(|at| Duration::from_millis(u64::try_from(at - now).unwrap_or(0).max(1000)))
+}
+
+/// Counts the open workflows pinned to a retired version (shown in status).
+async fn count_pinned(
+    ctx: &mut WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+    policy: &DrainPolicy,
+    build_id: &str,
+) {
+    let request = PinnedRequest {
+        twd: twd.clone(),
+        build_id: build_id.to_owned(),
+        include_types: policy.include_types.clone(),
+        exclude_types: policy.exclude_types.clone(),
+    };
+    let summary = format!("count pinned workflows of {build_id}");
+    let Ok(count) = run_activity(ctx, CountPinned, request, &summary, short_options()).await
+    else {
+        return;
+    };
+    let now = now_millis(ctx);
+    ctx.state_mut(|s| {
+        if let Some(entry) = s.sunset.iter_mut().find(|m| m.build_id == build_id) {
+            entry.drain.pinned = Some(PinnedSnapshot {
+                open: count.open,
+                oldest_started_at: count.oldest_started_at,
+                counted_at: now,
+            });
+        }
+    });
+}
+
+/// Runs one drain step of a retired version (a batch operation over its pinned workflows) and
+/// records it as done; a Normal event says what it did, a Warning event that it failed (it is
+/// tried again at the next look).
+async fn drain_step(
+    ctx: &mut WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+    policy: &DrainPolicy,
+    build_id: &str,
+    step: DrainStep,
+    action: DrainAction,
+) {
+    let request = DrainRequest {
+        twd: twd.clone(),
+        build_id: build_id.to_owned(),
+        action: action.clone(),
+        include_types: policy.include_types.clone(),
+        exclude_types: policy.exclude_types.clone(),
+        rate: policy.rate,
+        dry_run: policy.dry_run,
+    };
+    let what = match &action {
+        DrainAction::Signal { name } => format!("signal {name}"),
+        DrainAction::Cancel => "cancel".to_owned(),
+        DrainAction::Terminate => "terminate".to_owned(),
+        DrainAction::MoveToCurrent { current_build_id } => {
+            format!("move to the Current version {current_build_id}")
+        }
+    };
+    let summary = format!("drain {build_id}: {what}");
+    match run_activity(ctx, DrainVersion, request, &summary, drain_options()).await {
+        Ok(outcome) => {
+            ctx.state_mut(|s| {
+                if let Some(entry) = s.sunset.iter_mut().find(|m| m.build_id == build_id)
+                    && !entry.drain.done.contains(&step)
+                {
+                    entry.drain.done.push(step);
+                }
+            });
+            let message = if policy.dry_run {
+                format!(
+                    "Dry run: would {what} {} workflows pinned to retired build {build_id} ({})",
+                    outcome.matched, outcome.query
+                )
+            } else {
+                format!(
+                    "{}: {what} for {} workflows pinned to retired build {build_id} ({} done, {} failed; batch {})",
+                    step.as_str(),
+                    outcome.matched,
+                    outcome.succeeded,
+                    outcome.failed,
+                    outcome.job_id.unwrap_or_default()
+                )
+            };
+            let reason = match step {
+                DrainStep::MoveToCurrent => "DrainMovedToCurrent",
+                DrainStep::Signal => "DrainSignalled",
+                DrainStep::Cancel => "DrainCancelled",
+                DrainStep::Terminate => "DrainTerminated",
+            };
+            event(ctx, twd, EventKind::Normal, reason, message).await;
+        }
+        Err(blocked) => {
+            event(
+                ctx,
+                twd,
+                EventKind::Warning,
+                "DrainFailed",
+                format!(
+                    "Drain step {} ({what}) of retired build {build_id} failed: {}",
+                    step.as_str(),
+                    blocked.message
+                ),
+            )
+            .await;
+        }
+    }
+}
+
+/// Options of a drain step: a batch over many workflows may take minutes (it heartbeats).
+fn drain_options() -> temporalio_sdk::ActivityOptions {
+    let retry = temporalio_common::RetryPolicy::builder()
+        .initial_interval(Duration::from_secs(1))
+        .maximum_interval(Duration::from_secs(10))
+        .maximum_attempts(5)
+        .build();
+    temporalio_sdk::ActivityOptions::with_start_to_close_timeout(Duration::from_secs(3600))
+        .heartbeat_timeout(Duration::from_secs(5))
+        .retry_policy(retry)
+        .build()
 }
 
 /// Deletion: stop the rollout, clean Temporal and Kubernetes, release the finalizers.

@@ -2,6 +2,7 @@
 //! happen next. No I/O, no clocks (`now` is passed in), no randomness; table-tested.
 
 pub mod conditions;
+pub mod drain;
 pub mod rollout;
 pub mod spec_view;
 pub mod status;

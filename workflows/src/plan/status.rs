@@ -19,7 +19,8 @@ use crate::model::{
     BlockReason, Blocked, Observation, RolloutProgress, RolloutReport, TemporalState, UnixMillis,
 };
 use crate::plan::conditions::{ConditionView, rollout_conditions};
-use crate::plan::sunset::eligible_for_deletion;
+use crate::plan::drain;
+use crate::plan::sunset::{SunsetMemory, eligible_for_deletion};
 
 /// Builds the full status to write. Condition times are filled by the status writer.
 ///
@@ -196,6 +197,11 @@ fn deprecated_versions(versions: &Versions<'_>, target: &str) -> Vec<DeprecatedV
                 eligible_for_deletion: drained
                     && eligible_for_deletion(temporal_version, deployment),
                 version,
+                open_pinned_workflows: None,
+                oldest_pinned_workflow_started_at: None,
+                next_drain_action: None,
+                next_drain_action_at: None,
+                drain_steps_done: Vec::new(),
             },
         );
     }
@@ -278,6 +284,56 @@ fn rollout_status(
         started_at: report.map(|r| time(r.started_at)),
         updated_at: Some(time(now)),
     }
+}
+
+/// `status` with the drain of each deprecated version (SPEC §11): its open pinned workflows as
+/// last counted, the oldest one's start, the steps done and the next step with its time.
+pub fn with_drain(
+    mut status: TemporalWorkerDeploymentStatus,
+    observation: &Observation,
+    memory: &[SunsetMemory],
+    now: UnixMillis,
+) -> TemporalWorkerDeploymentStatus {
+    let Some(policy) = observation.spec.as_ref().and_then(|s| s.drain.as_ref()) else {
+        return status;
+    };
+    let temporal = observation.temporal.as_ref().ok();
+    let current = temporal.and_then(|t| t.current_build_id.as_deref());
+    for deprecated in &mut status.deprecated_versions {
+        let Some(entry) = memory
+            .iter()
+            .find(|m| m.build_id == deprecated.version.build_id)
+        else {
+            continue;
+        };
+        if let Some(pinned) = entry.drain.pinned {
+            deprecated.open_pinned_workflows = Some(i64::try_from(pinned.open).unwrap_or(i64::MAX));
+            deprecated.oldest_pinned_workflow_started_at = pinned.oldest_started_at.map(time);
+        }
+        deprecated.drain_steps_done = entry
+            .drain
+            .done
+            .iter()
+            .map(|s| s.as_str().to_owned())
+            .collect();
+        let plan = drain::plan(
+            policy,
+            &entry.build_id,
+            deprecated.version.status,
+            current,
+            entry.retired_at,
+            &entry.drain,
+            now,
+        );
+        let next = plan
+            .due
+            .first()
+            .map(|(step, _)| (*step, now))
+            .or(plan.next);
+        deprecated.next_drain_action = next.map(|(step, _)| step.as_str().to_owned());
+        deprecated.next_drain_action_at = next.map(|(_, at)| time(at));
+    }
+    status
 }
 
 /// `status` with the [`crate::plan::conditions::DELETING`] condition set to `view` (replacing

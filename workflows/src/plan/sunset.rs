@@ -7,9 +7,11 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 use twc_crds::worker_deployment::VersionState;
 
+use crate::contract::DrainAction;
 use crate::model::{
     DeploymentView, Observation, SpecView, TemporalState, TemporalVersion, UnixMillis,
 };
+use crate::plan::drain::{self, DrainMemory, DrainStep};
 
 /// How often to look again while a retired version drains or awaits its drainage status.
 /// Temporal refreshes drainage every few minutes, so polling faster gains nothing.
@@ -28,6 +30,9 @@ pub struct SunsetMemory {
     pub retired_at: UnixMillis,
     /// When its Deployment was scaled to zero by the sunset.
     pub scaled_down_at: Option<UnixMillis>,
+    /// Its drain so far (absent in memory carried from before drains existed).
+    #[serde(default)]
+    pub drain: DrainMemory,
 }
 
 /// One sunset action.
@@ -51,6 +56,20 @@ pub enum SunsetAction {
     DeleteVersion {
         /// Build ID.
         build_id: String,
+    },
+    /// Count the open workflows pinned to the version (drain policy set).
+    CountPinned {
+        /// Build ID.
+        build_id: String,
+    },
+    /// A step of the version's drain (`spec.sunset.drain`).
+    Drain {
+        /// Build ID.
+        build_id: String,
+        /// Which step.
+        step: DrainStep,
+        /// What it does.
+        action: DrainAction,
     },
 }
 
@@ -113,6 +132,7 @@ pub fn plan(observation: &Observation, memory: &[SunsetMemory], now: UnixMillis)
                 build_id: deployment.build_id.clone(),
                 retired_at: now,
                 scaled_down_at: None,
+                drain: DrainMemory::default(),
             });
         let updated = planner.retire(deployment, remembered);
         planner.remember(updated);
@@ -198,6 +218,7 @@ struct Planner<'a> {
 impl Planner<'_> {
     fn retire(&mut self, deployment: &DeploymentView, mut memory: SunsetMemory) -> SunsetMemory {
         let version = registered(self.temporal, &deployment.build_id);
+        self.drain(version, &memory);
         let scale_down = self.scale_down(version, &memory);
         let build_id = deployment.build_id.clone();
 
@@ -270,6 +291,37 @@ impl Planner<'_> {
             VersionState::Draining | VersionState::Current | VersionState::Ramping => {
                 ScaleDown::AwaitDrainage
             }
+        }
+    }
+
+    /// Plans the drain steps of a retired version under the TWD's drain policy, if any.
+    fn drain(&mut self, version: Option<&TemporalVersion>, memory: &SunsetMemory) {
+        let (Some(policy), Some(version)) = (self.spec.drain.as_ref(), version) else {
+            return;
+        };
+        let plan = drain::plan(
+            policy,
+            &memory.build_id,
+            version.state,
+            self.temporal.current_build_id.as_deref(),
+            memory.retired_at,
+            &memory.drain,
+            self.now,
+        );
+        if plan.count {
+            self.plan.actions.push(SunsetAction::CountPinned {
+                build_id: memory.build_id.clone(),
+            });
+        }
+        for (step, action) in plan.due {
+            self.plan.actions.push(SunsetAction::Drain {
+                build_id: memory.build_id.clone(),
+                step,
+                action,
+            });
+        }
+        if let Some(at) = plan.check_at {
+            self.check_at(at);
         }
     }
 
@@ -376,6 +428,7 @@ mod tests {
             build_id: RETIRED.into(),
             retired_at,
             scaled_down_at,
+            drain: DrainMemory::default(),
         }]
     }
 
@@ -688,6 +741,43 @@ mod tests {
     }
 
     #[test]
+    fn a_drain_policy_counts_and_drains_a_draining_version_while_the_sunset_waits() {
+        let t0 = secs(1_000_000);
+        let mut observation = with_retired(state(VersionState::Draining, |_| {}), up());
+        if let Some(spec) = observation.spec.as_mut() {
+            spec.drain = Some(crate::model::DrainPolicy {
+                signal_after_ms: Some(secs(60)),
+                signal_name: "twc-drain".into(),
+                cancel_after_ms: Some(secs(600)),
+                rate: 50,
+                ..Default::default()
+            });
+        }
+        let count = SunsetAction::CountPinned {
+            build_id: RETIRED.into(),
+        };
+        let signal = SunsetAction::Drain {
+            build_id: RETIRED.into(),
+            step: DrainStep::Signal,
+            action: DrainAction::Signal {
+                name: "twc-drain".into(),
+            },
+        };
+        // Just retired: counted; the signal falls due in a minute.
+        let first = plan(&observation, &remembered(t0, None), t0);
+        assert_eq!(first.actions, vec![count.clone()]);
+        assert_eq!(first.next_check_at, Some(t0 + secs(30)), "drainage recheck first");
+        // A minute later: counted again and signalled; the scale-down still waits for drainage.
+        let later = plan(&observation, &remembered(t0, None), t0 + secs(60));
+        assert_eq!(later.actions, vec![count, signal]);
+        // Without a policy nothing of the drain is planned.
+        if let Some(spec) = observation.spec.as_mut() {
+            spec.drain = None;
+        }
+        assert!(plan(&observation, &remembered(t0, None), t0 + secs(60)).actions.is_empty());
+    }
+
+    #[test]
     fn a_new_retirement_is_remembered_from_now() {
         let plan = plan(
             &with_retired(state(VersionState::Draining, |_| {}), up()),
@@ -726,11 +816,13 @@ mod tests {
                 build_id: NEW.into(),
                 retired_at: 0,
                 scaled_down_at: Some(0),
+                drain: DrainMemory::default(),
             },
             SunsetMemory {
                 build_id: OLD.into(),
                 retired_at: 0,
                 scaled_down_at: Some(0),
+                drain: DrainMemory::default(),
             },
         ];
         let result = plan(&obs, &memory, t0);
