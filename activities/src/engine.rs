@@ -18,9 +18,9 @@ use twc_crds::TemporalWorkerDeployment;
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 use twc_workflows::contract::{
     BuildRequest, CleanupBlock, CleanupOutcome, CreateDeploymentOutcome, DeleteVersionOutcome,
-    DeleteVersionRequest, DeploymentRequest, EventRequest, GateOutcome, GateRequest,
-    PollerWaitOutcome, RoutingOutcome, RoutingRequest, ScaleRequest, StatusRequest,
-    WaitForPollersRequest,
+    DeleteVersionRequest, DeploymentRequest, DrainOutcome, DrainRequest, EventRequest,
+    GateOutcome, GateRequest, PinnedCount, PinnedRequest, PollerWaitOutcome, RoutingOutcome,
+    RoutingRequest, ScaleRequest, StatusRequest, WaitForPollersRequest,
 };
 use twc_workflows::model::{BlockReason, Blocked, Observation, SpecView, TemporalState, TwdRef};
 use twc_workflows::plan::spec_view::spec_view;
@@ -223,6 +223,23 @@ impl EngineActivities {
     fn after_error(&self, client: &TemporalClient, error: &TemporalError) {
         if error.needs_eviction() {
             self.pool.evict(client.key());
+        }
+    }
+
+    /// The activity error of a failed count or drain step: cancelled as such, retried when
+    /// transient (or after rejected credentials, with the client evicted), otherwise a
+    /// non-retryable failure named by [`temporal::DrainError::type_name`].
+    fn drain_failure(&self, client: &TemporalClient, error: temporal::DrainError) -> ActivityError {
+        if let temporal::DrainError::Temporal(e) = &error {
+            self.after_error(client, e);
+        }
+        if matches!(error, temporal::DrainError::Cancelled { .. }) {
+            tracing::warn!("{error}");
+            ActivityError::cancelled()
+        } else if error.is_transient() {
+            retryable(error)
+        } else {
+            not_retryable(error.type_name(), error.to_string())
         }
     }
 }
@@ -911,6 +928,75 @@ impl EngineActivities {
         })
         .await
     }
+
+    /// Counts the open workflows pinned to a version of the TWD (a visibility count) and finds
+    /// the oldest one's start time. A TWD that is gone or whose Temporal cannot be reached, and
+    /// a filter that cannot be queried, fail without retry; transient failures are retried.
+    #[activity(name = "count_pinned_workflows")]
+    pub async fn count_pinned_workflows(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        request: PinnedRequest,
+    ) -> Result<PinnedCount, ActivityError> {
+        with_heartbeats(&ctx, async {
+            let resolved = match self.resolve(&request.twd).await? {
+                None => return Err(not_retryable("DrainTwdGone", gone(&request.twd).message)),
+                Some(Err(blocked)) => {
+                    return Err(not_retryable(blocked.reason.as_str(), blocked.message));
+                }
+                Some(Ok(r)) => r,
+            };
+            temporal::count_pinned(
+                &resolved.temporal,
+                &resolved.spec.temporal_namespace,
+                &request.twd.key(),
+                &request.build_id,
+                &request.include_types,
+                &request.exclude_types,
+            )
+            .await
+            .map_err(|e| self.drain_failure(&resolved.temporal, e))
+        })
+        .await
+    }
+
+    /// One drain step of a retired version: a batch operation over its open pinned workflows
+    /// (attached to, not restarted, on retry), awaited to the end; in dry-run a count only.
+    /// Refused (without retry) while the build is Current or Ramping; cancelling the activity
+    /// stops the batch.
+    #[activity(name = "drain_version")]
+    pub async fn drain_version(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        request: DrainRequest,
+    ) -> Result<DrainOutcome, ActivityError> {
+        with_heartbeats(&ctx, async {
+            let resolved = match self.resolve(&request.twd).await? {
+                None => return Err(not_retryable("DrainTwdGone", gone(&request.twd).message)),
+                Some(Err(blocked)) => {
+                    return Err(not_retryable(blocked.reason.as_str(), blocked.message));
+                }
+                Some(Ok(r)) => r,
+            };
+            let deployment_name = request.twd.key();
+            let uid = resolved.resource.metadata.uid.clone().unwrap_or_default();
+            let step = temporal::DrainStep {
+                namespace: &resolved.spec.temporal_namespace,
+                deployment_name: &deployment_name,
+                twd_uid: &uid,
+                build_id: &request.build_id,
+                action: &request.action,
+                include_types: &request.include_types,
+                exclude_types: &request.exclude_types,
+                rate: request.rate,
+                dry_run: request.dry_run,
+            };
+            temporal::drain_version(&resolved.temporal, &step, || ctx.is_cancelled())
+                .await
+                .map_err(|e| self.drain_failure(&resolved.temporal, e))
+        })
+        .await
+    }
 }
 
 /// What the deletion path waits for when the TWD's connection (`ConnectionGone`) or its Secret
@@ -1101,6 +1187,16 @@ async fn heartbeat(ctx: &ActivityContext) {
     if let Err(e) = ctx.record_heartbeat(()).await {
         tracing::debug!("heartbeat not recorded: {e}");
     }
+}
+
+/// A failure retrying cannot fix: the workflow gets it at once, with `type_name`.
+fn not_retryable(type_name: &str, message: String) -> ActivityError {
+    ActivityError::application(
+        temporalio_sdk::ApplicationFailure::builder(message)
+            .type_name(type_name.to_owned())
+            .non_retryable(true)
+            .build(),
+    )
 }
 
 /// A transient failure: Temporal retries the activity.

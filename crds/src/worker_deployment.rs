@@ -279,7 +279,7 @@ pub struct DrainSpec {
     pub workflow_types: Option<WorkflowTypeFilter>,
     /// Operations per second of each batch operation (signal, cancel, terminate, move).
     #[serde(default = "default_drain_rate")]
-    #[schemars(range(min = 1, max = 1000))]
+    #[schemars(range(min = 1, max = MAX_DRAIN_RATE))]
     pub rate: i32,
     /// Count the workflows each action would touch and report them, acting on none.
     #[serde(default)]

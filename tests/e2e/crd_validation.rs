@@ -45,6 +45,11 @@ fn steps(ramps: &[i64], pause: &str) -> Value {
     )
 }
 
+/// Sets `spec.sunset.drain` of a worker manifest.
+fn drain(policy: Value) -> Box<dyn Fn(&mut Value)> {
+    Box::new(move |m| m["spec"]["sunset"]["drain"] = policy.clone())
+}
+
 /// Applies `manifest` and returns kubectl's error text if it was rejected.
 async fn rejection(manifest: &Value) -> Option<String> {
     let out = kubectl(&["create", "-f", "-"], Some(&manifest.to_string())).await;
@@ -172,6 +177,68 @@ async fn invalid_manifests_are_rejected_with_a_clear_message() {
             "spec.workerOptions.unsafeCustomBuildID",
         ),
         (
+            "drain signalAfter negative",
+            worker(&ns, "a"),
+            drain(json!({ "signalAfter": "-1s" })),
+            "spec.sunset.drain.signalAfter: Invalid value: \"-1s\": signalAfter must be a non-negative duration such as 30s, 5m or 1h30m",
+        ),
+        (
+            "drain signalAfter not a duration",
+            worker(&ns, "a"),
+            drain(json!({ "signalAfter": "1 day" })),
+            "signalAfter must be a non-negative duration such as 30s, 5m or 1h30m",
+        ),
+        (
+            "drain cancelAfter shorter than signalAfter",
+            worker(&ns, "a"),
+            drain(json!({ "signalAfter": "2h", "cancelAfter": "1h30m" })),
+            "spec.sunset.drain.cancelAfter: Invalid value: cancelAfter must not be shorter than signalAfter",
+        ),
+        (
+            "drain terminateAfter shorter than cancelAfter",
+            worker(&ns, "a"),
+            drain(json!({ "cancelAfter": "1h", "terminateAfter": "59m" })),
+            "terminateAfter must not be shorter than cancelAfter",
+        ),
+        (
+            "drain unknown field",
+            worker(&ns, "a"),
+            drain(json!({ "signalAfter": "1h", "workflowTypez": { "include": ["A"] } })),
+            "unknown field \"spec.sunset.drain.workflowTypez\"",
+        ),
+        (
+            "drain unknown filter field",
+            worker(&ns, "a"),
+            drain(json!({ "signalAfter": "1h", "workflowTypes": { "includes": ["A"] } })),
+            "unknown field \"spec.sunset.drain.workflowTypes.includes\"",
+        ),
+        (
+            "drain type both included and excluded",
+            worker(&ns, "a"),
+            drain(
+                json!({ "signalAfter": "1h", "workflowTypes": { "include": ["A"], "exclude": ["A"] } }),
+            ),
+            "a workflow type cannot be both included and excluded",
+        ),
+        (
+            "drain rate 0",
+            worker(&ns, "a"),
+            drain(json!({ "signalAfter": "1h", "rate": 0 })),
+            "spec.sunset.drain.rate in body should be greater than or equal to 1",
+        ),
+        (
+            "drain empty",
+            worker(&ns, "a"),
+            drain(json!({})),
+            "drain must set at least one of signalAfter, cancelAfter, terminateAfter or moveToCurrent",
+        ),
+        (
+            "drain moveToCurrent without builds",
+            worker(&ns, "a"),
+            drain(json!({ "moveToCurrent": {} })),
+            "spec.sunset.drain.moveToCurrent.buildIDs: Required value",
+        ),
+        (
             "both mTLS and API key",
             connection(&ns, "c"),
             Box::new(|m| {
@@ -259,4 +326,67 @@ async fn go_controller_manifests_are_accepted_with_the_same_defaults() {
     }
     let tconn = kubectl(&["get", "tconn", "dev", "-n", &ns, "-o", "name"], None).await;
     assert_eq!(tconn.stdout.trim(), "temporalconnection.temporal.io/dev");
+}
+
+#[tokio::test]
+async fn server_side_apply_rejects_unknown_drain_fields() {
+    let client = kube_client().await;
+    let ns = test_namespace(&client, "crd-drain-ssa").await;
+    for unknown in [
+        json!({ "signalAfter": "1h", "workflowTypez": { "include": ["A"] } }),
+        json!({ "signalAfter": "1h", "workflowTypes": { "includes": ["A"] } }),
+    ] {
+        let mut manifest = worker(&ns, "a");
+        manifest["spec"]["sunset"]["drain"] = unknown;
+        let out = kubectl(
+            &["apply", "--server-side", "-f", "-"],
+            Some(&manifest.to_string()),
+        )
+        .await;
+        assert!(!out.success, "accepted: {manifest}");
+        assert!(
+            out.stderr.contains("field not declared in schema"),
+            "message {:?} does not name the unknown field",
+            out.stderr
+        );
+    }
+    let stored = kubectl(&["get", "twd", "-n", &ns, "-o", "name"], None).await;
+    assert_eq!(
+        stored.stdout.trim(),
+        "",
+        "rejected manifests must not be stored"
+    );
+}
+
+#[tokio::test]
+async fn a_drain_policy_is_accepted_with_its_defaults() {
+    let client = kube_client().await;
+    let ns = test_namespace(&client, "crd-drain-valid").await;
+    let mut manifest = worker(&ns, "hello");
+    // 90m and 1h30m are the same duration: the order rules compare durations, not text.
+    manifest["spec"]["sunset"]["drain"] = json!({
+        "signalAfter": "90m",
+        "cancelAfter": "1h30m",
+        "terminateAfter": "1.5h30m",
+        "workflowTypes": { "exclude": ["Billing"] },
+        "moveToCurrent": { "buildIDs": ["v1-0123456789"] }
+    });
+    let created = kubectl(&["create", "-f", "-"], Some(&manifest.to_string())).await;
+    assert!(created.success, "valid drain rejected: {}", created.stderr);
+
+    let got = kubectl(&["get", "twd", "hello", "-n", &ns, "-o", "json"], None).await;
+    let stored: Value = serde_json::from_str(&got.stdout).unwrap_or_default();
+    assert_eq!(
+        stored["spec"]["sunset"]["drain"],
+        json!({
+            "signalAfter": "90m",
+            "signalName": "twc-drain",
+            "cancelAfter": "1h30m",
+            "terminateAfter": "1.5h30m",
+            "workflowTypes": { "exclude": ["Billing"] },
+            "rate": 50,
+            "dryRun": false,
+            "moveToCurrent": { "buildIDs": ["v1-0123456789"] }
+        })
+    );
 }

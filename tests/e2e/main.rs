@@ -7,6 +7,7 @@ mod chaos;
 mod controls;
 mod crd_validation;
 mod deploy;
+mod drain;
 mod engine;
 mod history;
 mod long_horizon;

@@ -27,11 +27,11 @@ use crate::contract::{
     ReassertResources, ReleaseWithoutTemporal, ScaleDeployment, ScaleRequest, StatusRequest,
     WriteStatus,
 };
-use crate::plan::drain::{DrainStep, PinnedSnapshot};
 use crate::control::{self, ControlEffect, ControlState};
 use crate::model::{
     ControlAction, DrainPolicy, Observation, RolloutProgress, RolloutReport, TwdRef, UnixMillis,
 };
+use crate::plan::drain::{DrainStep, PinnedSnapshot};
 use crate::plan::sunset::{SunsetAction, SunsetMemory};
 use crate::plan::{conditions, status, sunset};
 use crate::rollout_workflow::{
@@ -922,8 +922,7 @@ async fn count_pinned(
         exclude_types: policy.exclude_types.clone(),
     };
     let summary = format!("count pinned workflows of {build_id}");
-    let Ok(count) = run_activity(ctx, CountPinned, request, &summary, short_options()).await
-    else {
+    let Ok(count) = run_activity(ctx, CountPinned, request, &summary, short_options()).await else {
         return;
     };
     let now = now_millis(ctx);

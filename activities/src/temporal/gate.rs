@@ -258,7 +258,8 @@ async fn start_gate(client: &TemporalClient, gate: &Gate<'_>) -> Result<GateRun,
     }
 }
 
-fn pinned_override(deployment_name: &str, build_id: &str) -> VersioningOverride {
+/// A pinned versioning override to `<deployment_name>:<build_id>`.
+pub(crate) fn pinned_override(deployment_name: &str, build_id: &str) -> VersioningOverride {
     VersioningOverride {
         r#override: Some(Override::Pinned(PinnedOverride {
             behavior: PinnedOverrideBehavior::Pinned as i32,

@@ -1,6 +1,6 @@
 //! Operations on the workers' Temporal (the one a TemporalConnection points at), as plain async
 //! functions for the activities: a client pool, reading a worker deployment, routing changes,
-//! version deletion and gate workflows.
+//! version deletion, gate workflows and draining retired versions.
 //!
 //! Every call sets the request's `namespace` itself; worker-deployment reads are paid from a
 //! per-namespace token bucket ([`budget`]); rejected credentials evict the client from its pool.
@@ -9,6 +9,7 @@
 pub mod budget;
 mod convert;
 pub mod describe;
+pub mod drain;
 pub mod error;
 pub mod gate;
 pub mod pool;
@@ -18,6 +19,10 @@ pub mod versions;
 pub use budget::TokenBucket;
 pub use describe::{
     TaskQueueKind, describe_worker_deployment, fetch_version_task_queues, version_task_queues,
+};
+pub use drain::{
+    DrainError, DrainStep, check_drainable, count_pinned, drain_job_id, drain_version,
+    pinned_workflows_query,
 };
 pub use error::{StatusClass, TemporalError, classify};
 pub use gate::{
@@ -56,6 +61,20 @@ mod tests {
         assert_send(&wait_gates(client, "", Vec::new(), || {}));
         assert_send(&cancel_gates(client, "", &[]));
         assert_send(&cancel_build_gates(client, "", "", ""));
+        assert_send(&count_pinned(client, "", "", "", &[], &[]));
+        let action = twc_workflows::contract::DrainAction::Cancel;
+        let step = DrainStep {
+            namespace: "",
+            deployment_name: "",
+            twd_uid: "",
+            build_id: "",
+            action: &action,
+            include_types: &[],
+            exclude_types: &[],
+            rate: 1,
+            dry_run: true,
+        };
+        assert_send(&drain_version(client, &step, || false));
         assert_send(&stop_build_gates(
             client,
             "",

@@ -22,7 +22,9 @@ use tracing_subscriber::EnvFilter;
 
 use crate::{
     config::{Config, env_flag},
-    workflows::{GateFail, GatePass, Greeter, HelloWorld, RolloutGate, Sleeper},
+    workflows::{
+        GateFail, GatePass, Greeter, HelloWorld, RolloutGate, Sleeper, Stubborn, Subscription,
+    },
 };
 
 /// Exit code for configuration errors.
@@ -211,6 +213,8 @@ fn worker_options(config: &Config, task_queue: &str) -> Result<WorkerOptions> {
         .register_workflow::<GatePass>()?
         .register_workflow::<GateFail>()?
         .register_workflow::<Sleeper>()?
+        .register_workflow::<Subscription>()?
+        .register_workflow::<Stubborn>()?
         .build();
     Ok(options)
 }

@@ -5,15 +5,16 @@
 
 use std::{sync::Arc, time::Duration};
 
-use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::Value;
-use temporalio_common::data_converters::RawValue;
+use temporalio_common::{data_converters::RawValue, protos::temporal::api::common::v1::Payload};
 use temporalio_macros::{activities, workflow, workflow_methods};
 use temporalio_sdk::{
-    ActivityOptions, ApplicationFailure, TimerResult, WorkflowContext, WorkflowResult,
-    WorkflowTermination,
+    ActivityOptions, ApplicationFailure, SyncWorkflowContext, TimerResult, WorkflowContext,
+    WorkflowResult, WorkflowTermination,
     activities::{ActivityContext, ActivityError},
 };
+use temporalio_workflow::{ContinueAsNewOptions, ContinueAsNewVersioningBehavior};
 
 /// Encoding of JSON payloads (what the `temporal` CLI sends for `--input`).
 const JSON_ENCODING: &[u8] = b"json/plain";
@@ -195,4 +196,126 @@ impl Sleeper {
         }
         Ok(format!("slept {seconds}s (build {})", build_label(ctx)))
     }
+}
+
+/// Name of the signal the controller sends to workflows still pinned to a retired version
+/// (`spec.sunset.drain.signalName` defaults to it). It carries no input.
+pub const DRAIN_SIGNAL: &str = "twc-drain";
+/// Name of the signal that ends a `Subscription`.
+pub const END_SIGNAL: &str = "end";
+
+/// Input of `Subscription`; every field is optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct SubscriptionInput {
+    /// How long the subscription lasts (a durable timer) unless drained or ended; forever when
+    /// unset.
+    pub hours: Option<u64>,
+    /// Builds the earlier runs of this subscription ran on, oldest first (each continue-as-new
+    /// appends the build it leaves).
+    pub earlier_builds: Vec<String>,
+}
+
+/// `Subscription`: a long-running pinned workflow that listens for the drain signal. On
+/// [`DRAIN_SIGNAL`] it continues as new with initial versioning behavior AutoUpgrade, so the new
+/// run starts on the Current version (and stays pinned there), carrying the builds it ran on
+/// in [`SubscriptionInput::earlier_builds`]. On [`END_SIGNAL`], or when its `hours` have passed,
+/// it returns `"subscription ended on build <build> (earlier runs: <builds or none>)"`.
+#[workflow]
+#[derive(Default)]
+pub struct Subscription {
+    drain_requested: bool,
+    end_requested: bool,
+}
+
+#[workflow_methods]
+impl Subscription {
+    #[run(name = "Subscription")]
+    pub async fn run(ctx: &mut WorkflowContext<Self>, input: RawValue) -> WorkflowResult<String> {
+        let mut input = decode_optional::<SubscriptionInput>(&input)?.unwrap_or_default();
+        let build = build_label(ctx);
+        let woken = |s: &Self| s.drain_requested || s.end_requested;
+        let cancelled = match input.hours.filter(|h| *h > 0) {
+            Some(hours) => {
+                temporalio_sdk::workflows::select! {
+                    timer = ctx.timer(Duration::from_secs(hours.saturating_mul(3600))) => {
+                        timer == TimerResult::Cancelled
+                    }
+                    woken = ctx.wait_condition(woken) => woken.is_err(),
+                }
+            }
+            None => ctx.wait_condition(woken).await.is_err(),
+        };
+        if cancelled {
+            return Err(WorkflowTermination::cancelled());
+        }
+        if ctx.state(|s| s.drain_requested && !s.end_requested) {
+            input.earlier_builds.push(build);
+            let next = RawValue::new(vec![json_payload(&input)?]);
+            let options = ContinueAsNewOptions::builder()
+                .initial_versioning_behavior(ContinueAsNewVersioningBehavior::AutoUpgrade)
+                .build();
+            return match ctx.continue_as_new(next, options) {
+                Err(termination) => Err(termination),
+                Ok(never) => match never {},
+            };
+        }
+        let earlier = if input.earlier_builds.is_empty() {
+            "none".to_owned()
+        } else {
+            input.earlier_builds.join(", ")
+        };
+        Ok(format!(
+            "subscription ended on build {build} (earlier runs: {earlier})"
+        ))
+    }
+
+    /// The drain signal: continue as new on the Current version.
+    #[signal(name = DRAIN_SIGNAL)]
+    pub fn drain(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
+        self.drain_requested = true;
+    }
+
+    /// Ends the subscription.
+    #[signal(name = END_SIGNAL)]
+    pub fn end(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
+        self.end_requested = true;
+    }
+}
+
+/// `Stubborn`: a long-running pinned workflow that waits forever and ignores the drain signal
+/// (it counts it and does nothing); only a cancellation ends it, as Canceled.
+#[workflow]
+#[derive(Default)]
+pub struct Stubborn {
+    drain_signals_ignored: u32,
+}
+
+#[workflow_methods]
+impl Stubborn {
+    #[run(name = "Stubborn")]
+    pub async fn run(ctx: &mut WorkflowContext<Self>, _input: RawValue) -> WorkflowResult<String> {
+        // Never true: waits until the workflow is cancelled.
+        let _cancelled = ctx.wait_condition(|_: &Self| false).await;
+        let ignored = ctx.state(|s| s.drain_signals_ignored);
+        tracing::info!(build = %build_label(ctx), ignored, "Stubborn cancelled");
+        Err(WorkflowTermination::cancelled())
+    }
+
+    /// Heard and ignored.
+    #[signal(name = DRAIN_SIGNAL)]
+    pub fn drain(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
+        self.drain_signals_ignored += 1;
+    }
+}
+
+/// A `json/plain` payload of `value`.
+fn json_payload(value: &impl Serialize) -> WorkflowResult<Payload> {
+    let data = serde_json::to_vec(value)
+        .map_err(|e| app_failure("InvalidInput", format!("cannot encode input: {e}")))?;
+    Ok(Payload {
+        metadata: [("encoding".to_owned(), JSON_ENCODING.to_vec())].into(),
+        data,
+        ..Default::default()
+    })
 }

@@ -115,7 +115,11 @@ pub fn plan(
                 name: policy.signal_name.clone(),
             },
         ),
-        (DrainStep::Cancel, policy.cancel_after_ms, DrainAction::Cancel),
+        (
+            DrainStep::Cancel,
+            policy.cancel_after_ms,
+            DrainAction::Cancel,
+        ),
         (
             DrainStep::Terminate,
             policy.terminate_after_ms,
@@ -193,12 +197,38 @@ mod tests {
         use DrainStep::*;
         let signal = RETIRED_AT + secs(60);
         let cancel = RETIRED_AT + secs(600);
-        let cases: [(&str, UnixMillis, &[DrainStep], &[DrainStep], Option<(DrainStep, UnixMillis)>); 6] = [
+        // (case, now, steps done before, steps due now, next step)
+        type Case<'a> = (
+            &'a str,
+            UnixMillis,
+            &'a [DrainStep],
+            &'a [DrainStep],
+            Option<(DrainStep, UnixMillis)>,
+        );
+        let cases: [Case; 6] = [
             ("just retired", RETIRED_AT, &[], &[], Some((Signal, signal))),
-            ("before the signal", signal - 1, &[], &[], Some((Signal, signal))),
+            (
+                "before the signal",
+                signal - 1,
+                &[],
+                &[],
+                Some((Signal, signal)),
+            ),
             ("signal due", signal, &[], &[Signal], Some((Cancel, cancel))),
-            ("signal done", signal + 1, &[Signal], &[], Some((Cancel, cancel))),
-            ("both due after a long outage", cancel + 1, &[], &[Signal, Cancel], None),
+            (
+                "signal done",
+                signal + 1,
+                &[Signal],
+                &[],
+                Some((Cancel, cancel)),
+            ),
+            (
+                "both due after a long outage",
+                cancel + 1,
+                &[],
+                &[Signal, Cancel],
+                None,
+            ),
             ("all done", cancel + 1, &[Signal, Cancel], &[], None),
         ];
         for (name, now, already, due, next) in cases {
@@ -263,7 +293,11 @@ mod tests {
             )]
         );
         // Not declared compatible, or no other Current version: never moved.
-        for (policy, current) in [(policy(), Some(NEW)), (compatible.clone(), None), (compatible, Some(OLD))] {
+        for (policy, current) in [
+            (policy(), Some(NEW)),
+            (compatible.clone(), None),
+            (compatible, Some(OLD)),
+        ] {
             let plan = super::plan(
                 &policy,
                 OLD,

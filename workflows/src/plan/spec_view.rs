@@ -12,9 +12,11 @@ use twc_crds::TemporalWorkerDeployment;
 use twc_crds::build_id::compute_build_id;
 use twc_crds::duration::parse_duration;
 use twc_crds::naming::versioned_deployment_name;
-use twc_crds::worker_deployment::{GateSpec, RolloutStep, RolloutStrategy};
+use twc_crds::worker_deployment::{
+    DrainSpec, GateSpec, MAX_DRAIN_RATE, RolloutStep, RolloutStrategy,
+};
 
-use crate::model::{SpecView, StepView};
+use crate::model::{DrainPolicy, SpecView, StepView};
 
 /// `spec.sunset.scaledownDelay` used when the stored value cannot be parsed (the CRD default).
 const FALLBACK_SCALEDOWN_DELAY_MS: i64 = 60 * 60 * 1000;
@@ -63,6 +65,12 @@ pub fn spec_view(twd: &TemporalWorkerDeployment) -> SpecView {
     )
     .unwrap_or(FALLBACK_DELETE_DELAY_MS);
 
+    let drain = spec
+        .sunset
+        .drain
+        .as_ref()
+        .and_then(|drain| drain_policy(drain, &mut invalid));
+
     if spec.progress_deadline_seconds < 1 {
         invalid.push(format!(
             "spec.progressDeadlineSeconds: must be at least 1, got {}",
@@ -89,7 +97,7 @@ pub fn spec_view(twd: &TemporalWorkerDeployment) -> SpecView {
         connection_name: spec.worker_options.connection_ref.name.clone(),
         temporal_namespace: spec.worker_options.temporal_namespace.clone(),
         invalid,
-        drain: None,
+        drain,
     }
 }
 
@@ -155,6 +163,87 @@ fn check_gate(gate: &GateSpec, invalid: &mut Vec<String>) {
     {
         invalid.push("spec.rollout.gate.inputFrom: exactly one of configMapKeyRef or secretKeyRef must be set".to_owned());
     }
+}
+
+/// Converts `spec.sunset.drain`. Any problem is reported and turns the whole policy off, so a
+/// typo never signals, cancels or terminates workflows other than as the user meant.
+fn drain_policy(drain: &DrainSpec, invalid: &mut Vec<String>) -> Option<DrainPolicy> {
+    let problems_before = invalid.len();
+    let mut delay = |field: &str, text: &Option<String>| {
+        text.as_deref()
+            .and_then(|text| duration_ms(&format!("spec.sunset.drain.{field}"), text, invalid))
+    };
+    let signal_after_ms = delay("signalAfter", &drain.signal_after);
+    let cancel_after_ms = delay("cancelAfter", &drain.cancel_after);
+    let terminate_after_ms = delay("terminateAfter", &drain.terminate_after);
+
+    if drain.signal_after.is_none()
+        && drain.cancel_after.is_none()
+        && drain.terminate_after.is_none()
+        && drain.move_to_current.is_none()
+    {
+        invalid.push(
+            "spec.sunset.drain: drain must set at least one of signalAfter, cancelAfter, terminateAfter or moveToCurrent"
+                .to_owned(),
+        );
+    }
+    let ordered = [
+        ("signalAfter", signal_after_ms),
+        ("cancelAfter", cancel_after_ms),
+        ("terminateAfter", terminate_after_ms),
+    ];
+    for (i, (later, later_ms)) in ordered.iter().enumerate() {
+        for (earlier, earlier_ms) in &ordered[..i] {
+            if let (Some(later_ms), Some(earlier_ms)) = (later_ms, earlier_ms)
+                && later_ms < earlier_ms
+            {
+                invalid.push(format!(
+                    "spec.sunset.drain.{later}: {later} must not be shorter than {earlier}"
+                ));
+            }
+        }
+    }
+    if drain.signal_name.is_empty() {
+        invalid.push("spec.sunset.drain.signalName: must not be empty".to_owned());
+    }
+    let rate = match u32::try_from(drain.rate) {
+        Ok(rate) if (1..=MAX_DRAIN_RATE).contains(&drain.rate) => rate,
+        _ => {
+            invalid.push(format!(
+                "spec.sunset.drain.rate: must be between 1 and {MAX_DRAIN_RATE}, got {}",
+                drain.rate
+            ));
+            1
+        }
+    };
+    let types = drain.workflow_types.clone().unwrap_or_default();
+    if let Some(both) = types.include.iter().find(|t| types.exclude.contains(t)) {
+        invalid.push(format!(
+            "spec.sunset.drain.workflowTypes: a workflow type cannot be both included and excluded ({both})"
+        ));
+    }
+    let move_to_current = drain
+        .move_to_current
+        .as_ref()
+        .map(|m| m.build_ids.clone())
+        .unwrap_or_default();
+    if drain.move_to_current.is_some() && move_to_current.is_empty() {
+        invalid.push(
+            "spec.sunset.drain.moveToCurrent.buildIDs: must list at least one build ID".to_owned(),
+        );
+    }
+
+    (invalid.len() == problems_before).then(|| DrainPolicy {
+        signal_after_ms,
+        signal_name: drain.signal_name.clone(),
+        cancel_after_ms,
+        terminate_after_ms,
+        include_types: types.include,
+        exclude_types: types.exclude,
+        rate,
+        dry_run: drain.dry_run,
+        move_to_current,
+    })
 }
 
 /// Parses a Go-style duration into milliseconds (saturating), reporting it when it does not parse.
@@ -455,6 +544,184 @@ mod tests {
         let view = spec_view(&twd(|t| t.spec.rollout.rollback_window = "0s".into()));
         assert_eq!(view.rollback_window_ms, 0);
         assert!(view.invalid.is_empty());
+    }
+
+    /// A TWD whose `spec.sunset.drain` is `drain` as a user would write it (serde defaults apply).
+    fn with_drain(drain: serde_json::Value) -> TemporalWorkerDeployment {
+        twd(|t| t.spec.sunset.drain = Some(serde_json::from_value(drain).expect("drain manifest")))
+    }
+
+    fn policy(edit: impl FnOnce(&mut DrainPolicy)) -> DrainPolicy {
+        let mut policy = DrainPolicy {
+            signal_name: "twc-drain".into(),
+            rate: 50,
+            ..DrainPolicy::default()
+        };
+        edit(&mut policy);
+        policy
+    }
+
+    #[test]
+    fn no_drain_policy_means_no_drain() {
+        let view = spec_view(&twd(|_| {}));
+        assert_eq!(view.drain, None);
+        assert!(view.invalid.is_empty());
+    }
+
+    #[test]
+    fn drain_policy_converts_durations_to_milliseconds_and_keeps_defaults() {
+        let cases: Vec<(&str, serde_json::Value, DrainPolicy)> = vec![
+            (
+                "signal only, defaults for name and rate",
+                json!({ "signalAfter": "1h" }),
+                policy(|p| p.signal_after_ms = Some(3_600_000)),
+            ),
+            (
+                "signal, cancel and terminate",
+                json!({ "signalAfter": "30m", "cancelAfter": "1h30m", "terminateAfter": "1.5h" }),
+                policy(|p| {
+                    p.signal_after_ms = Some(1_800_000);
+                    p.cancel_after_ms = Some(5_400_000);
+                    p.terminate_after_ms = Some(5_400_000);
+                }),
+            ),
+            (
+                "zero delays are allowed",
+                json!({ "signalAfter": "0s", "cancelAfter": "0s" }),
+                policy(|p| {
+                    p.signal_after_ms = Some(0);
+                    p.cancel_after_ms = Some(0);
+                }),
+            ),
+            (
+                "cancel without a signal",
+                json!({ "cancelAfter": "10m" }),
+                policy(|p| p.cancel_after_ms = Some(600_000)),
+            ),
+            (
+                "every option",
+                json!({
+                    "signalAfter": "5s",
+                    "signalName": "please-continue-as-new",
+                    "terminateAfter": "1m",
+                    "workflowTypes": { "include": ["Subscription", "Saga"], "exclude": ["Billing"] },
+                    "rate": 1000,
+                    "dryRun": true,
+                    "moveToCurrent": { "buildIDs": ["v1-0123456789"] },
+                }),
+                policy(|p| {
+                    p.signal_after_ms = Some(5_000);
+                    p.signal_name = "please-continue-as-new".into();
+                    p.terminate_after_ms = Some(60_000);
+                    p.include_types = vec!["Subscription".into(), "Saga".into()];
+                    p.exclude_types = vec!["Billing".into()];
+                    p.rate = 1000;
+                    p.dry_run = true;
+                    p.move_to_current = vec!["v1-0123456789".into()];
+                }),
+            ),
+            (
+                "moveToCurrent alone",
+                json!({ "moveToCurrent": { "buildIDs": ["v1-a", "v2-b"] } }),
+                policy(|p| p.move_to_current = vec!["v1-a".into(), "v2-b".into()]),
+            ),
+        ];
+        for (name, drain, expected) in cases {
+            let view = spec_view(&with_drain(drain));
+            assert_eq!(view.invalid, Vec::<String>::new(), "{name}");
+            assert_eq!(view.drain, Some(expected), "{name}");
+        }
+    }
+
+    #[test]
+    fn an_invalid_drain_policy_is_reported_and_turned_off() {
+        let cases: Vec<(&str, serde_json::Value, &[&str])> = vec![
+            (
+                "empty drain",
+                json!({}),
+                &[
+                    "spec.sunset.drain: drain must set at least one of signalAfter, cancelAfter, terminateAfter or moveToCurrent",
+                ],
+            ),
+            (
+                "only options, no action",
+                json!({ "dryRun": true, "rate": 5 }),
+                &["drain must set at least one of"],
+            ),
+            (
+                "unparseable signalAfter",
+                json!({ "signalAfter": "soon" }),
+                &["spec.sunset.drain.signalAfter: invalid duration \"soon\""],
+            ),
+            (
+                "negative cancelAfter",
+                json!({ "cancelAfter": "-1s" }),
+                &["spec.sunset.drain.cancelAfter: invalid duration \"-1s\""],
+            ),
+            (
+                "out of range terminateAfter",
+                json!({ "terminateAfter": "9999999999999h" }),
+                &["spec.sunset.drain.terminateAfter: invalid duration"],
+            ),
+            (
+                "cancel before the signal",
+                json!({ "signalAfter": "2h", "cancelAfter": "1h30m" }),
+                &[
+                    "spec.sunset.drain.cancelAfter: cancelAfter must not be shorter than signalAfter",
+                ],
+            ),
+            (
+                "terminate before cancel and signal",
+                json!({ "signalAfter": "1h", "cancelAfter": "2h", "terminateAfter": "30m" }),
+                &[
+                    "spec.sunset.drain.terminateAfter: terminateAfter must not be shorter than signalAfter",
+                    "spec.sunset.drain.terminateAfter: terminateAfter must not be shorter than cancelAfter",
+                ],
+            ),
+            (
+                "rate 0",
+                json!({ "signalAfter": "1h", "rate": 0 }),
+                &["spec.sunset.drain.rate: must be between 1 and 1000, got 0"],
+            ),
+            (
+                "rate above the maximum",
+                json!({ "signalAfter": "1h", "rate": 5000 }),
+                &["spec.sunset.drain.rate: must be between 1 and 1000, got 5000"],
+            ),
+            (
+                "empty signal name",
+                json!({ "signalAfter": "1h", "signalName": "" }),
+                &["spec.sunset.drain.signalName: must not be empty"],
+            ),
+            (
+                "a type both included and excluded",
+                json!({ "signalAfter": "1h", "workflowTypes": { "include": ["A", "B"], "exclude": ["B"] } }),
+                &[
+                    "spec.sunset.drain.workflowTypes: a workflow type cannot be both included and excluded (B)",
+                ],
+            ),
+            (
+                "moveToCurrent without builds",
+                json!({ "moveToCurrent": { "buildIDs": [] } }),
+                &["spec.sunset.drain.moveToCurrent.buildIDs: must list at least one build ID"],
+            ),
+        ];
+        for (name, drain, expected) in cases {
+            let view = spec_view(&with_drain(drain));
+            assert_eq!(view.drain, None, "{name}: an invalid policy must not act");
+            assert_eq!(
+                view.invalid.len(),
+                expected.len(),
+                "{name}: {:?}",
+                view.invalid
+            );
+            for (message, fragment) in view.invalid.iter().zip(expected) {
+                assert!(
+                    message.contains(fragment),
+                    "{name}: {message:?} should contain {fragment:?}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -325,11 +325,7 @@ pub fn with_drain(
             &entry.drain,
             now,
         );
-        let next = plan
-            .due
-            .first()
-            .map(|(step, _)| (*step, now))
-            .or(plan.next);
+        let next = plan.due.first().map(|(step, _)| (*step, now)).or(plan.next);
         deprecated.next_drain_action = next.map(|(step, _)| step.as_str().to_owned());
         deprecated.next_drain_action_at = next.map(|(_, at)| time(at));
     }

@@ -766,7 +766,11 @@ mod tests {
         // Just retired: counted; the signal falls due in a minute.
         let first = plan(&observation, &remembered(t0, None), t0);
         assert_eq!(first.actions, vec![count.clone()]);
-        assert_eq!(first.next_check_at, Some(t0 + secs(30)), "drainage recheck first");
+        assert_eq!(
+            first.next_check_at,
+            Some(t0 + secs(30)),
+            "drainage recheck first"
+        );
         // A minute later: counted again and signalled; the scale-down still waits for drainage.
         let later = plan(&observation, &remembered(t0, None), t0 + secs(60));
         assert_eq!(later.actions, vec![count, signal]);
@@ -774,7 +778,11 @@ mod tests {
         if let Some(spec) = observation.spec.as_mut() {
             spec.drain = None;
         }
-        assert!(plan(&observation, &remembered(t0, None), t0 + secs(60)).actions.is_empty());
+        assert!(
+            plan(&observation, &remembered(t0, None), t0 + secs(60))
+                .actions
+                .is_empty()
+        );
     }
 
     #[test]

@@ -1,0 +1,472 @@
+//! Draining retired versions on purpose (`spec.sunset.drain`, SPEC §11), end to end: long
+//! running pinned sample workflows (`Subscription` obeys the drain signal by continuing as new
+//! onto the Current version, `Stubborn` ignores it), a real Temporal dev server running the
+//! batch operations, and the controller retiring the old version with no person involved.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::chaos::cluster::{Cluster, Private};
+use crate::harness::cli::{json_output, temporal};
+use crate::harness::controls::{events, holds_for, wait_event};
+use crate::harness::twd::{
+    apply, connection, deployments, get_twd, routing, target_build, wait_ready, worker,
+};
+use crate::harness::wait::wait_for;
+use crate::harness::{kube_client, test_namespace};
+
+const ROLLOUT: Duration = Duration::from_secs(180);
+const DRAIN: Duration = Duration::from_secs(120);
+/// The drain signal the sample workflows listen for (the default `signalName`).
+const SIGNAL: &str = "twc-drain";
+
+/// A TWD whose sample workers poll `task_queue`, retiring versions fast, with `drain`.
+fn drained_worker(ns: &str, name: &str, tag: &str, task_queue: &str, drain: Value) -> Value {
+    let mut manifest = worker(ns, name, tag, json!({ "strategy": "AllAtOnce" }));
+    manifest["spec"]["template"]["spec"]["containers"][0]["env"] =
+        json!([{ "name": "SAMPLE_TASK_QUEUE", "value": task_queue }]);
+    manifest["spec"]["sunset"] =
+        json!({ "scaledownDelay": "2s", "deleteDelay": "3s", "drain": drain });
+    manifest
+}
+
+/// The temporal CLI against the shared sandbox, or a private one.
+async fn cli(cluster: Option<&Cluster>, args: &[&str]) -> crate::harness::cli::CliOutput {
+    match cluster {
+        Some(cluster) => cluster.temporal(args).await,
+        None => temporal(args).await,
+    }
+}
+
+async fn start_workflow(cluster: Option<&Cluster>, type_: &str, task_queue: &str, id: &str) {
+    let out = cli(
+        cluster,
+        &[
+            "workflow",
+            "start",
+            "--type",
+            type_,
+            "--task-queue",
+            task_queue,
+            "--workflow-id",
+            id,
+        ],
+    )
+    .await;
+    assert!(out.success, "temporal workflow start {id}: {}", out.stderr);
+}
+
+/// Status (`RUNNING`, `CANCELED`, ...) and build ID of the latest run of `id`.
+async fn latest_run(cluster: Option<&Cluster>, id: &str) -> Result<(String, String), String> {
+    let v = json_output(
+        cli(
+            cluster,
+            &[
+                "workflow",
+                "describe",
+                "--workflow-id",
+                id,
+                "--output",
+                "json",
+            ],
+        )
+        .await,
+    )?;
+    let info = &v["workflowExecutionInfo"];
+    let status = info["status"]
+        .as_str()
+        .unwrap_or_default()
+        .trim_start_matches("WORKFLOW_EXECUTION_STATUS_")
+        .to_owned();
+    let versioning = &info["versioningInfo"];
+    let build = versioning["deploymentVersion"]["buildId"]
+        .as_str()
+        .map(str::to_owned)
+        .or_else(|| {
+            versioning["version"]
+                .as_str()
+                .and_then(|v| v.rsplit_once(':'))
+                .map(|(_, b)| b.to_owned())
+        })
+        .unwrap_or_default();
+    Ok((status, build))
+}
+
+/// Waits until the latest run of each of `ids` is `status` on a build starting with `tag-`.
+async fn wait_runs(cluster: Option<&Cluster>, ids: &[String], status: &str, tag: &str) {
+    let prefix = format!("{tag}-");
+    wait_for(&format!("{ids:?} {status} on {tag}"), DRAIN, || async {
+        let mut seen = Vec::new();
+        for id in ids {
+            let (s, build) = latest_run(cluster, id).await?;
+            if s != status || !build.starts_with(&prefix) {
+                return Err(format!("{id}: {s} on {build:?}; before: {seen:?}"));
+            }
+            seen.push((id.clone(), s, build));
+        }
+        Ok(())
+    })
+    .await;
+}
+
+/// History events of every run of `id` for which `keep` holds.
+async fn count_events(
+    cluster: Option<&Cluster>,
+    id: &str,
+    keep: impl Fn(&Value) -> bool,
+) -> Result<usize, String> {
+    let rows = json_output(
+        cli(
+            cluster,
+            &[
+                "workflow",
+                "list",
+                "--query",
+                &format!("WorkflowId = '{id}'"),
+                "--output",
+                "json",
+            ],
+        )
+        .await,
+    )?;
+    let mut count = 0;
+    for row in rows.as_array().into_iter().flatten() {
+        let run = row["execution"]["runId"].as_str().unwrap_or_default();
+        let history = json_output(
+            cli(
+                cluster,
+                &[
+                    "workflow",
+                    "show",
+                    "--workflow-id",
+                    id,
+                    "--run-id",
+                    run,
+                    "--output",
+                    "json",
+                ],
+            )
+            .await,
+        )?;
+        count += history["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| keep(e))
+            .count();
+    }
+    Ok(count)
+}
+
+/// How many times `id`'s runs (all of them) received the drain signal.
+async fn drain_signals(cluster: Option<&Cluster>, id: &str) -> Result<usize, String> {
+    count_events(cluster, id, |e| {
+        e["workflowExecutionSignaledEventAttributes"]["signalName"].as_str() == Some(SIGNAL)
+    })
+    .await
+}
+
+/// How many cancellation requests `id`'s runs received.
+async fn cancel_requests(cluster: Option<&Cluster>, id: &str) -> Result<usize, String> {
+    count_events(cluster, id, |e| {
+        e.get("workflowExecutionCancelRequestedEventAttributes")
+            .is_some()
+    })
+    .await
+}
+
+#[tokio::test]
+async fn obeying_workflows_move_to_v2_the_rest_are_cancelled_and_v1_is_retired_unattended() {
+    let client = kube_client().await;
+    let ns = test_namespace(&client, "drain").await;
+    let tq = format!("drain-{ns}");
+    let other_tq = format!("drain-other-{ns}");
+    let drain = json!({ "signalAfter": "5s", "cancelAfter": "15s" });
+    apply(&connection(&ns)).await;
+    apply(&drained_worker(&ns, "hello", "v1", &tq, drain.clone())).await;
+    apply(&drained_worker(
+        &ns,
+        "other",
+        "v1",
+        &other_tq,
+        drain.clone(),
+    ))
+    .await;
+    let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    let v1 = target_build(&twd).unwrap_or_default();
+    wait_ready(&client, &ns, "other", ROLLOUT).await;
+
+    let obeying: Vec<String> = (1..=3).map(|i| format!("{ns}-sub-{i}")).collect();
+    let stubborn: Vec<String> = (1..=2).map(|i| format!("{ns}-stub-{i}")).collect();
+    for id in &obeying {
+        start_workflow(None, "Subscription", &tq, id).await;
+    }
+    for id in &stubborn {
+        start_workflow(None, "Stubborn", &tq, id).await;
+    }
+    let bystander = format!("{ns}-other-sub");
+    start_workflow(None, "Subscription", &other_tq, &bystander).await;
+    let all: Vec<String> = obeying.iter().chain(&stubborn).cloned().collect();
+    wait_runs(None, &all, "RUNNING", "v1").await;
+    wait_runs(None, std::slice::from_ref(&bystander), "RUNNING", "v1").await;
+
+    apply(&drained_worker(&ns, "hello", "v2", &tq, drain)).await;
+    let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    let v2 = target_build(&twd).unwrap_or_default();
+    let on_v2 = format!("{ns}-sub-on-v2");
+    start_workflow(None, "Subscription", &tq, &on_v2).await;
+    wait_runs(None, std::slice::from_ref(&on_v2), "RUNNING", "v2").await;
+
+    // After signalAfter: the obeying workflows continued as new onto v2.
+    wait_runs(None, &obeying, "RUNNING", "v2").await;
+    wait_event(&client, &ns, "hello", "DrainSignalled", &v1, DRAIN).await;
+    // After cancelAfter: the others are cancelled.
+    wait_runs(None, &stubborn, "CANCELED", "v1").await;
+    wait_event(&client, &ns, "hello", "DrainCancelled", &v1, DRAIN).await;
+    // v1 drains, is scaled down and deleted, Deployment and Temporal version.
+    let deployment_name = format!("{ns}/hello");
+    wait_for(
+        "v1 deleted from Kubernetes and Temporal",
+        ROLLOUT,
+        || async {
+            let deps = deployments(&client, &ns, "hello").await;
+            let r = routing(&deployment_name).await?;
+            if deps.iter().all(|d| d.1 != v1) && !r.versions.contains(&v1) {
+                Ok(())
+            } else {
+                Err(format!("deployments {deps:?}; versions {:?}", r.versions))
+            }
+        },
+    )
+    .await;
+
+    // Untouched: the workflow on v2 and the other TWD's workflow, never signalled.
+    for id in [&on_v2, &bystander] {
+        let (status, _) = latest_run(None, id).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(status, "RUNNING", "{id}");
+        let signals = drain_signals(None, id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(signals, 0, "{id} was signalled");
+    }
+    assert_ne!(v1, v2);
+}
+
+#[tokio::test]
+async fn a_dry_run_counts_and_acts_on_nothing() {
+    let client = kube_client().await;
+    let ns = test_namespace(&client, "drain-dry").await;
+    let tq = format!("drain-{ns}");
+    let drain = json!({ "signalAfter": "1s", "cancelAfter": "2s", "dryRun": true });
+    apply(&connection(&ns)).await;
+    apply(&drained_worker(&ns, "hello", "v1", &tq, drain.clone())).await;
+    wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    let ids: Vec<String> = (1..=2).map(|i| format!("{ns}-stub-{i}")).collect();
+    for id in &ids {
+        start_workflow(None, "Stubborn", &tq, id).await;
+    }
+    wait_runs(None, &ids, "RUNNING", "v1").await;
+    apply(&drained_worker(&ns, "hello", "v2", &tq, drain)).await;
+    wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    let (_, _, message) =
+        wait_event(&client, &ns, "hello", "DrainCancelled", "Dry run", DRAIN).await;
+    assert!(message.contains("would cancel 2 workflows"), "{message}");
+    // Counted in status too.
+    wait_for(
+        "the open pinned workflows counted in status",
+        DRAIN,
+        || async {
+            let twd = get_twd(&client, &ns, "hello").await?;
+            let counted = twd
+                .status
+                .as_ref()
+                .and_then(|s| s.deprecated_versions.first())
+                .and_then(|d| d.open_pinned_workflows);
+            if counted == Some(2) {
+                Ok(())
+            } else {
+                Err(format!("{:?}", twd.status.map(|s| s.deprecated_versions)))
+            }
+        },
+    )
+    .await;
+    for id in &ids {
+        let (status, _) = latest_run(None, id).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(status, "RUNNING", "{id} was acted on in a dry run");
+        assert_eq!(
+            drain_signals(None, id)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            0
+        );
+    }
+}
+
+#[tokio::test]
+async fn workflows_of_a_build_declared_compatible_move_to_the_current_version_and_complete_there() {
+    let client = kube_client().await;
+    let ns = test_namespace(&client, "drain-move").await;
+    let tq = format!("drain-{ns}");
+    apply(&connection(&ns)).await;
+    // First without the declaration, to learn v1's build ID.
+    let plain = json!({ "signalAfter": "1h" });
+    apply(&drained_worker(&ns, "hello", "v1", &tq, plain)).await;
+    let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    let v1 = target_build(&twd).unwrap_or_default();
+    let compatible = json!({ "signalAfter": "1h", "moveToCurrent": { "buildIDs": [v1] } });
+    apply(&drained_worker(&ns, "hello", "v1", &tq, compatible.clone())).await;
+    let sleepers: Vec<String> = (1..=2).map(|i| format!("{ns}-sleep-{i}")).collect();
+    for id in &sleepers {
+        let out = temporal(&[
+            "workflow",
+            "start",
+            "--type",
+            "Sleeper",
+            "--task-queue",
+            &tq,
+            "--workflow-id",
+            id,
+            "--input",
+            "25",
+        ])
+        .await;
+        assert!(out.success, "{}", out.stderr);
+    }
+    wait_runs(None, &sleepers, "RUNNING", "v1").await;
+    apply(&drained_worker(&ns, "hello", "v2", &tq, compatible)).await;
+    let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    let v2 = target_build(&twd).unwrap_or_default();
+    wait_event(&client, &ns, "hello", "DrainMovedToCurrent", &v1, DRAIN).await;
+    // They complete on v2: the sample Sleeper returns the build that ran its last task.
+    for id in &sleepers {
+        let result = wait_for(&format!("{id} completed"), DRAIN, || async {
+            let out = temporal(&[
+                "workflow",
+                "result",
+                "--workflow-id",
+                id,
+                "--output",
+                "json",
+            ])
+            .await;
+            if out.success {
+                Ok(out.stdout)
+            } else {
+                Err(out.stderr)
+            }
+        })
+        .await;
+        assert!(result.contains(&v2), "{id} completed elsewhere: {result}");
+    }
+}
+
+#[tokio::test]
+async fn a_rollback_to_the_draining_version_stops_its_drain() {
+    let client = kube_client().await;
+    let ns = test_namespace(&client, "drain-rollback").await;
+    let tq = format!("drain-{ns}");
+    let drain = json!({ "signalAfter": "15s" });
+    apply(&connection(&ns)).await;
+    apply(&drained_worker(&ns, "hello", "v1", &tq, drain.clone())).await;
+    let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    let v1 = target_build(&twd).unwrap_or_default();
+    let id = format!("{ns}-sub");
+    start_workflow(None, "Subscription", &tq, &id).await;
+    wait_runs(None, std::slice::from_ref(&id), "RUNNING", "v1").await;
+    apply(&drained_worker(&ns, "hello", "v2", &tq, drain.clone())).await;
+    wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    // Back to v1 within its rollback window: promoted at once, before its signalAfter.
+    apply(&drained_worker(&ns, "hello", "v1", &tq, drain)).await;
+    let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    assert_eq!(target_build(&twd).as_deref(), Some(v1.as_str()));
+    holds_for(
+        "no drain step for the Current v1",
+        Duration::from_secs(20),
+        || async {
+            let drained: Vec<_> = events(&client, &ns, "hello")
+                .await
+                .into_iter()
+                .filter(|(_, reason, message)| reason.starts_with("Drain") && message.contains(&v1))
+                .collect();
+            if drained.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{drained:?}"))
+            }
+        },
+    )
+    .await;
+    let (status, build) = latest_run(None, &id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (status.as_str(), build.starts_with("v1-")),
+        ("RUNNING", true)
+    );
+    assert_eq!(
+        drain_signals(None, &id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+        0
+    );
+}
+
+#[tokio::test]
+async fn a_controller_killed_between_the_signal_and_the_cancel_signals_once_and_cancels_once() {
+    let mut private = Private::start("drain-kill").await;
+    let ns = private.cluster.namespace("drain-kill").await;
+    let tq = format!("drain-{ns}");
+    let drain = json!({ "signalAfter": "2s", "cancelAfter": "20s" });
+    private
+        .cluster
+        .apply(&private.cluster.connection(&ns, "dev"))
+        .await;
+    private
+        .cluster
+        .apply(&drained_worker(&ns, "hello", "v1", &tq, drain.clone()))
+        .await;
+    private
+        .cluster
+        .wait_ready(&ns, "hello", "v1", ROLLOUT)
+        .await;
+    let ids: Vec<String> = (1..=2).map(|i| format!("{ns}-stub-{i}")).collect();
+    for id in &ids {
+        start_workflow(Some(&private.cluster), "Stubborn", &tq, id).await;
+    }
+    wait_runs(Some(&private.cluster), &ids, "RUNNING", "v1").await;
+    private
+        .cluster
+        .apply(&drained_worker(&ns, "hello", "v2", &tq, drain))
+        .await;
+    private
+        .cluster
+        .wait_ready(&ns, "hello", "v2", ROLLOUT)
+        .await;
+    let client = private.cluster.client.clone();
+    private
+        .cluster
+        .wait("the drain signal sent", DRAIN, || async {
+            let all = events(&client, &ns, "hello").await;
+            if all.iter().any(|(_, r, _)| r == "DrainSignalled") {
+                Ok(())
+            } else {
+                Err(format!("{all:?}"))
+            }
+        })
+        .await;
+    assert!(private.sandbox.kill_controller().await.is_some());
+    assert!(private.sandbox.restart_dead_controller().is_some());
+    wait_runs(Some(&private.cluster), &ids, "CANCELED", "v1").await;
+    for id in &ids {
+        let signals = drain_signals(Some(&private.cluster), id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(signals, 1, "{id} signalled {signals} times");
+        let cancels = cancel_requests(Some(&private.cluster), id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cancels, 1, "{id} asked to cancel {cancels} times");
+    }
+    private.sandbox.stop().await;
+}
