@@ -18,9 +18,9 @@ use twc_crds::TemporalWorkerDeployment;
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 use twc_workflows::contract::{
     BuildRequest, CleanupBlock, CleanupOutcome, CreateDeploymentOutcome, DeleteVersionOutcome,
-    DeleteVersionRequest, DeploymentRequest, DrainOutcome, DrainRequest, EventRequest,
-    GateOutcome, GateRequest, PinnedCount, PinnedRequest, PollerWaitOutcome, RoutingOutcome,
-    RoutingRequest, ScaleRequest, StatusRequest, WaitForPollersRequest,
+    DeleteVersionRequest, DeploymentRequest, DrainOutcome, DrainRequest, EventRequest, GateOutcome,
+    GateRequest, PinnedCount, PinnedRequest, PollerWaitOutcome, RoutingOutcome, RoutingRequest,
+    ScaleRequest, StatusRequest, WaitForPollersRequest,
 };
 use twc_workflows::model::{BlockReason, Blocked, Observation, SpecView, TemporalState, TwdRef};
 use twc_workflows::plan::spec_view::spec_view;
@@ -223,6 +223,16 @@ impl EngineActivities {
     fn after_error(&self, client: &TemporalClient, error: &TemporalError) {
         if error.needs_eviction() {
             self.pool.evict(client.key());
+        }
+    }
+
+    /// The TWD resolved for a count or drain step; a TWD that is gone or whose Temporal cannot
+    /// be reached fails the step without retry (the workflow decides what next).
+    async fn resolve_for_drain(&self, twd: &TwdRef) -> Result<Resolved, ActivityError> {
+        match self.resolve(twd).await? {
+            None => Err(not_retryable("DrainTwdGone", gone(twd).message)),
+            Some(Err(blocked)) => Err(not_retryable(blocked.reason.as_str(), blocked.message)),
+            Some(Ok(resolved)) => Ok(resolved),
         }
     }
 
@@ -939,13 +949,7 @@ impl EngineActivities {
         request: PinnedRequest,
     ) -> Result<PinnedCount, ActivityError> {
         with_heartbeats(&ctx, async {
-            let resolved = match self.resolve(&request.twd).await? {
-                None => return Err(not_retryable("DrainTwdGone", gone(&request.twd).message)),
-                Some(Err(blocked)) => {
-                    return Err(not_retryable(blocked.reason.as_str(), blocked.message));
-                }
-                Some(Ok(r)) => r,
-            };
+            let resolved = self.resolve_for_drain(&request.twd).await?;
             temporal::count_pinned(
                 &resolved.temporal,
                 &resolved.spec.temporal_namespace,
@@ -971,13 +975,7 @@ impl EngineActivities {
         request: DrainRequest,
     ) -> Result<DrainOutcome, ActivityError> {
         with_heartbeats(&ctx, async {
-            let resolved = match self.resolve(&request.twd).await? {
-                None => return Err(not_retryable("DrainTwdGone", gone(&request.twd).message)),
-                Some(Err(blocked)) => {
-                    return Err(not_retryable(blocked.reason.as_str(), blocked.message));
-                }
-                Some(Ok(r)) => r,
-            };
+            let resolved = self.resolve_for_drain(&request.twd).await?;
             let deployment_name = request.twd.key();
             let uid = resolved.resource.metadata.uid.clone().unwrap_or_default();
             let step = temporal::DrainStep {

@@ -25,11 +25,16 @@ use temporalio_client::{
     tonic::{Code, IntoRequest},
 };
 use temporalio_common::protos::temporal::api::{
-    common::v1::WorkflowExecution,
+    common::v1::{Payload, Payloads, WorkflowExecution, WorkflowType},
+    enums::v1::{TaskQueueKind as TaskQueueKindProto, WorkflowExecutionStatus},
+    history::v1::history_event::Attributes,
+    taskqueue::v1::TaskQueue,
     workflow::v1::versioning_override::Override,
     workflowservice::v1::{
         DescribeWorkerDeploymentVersionRequest, DescribeWorkflowExecutionRequest,
+        DescribeWorkflowExecutionResponse, GetWorkflowExecutionHistoryRequest,
         SetWorkerDeploymentCurrentVersionRequest, SetWorkerDeploymentManagerRequest,
+        SignalWorkflowExecutionRequest, StartWorkflowExecutionRequest,
         set_worker_deployment_manager_request::NewManagerIdentity,
     },
 };
@@ -41,8 +46,9 @@ use tokio::{
 use twc_activities::{
     connection::{ConnectionAuth, ConnectionConfig},
     temporal::{
-        ClientPool, PoolOptions, TaskQueueKind, TemporalClient, cancel_build_gates, cancel_gates,
-        delete_version, delete_worker_deployment, describe_worker_deployment,
+        ClientPool, DrainError, DrainStep, PoolOptions, TaskQueueKind, TemporalClient,
+        cancel_build_gates, cancel_gates, count_pinned, delete_version, delete_worker_deployment,
+        describe_worker_deployment, drain_version,
         error::is_manager_identity_conflict,
         gate_workflow_id, reset_to_unversioned,
         routing::{METADATA_CONTROLLER, METADATA_CONTROLLER_VERSION},
@@ -51,7 +57,9 @@ use twc_activities::{
 };
 use twc_crds::worker_deployment::VersionState;
 use twc_workflows::{
-    contract::{DeleteVersionOutcome, GateRun, RoutingChange, RoutingOutcome},
+    contract::{
+        DeleteVersionOutcome, DrainAction, GateRun, PinnedCount, RoutingChange, RoutingOutcome,
+    },
     model::{BlockReason, TemporalState},
 };
 
@@ -125,12 +133,23 @@ impl Ctx {
 
     /// Starts a sample worker of `deployment`/`build_id` polling `hello-world`.
     async fn start_worker(&self, deployment: &str, build_id: &str) -> Result<()> {
+        self.start_worker_on(deployment, build_id, TASK_QUEUE).await
+    }
+
+    /// Starts a sample worker of `deployment`/`build_id` polling `task_queue`.
+    async fn start_worker_on(
+        &self,
+        deployment: &str,
+        build_id: &str,
+        task_queue: &str,
+    ) -> Result<()> {
         let mut command = Command::new(&self.worker_bin);
         command
             .env("TEMPORAL_ADDRESS", &self.address)
             .env("TEMPORAL_NAMESPACE", NAMESPACE)
             .env("TEMPORAL_DEPLOYMENT_NAME", deployment)
             .env("TEMPORAL_WORKER_BUILD_ID", build_id)
+            .env("SAMPLE_TASK_QUEUE", task_queue)
             .env("RUST_LOG", "info");
         let proc = Proc::spawn(
             &format!("worker-{deployment}-{build_id}"),
@@ -281,17 +300,19 @@ async fn temporal_operations_against_a_dev_server() {
 
     let outcome = tokio::time::timeout(TEST_DEADLINE, async {
         wait_for_server(&mut server, &ctx.pool, &ctx.config).await?;
-        let (a, b, c, d) = tokio::join!(
+        let (a, b, c, d, e) = tokio::join!(
             scenario_routing_gates_deletion(&ctx),
             scenario_manager_identity(&ctx),
             scenario_missing_things(&ctx),
             scenario_rate_limited(&ctx),
+            scenario_drain(&ctx),
         );
         let failures: Vec<String> = [
             ("routing/gates/deletion", a),
             ("manager identity", b),
             ("missing things", c),
             ("rate limited", d),
+            ("drain", e),
         ]
         .into_iter()
         .filter_map(|(name, r)| r.err().map(|e| format!("{name}: {e:#}")))
@@ -684,7 +705,7 @@ async fn gates(client: &TemporalClient, dep: &str) -> Result<()> {
         WAIT,
         || async {
             let n = cancel_build_gates(client, NAMESPACE, dep, "v2").await?;
-            Ok((n >= 1).then_some(()))
+            Ok((n >= 1 && cancel_requested_or_closed(client, &runs[0]).await?).then_some(()))
         },
     )
     .await?;
@@ -695,7 +716,7 @@ async fn gates(client: &TemporalClient, dep: &str) -> Result<()> {
     let runs = start("Sleeper", Some(json!(600)), 5).await?;
     eventually("the build's sleeping gate to be stopped", WAIT, || async {
         let n = stop_build_gates(client, NAMESPACE, dep, "v2", Duration::from_secs(10)).await?;
-        Ok((n >= 1).then_some(()))
+        Ok((n >= 1 && cancel_requested_or_closed(client, &runs[0]).await?).then_some(()))
     })
     .await?;
     let (done, _) = run_gates_to_end(client, runs).await?;
@@ -704,12 +725,26 @@ async fn gates(client: &TemporalClient, dep: &str) -> Result<()> {
     let runs = start("NoWorkerRunsThis", None, 6).await?;
     eventually("the build's stuck gate to be stopped", WAIT, || async {
         let n = stop_build_gates(client, NAMESPACE, dep, "v2", Duration::from_secs(1)).await?;
-        Ok((n >= 1).then_some(()))
+        Ok((n >= 1 && cancel_requested_or_closed(client, &runs[0]).await?).then_some(()))
     })
     .await?;
     let (done, _) = run_gates_to_end(client, runs).await?;
     ensure!(done[0].status == "Terminated", "{done:?}");
     Ok(())
+}
+
+/// Whether a gate was asked to cancel or has closed. Visibility can still list a gate cancelled
+/// a moment ago as running: a by-build stop may find that one instead of the new gate, and must
+/// then be asked again.
+async fn cancel_requested_or_closed(client: &TemporalClient, run: &GateRun) -> Result<bool> {
+    let response = describe_execution(client, &run.workflow_id, &run.run_id).await?;
+    let closed = response
+        .workflow_execution_info
+        .is_some_and(|i| i.status != WorkflowExecutionStatus::Running as i32);
+    let cancel_requested = response
+        .workflow_extended_info
+        .is_some_and(|i| i.cancel_requested);
+    Ok(closed || cancel_requested)
 }
 
 /// The gate ran with a pinned override to the build.
@@ -719,17 +754,8 @@ async fn check_pinned(
     dep: &str,
     build_id: &str,
 ) -> Result<()> {
-    let request = DescribeWorkflowExecutionRequest {
-        namespace: NAMESPACE.to_owned(),
-        execution: Some(WorkflowExecution {
-            workflow_id: run.workflow_id.clone(),
-            run_id: run.run_id.clone(),
-        }),
-    };
-    let mut raw = client.raw().clone();
-    let info = WorkflowService::describe_workflow_execution(&mut raw, request.into_request())
+    let info = describe_execution(client, &run.workflow_id, &run.run_id)
         .await?
-        .into_inner()
         .workflow_execution_info
         .context("no execution info")?;
     let versioning = info.versioning_info.context("no versioning info")?;
@@ -1014,4 +1040,607 @@ async fn scenario_rate_limited(ctx: &Ctx) -> Result<()> {
         limited[0].message
     );
     Ok(())
+}
+
+/// The drain signal's default name (the sample worker's `Subscription` and `Stubborn` listen
+/// for it).
+const DRAIN_SIGNAL: &str = "twc-drain";
+
+/// A workflow the drain scenario started: its ID and first run.
+struct Started {
+    workflow_id: String,
+    first_run_id: String,
+}
+
+/// Starts `workflow_type` on `task_queue` (routed by the task queue's Current version).
+async fn start_workflow(
+    client: &TemporalClient,
+    task_queue: &str,
+    workflow_type: &str,
+    workflow_id: &str,
+    input: Option<serde_json::Value>,
+) -> Result<Started> {
+    let request = StartWorkflowExecutionRequest {
+        namespace: NAMESPACE.to_owned(),
+        workflow_id: workflow_id.to_owned(),
+        workflow_type: Some(WorkflowType {
+            name: workflow_type.to_owned(),
+        }),
+        task_queue: Some(TaskQueue {
+            name: task_queue.to_owned(),
+            kind: TaskQueueKindProto::Normal as i32,
+            normal_name: String::new(),
+        }),
+        input: input.map(|v| Payloads {
+            payloads: vec![json_payload(&v)],
+        }),
+        identity: "twc-test/starter".to_owned(),
+        request_id: workflow_id.to_owned(),
+        ..Default::default()
+    };
+    let mut raw = client.raw().clone();
+    let response = WorkflowService::start_workflow_execution(&mut raw, request.into_request())
+        .await
+        .with_context(|| format!("starting {workflow_type} {workflow_id}"))?
+        .into_inner();
+    Ok(Started {
+        workflow_id: workflow_id.to_owned(),
+        first_run_id: response.run_id,
+    })
+}
+
+fn json_payload(value: &serde_json::Value) -> Payload {
+    Payload {
+        metadata: [("encoding".to_owned(), b"json/plain".to_vec())].into(),
+        data: value.to_string().into_bytes(),
+        ..Default::default()
+    }
+}
+
+/// What the drain scenario asserts about a run.
+#[derive(Debug)]
+struct RunView {
+    run_id: String,
+    status: WorkflowExecutionStatus,
+    /// Build the run's workflow tasks ran on.
+    build_id: String,
+    /// `(deployment, build)` of a pinned versioning override.
+    pinned_override: Option<(String, String)>,
+}
+
+/// DescribeWorkflowExecution of the run `run_id` of a workflow (the latest when empty).
+async fn describe_execution(
+    client: &TemporalClient,
+    workflow_id: &str,
+    run_id: &str,
+) -> Result<DescribeWorkflowExecutionResponse> {
+    let request = DescribeWorkflowExecutionRequest {
+        namespace: NAMESPACE.to_owned(),
+        execution: Some(WorkflowExecution {
+            workflow_id: workflow_id.to_owned(),
+            run_id: run_id.to_owned(),
+        }),
+    };
+    let mut raw = client.raw().clone();
+    Ok(
+        WorkflowService::describe_workflow_execution(&mut raw, request.into_request())
+            .await?
+            .into_inner(),
+    )
+}
+
+/// The run `run_id` of a workflow (the latest when empty).
+async fn describe_run(client: &TemporalClient, workflow_id: &str, run_id: &str) -> Result<RunView> {
+    let info = describe_execution(client, workflow_id, run_id)
+        .await?
+        .workflow_execution_info
+        .context("no execution info")?;
+    let versioning = info.versioning_info.unwrap_or_default();
+    Ok(RunView {
+        run_id: info.execution.map(|e| e.run_id).unwrap_or_default(),
+        status: WorkflowExecutionStatus::try_from(info.status)
+            .unwrap_or(WorkflowExecutionStatus::Unspecified),
+        build_id: versioning
+            .deployment_version
+            .map(|v| v.build_id)
+            .unwrap_or_default(),
+        pinned_override: versioning
+            .versioning_override
+            .and_then(|o| o.r#override)
+            .and_then(|o| match o {
+                Override::Pinned(p) => p.version.map(|v| (v.deployment_name, v.build_id)),
+                _ => None,
+            }),
+    })
+}
+
+/// Every event of a run's history.
+async fn history(
+    client: &TemporalClient,
+    workflow_id: &str,
+    run_id: &str,
+) -> Result<Vec<Attributes>> {
+    let mut events = Vec::new();
+    let mut next_page_token = Vec::new();
+    loop {
+        let request = GetWorkflowExecutionHistoryRequest {
+            namespace: NAMESPACE.to_owned(),
+            execution: Some(WorkflowExecution {
+                workflow_id: workflow_id.to_owned(),
+                run_id: run_id.to_owned(),
+            }),
+            next_page_token,
+            ..Default::default()
+        };
+        let mut raw = client.raw().clone();
+        let response =
+            WorkflowService::get_workflow_execution_history(&mut raw, request.into_request())
+                .await?
+                .into_inner();
+        events.extend(
+            response
+                .history
+                .into_iter()
+                .flat_map(|h| h.events)
+                .filter_map(|e| e.attributes),
+        );
+        if response.next_page_token.is_empty() {
+            return Ok(events);
+        }
+        next_page_token = response.next_page_token;
+    }
+}
+
+/// How many `signal_name` signals a run received.
+async fn signals_received(
+    client: &TemporalClient,
+    workflow_id: &str,
+    run_id: &str,
+    signal_name: &str,
+) -> Result<usize> {
+    Ok(history(client, workflow_id, run_id)
+        .await?
+        .iter()
+        .filter(|a| matches!(a, Attributes::WorkflowExecutionSignaledEventAttributes(s) if s.signal_name == signal_name))
+        .count())
+}
+
+async fn signal(client: &TemporalClient, workflow_id: &str, signal_name: &str) -> Result<()> {
+    let request = SignalWorkflowExecutionRequest {
+        namespace: NAMESPACE.to_owned(),
+        workflow_execution: Some(WorkflowExecution {
+            workflow_id: workflow_id.to_owned(),
+            run_id: String::new(),
+        }),
+        signal_name: signal_name.to_owned(),
+        identity: "twc-test/signaller".to_owned(),
+        request_id: format!("{workflow_id}/{signal_name}"),
+        ..Default::default()
+    };
+    let mut raw = client.raw().clone();
+    WorkflowService::signal_workflow_execution(&mut raw, request.into_request()).await?;
+    Ok(())
+}
+
+/// The JSON result of a completed run.
+async fn completed_result(
+    client: &TemporalClient,
+    workflow_id: &str,
+    run_id: &str,
+) -> Result<serde_json::Value> {
+    let events = history(client, workflow_id, run_id).await?;
+    let Some(Attributes::WorkflowExecutionCompletedEventAttributes(done)) = events.last() else {
+        bail!(
+            "{workflow_id} did not complete: last event {:?}",
+            events.last()
+        );
+    };
+    let payload = done
+        .result
+        .as_ref()
+        .and_then(|r| r.payloads.first())
+        .context("no result")?;
+    Ok(serde_json::from_slice(&payload.data)?)
+}
+
+/// Waits until visibility counts `open` workflows pinned to `build_id` of `dep`.
+async fn await_pinned(
+    client: &TemporalClient,
+    dep: &str,
+    build_id: &str,
+    include: &[String],
+    open: u64,
+) -> Result<PinnedCount> {
+    eventually(
+        &format!("{open} open workflow(s) pinned to {dep}:{build_id}"),
+        WAIT,
+        || async {
+            let count = count_pinned(client, NAMESPACE, dep, build_id, include, &[]).await?;
+            Ok((count.open == open).then_some(count))
+        },
+    )
+    .await
+}
+
+fn strings(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn step<'a>(dep: &'a str, build_id: &'a str, action: &'a DrainAction) -> DrainStep<'a> {
+    DrainStep {
+        namespace: NAMESPACE,
+        deployment_name: dep,
+        twd_uid: "0d7c9a1e-test",
+        build_id,
+        action,
+        include_types: &[],
+        exclude_types: &[],
+        rate: 20,
+        dry_run: false,
+    }
+}
+
+/// Sets the Current version of a deployment.
+async fn set_current(client: &TemporalClient, dep: &str, build_id: &str) -> Result<()> {
+    applied(
+        &format!("set current {dep}:{build_id}"),
+        set_routing(
+            client,
+            NAMESPACE,
+            dep,
+            IDENTITY,
+            RoutingChange::SetCurrent {
+                build_id: build_id.into(),
+            },
+            None,
+        )
+        .await,
+    )
+}
+
+/// Draining a retired version: counts, a dry run, the drain signal (listeners continue as new
+/// onto the Current version; a repeated step attaches to its batch and signals nobody twice),
+/// cancellation and termination of what is left, and a move to the Current version; never a
+/// workflow of another version or another deployment (with the same build ID). Steps on a
+/// version in routing are refused.
+async fn scenario_drain(ctx: &Ctx) -> Result<()> {
+    let client = ctx.client().await?;
+    let dep = ctx.deployment("drain");
+    let other = ctx.deployment("drain-other");
+    // Task queues of their own: the other scenarios route `hello-world` as they please.
+    let (queue, other_queue) = (
+        format!("drain-{}", ctx.suffix),
+        format!("drain-other-{}", ctx.suffix),
+    );
+    let id = |name: &str| format!("{name}-{}", ctx.suffix);
+    let started_at = now_millis();
+
+    for (d, q) in [(&dep, &queue), (&other, &other_queue)] {
+        for build in ["v1", "v2"] {
+            ctx.start_worker_on(d, build, q).await?;
+        }
+    }
+    for d in [&dep, &other] {
+        for build in ["v1", "v2"] {
+            ctx.registered(d, build).await?;
+        }
+        set_current(&client, d, "v1").await?;
+    }
+
+    // On v1 of the drained deployment: 2 listeners, 2 that ignore the signal, 1 Sleeper.
+    let hours = Some(json!({"hours": 5}));
+    let sub_a1 = start_workflow(&client, &queue, "Subscription", &id("sub-a1"), None).await?;
+    let sub_a2 = start_workflow(&client, &queue, "Subscription", &id("sub-a2"), hours).await?;
+    let stub_a1 = start_workflow(&client, &queue, "Stubborn", &id("stub-a1"), None).await?;
+    let stub_a2 = start_workflow(&client, &queue, "Stubborn", &id("stub-a2"), None).await?;
+    let sleep_a1 = start_workflow(
+        &client,
+        &queue,
+        "Sleeper",
+        &id("sleep-a1"),
+        Some(json!(3600)),
+    )
+    .await?;
+    // On v1 of another deployment (same build ID).
+    let sub_b1 = start_workflow(&client, &other_queue, "Subscription", &id("sub-b1"), None).await?;
+    let sub_b2 = start_workflow(&client, &other_queue, "Subscription", &id("sub-b2"), None).await?;
+    let stub_b1 = start_workflow(&client, &other_queue, "Stubborn", &id("stub-b1"), None).await?;
+    let v1_count = await_pinned(&client, &dep, "v1", &[], 5).await?;
+    await_pinned(&client, &other, "v1", &[], 3).await?;
+
+    // v2 becomes Current; new workflows land there.
+    set_current(&client, &dep, "v2").await?;
+    let sub_a_new = start_workflow(&client, &queue, "Subscription", &id("sub-a-new"), None).await?;
+    let stub_a_new = start_workflow(&client, &queue, "Stubborn", &id("stub-a-new"), None).await?;
+    await_pinned(&client, &dep, "v2", &[], 2).await?;
+
+    // Counts: the query, the open workflows and the oldest start time; type filters.
+    ensure!(
+        v1_count.query
+            == format!(
+                "TemporalWorkerDeploymentVersion = '{dep}:v1' AND \
+                 TemporalWorkflowVersioningBehavior = 'Pinned' AND ExecutionStatus = 'Running'"
+            ),
+        "{v1_count:?}"
+    );
+    let oldest = v1_count.oldest_started_at.context("no oldest start time")?;
+    ensure!(
+        oldest >= started_at - 1_000 && oldest <= now_millis(),
+        "oldest {oldest} not within the scenario (started {started_at})"
+    );
+    let stubborn =
+        count_pinned(&client, NAMESPACE, &dep, "v1", &strings(&["Stubborn"]), &[]).await?;
+    ensure!(stubborn.open == 2, "{stubborn:?}");
+    let neither = count_pinned(
+        &client,
+        NAMESPACE,
+        &dep,
+        "v1",
+        &[],
+        &strings(&["Subscription", "Stubborn"]),
+    )
+    .await?;
+    ensure!(neither.open == 1, "{neither:?}");
+
+    // A step on a version in routing is refused.
+    let refused = drain_version(&client, &step(&other, "v1", &DrainAction::Cancel), || false).await;
+    ensure!(
+        matches!(&refused, Err(DrainError::Refused { .. })),
+        "drain of the Current version: {refused:?}"
+    );
+
+    // Dry run: counts, acts on nothing.
+    let signal_step = DrainAction::Signal {
+        name: DRAIN_SIGNAL.into(),
+    };
+    let dry = drain_version(
+        &client,
+        &DrainStep {
+            dry_run: true,
+            ..step(&dep, "v1", &signal_step)
+        },
+        || false,
+    )
+    .await?;
+    ensure!(
+        dry.job_id.is_none()
+            && dry.matched == 5
+            && dry.succeeded == 0
+            && dry.query == v1_count.query,
+        "dry run: {dry:?}"
+    );
+    for w in [&sub_a1, &stub_a1, &sleep_a1] {
+        let n = signals_received(&client, &w.workflow_id, &w.first_run_id, DRAIN_SIGNAL).await?;
+        ensure!(n == 0, "dry run signalled {}", w.workflow_id);
+    }
+
+    // The drain signal: listeners continue as new onto v2; the others hear it once.
+    let signalled = drain_version(&client, &step(&dep, "v1", &signal_step), || false).await?;
+    eprintln!("signal step: {signalled:?}");
+    let job_id = signalled.job_id.clone().context("no job ID")?;
+    ensure!(
+        job_id.starts_with(&format!("drain/{dep}/v1/signal/r")) && job_id.ends_with("/0d7c9a1e"),
+        "{job_id}"
+    );
+    ensure!(
+        signalled.matched == 5 && signalled.succeeded == 5 && signalled.failed == 0,
+        "{signalled:?}"
+    );
+    for w in [&sub_a1, &sub_a2] {
+        let first = describe_run(&client, &w.workflow_id, &w.first_run_id).await?;
+        ensure!(
+            first.status == WorkflowExecutionStatus::ContinuedAsNew && first.build_id == "v1",
+            "{}: first run {first:?}",
+            w.workflow_id
+        );
+        let latest = eventually(&format!("{} to run on v2", w.workflow_id), WAIT, || async {
+            let run = describe_run(&client, &w.workflow_id, "").await?;
+            Ok((run.build_id == "v2").then_some(run))
+        })
+        .await?;
+        ensure!(
+            latest.status == WorkflowExecutionStatus::Running && latest.run_id != w.first_run_id,
+            "{}: new run {latest:?}",
+            w.workflow_id
+        );
+    }
+    for w in [&stub_a1, &stub_a2, &sleep_a1] {
+        let run = describe_run(&client, &w.workflow_id, "").await?;
+        ensure!(
+            run.status == WorkflowExecutionStatus::Running && run.build_id == "v1",
+            "{}: {run:?}",
+            w.workflow_id
+        );
+        let n = signals_received(&client, &w.workflow_id, &w.first_run_id, DRAIN_SIGNAL).await?;
+        ensure!(n == 1, "{} received {n} drain signals", w.workflow_id);
+    }
+    await_pinned(&client, &dep, "v1", &[], 3).await?;
+
+    // The same step again (a retry after a crash): attaches to its batch, signals nobody twice.
+    let again = drain_version(&client, &step(&dep, "v1", &signal_step), || false).await?;
+    ensure!(
+        again == signalled,
+        "retried step: {again:?} vs {signalled:?}"
+    );
+    for w in [&stub_a1, &stub_a2, &sleep_a1] {
+        let n = signals_received(&client, &w.workflow_id, &w.first_run_id, DRAIN_SIGNAL).await?;
+        ensure!(
+            n == 1,
+            "{} received {n} drain signals after the retry",
+            w.workflow_id
+        );
+    }
+
+    // Cancel the Stubborn ones, then terminate what is left.
+    let cancelled = drain_version(
+        &client,
+        &DrainStep {
+            include_types: &strings(&["Stubborn"]),
+            ..step(&dep, "v1", &DrainAction::Cancel)
+        },
+        || false,
+    )
+    .await?;
+    ensure!(
+        cancelled.matched == 2 && cancelled.succeeded == 2 && cancelled.failed == 0,
+        "{cancelled:?}"
+    );
+    for w in [&stub_a1, &stub_a2] {
+        eventually(
+            &format!("{} to be cancelled", w.workflow_id),
+            WAIT,
+            || async {
+                let run = describe_run(&client, &w.workflow_id, "").await?;
+                Ok((run.status == WorkflowExecutionStatus::Canceled).then_some(()))
+            },
+        )
+        .await?;
+    }
+    let run = describe_run(&client, &sleep_a1.workflow_id, "").await?;
+    ensure!(
+        run.status == WorkflowExecutionStatus::Running,
+        "Sleeper: {run:?}"
+    );
+    let terminated = drain_version(&client, &step(&dep, "v1", &DrainAction::Terminate), || {
+        false
+    })
+    .await?;
+    ensure!(
+        terminated.matched == 1 && terminated.succeeded == 1,
+        "{terminated:?}"
+    );
+    let run = describe_run(&client, &sleep_a1.workflow_id, "").await?;
+    ensure!(
+        run.status == WorkflowExecutionStatus::Terminated,
+        "Sleeper: {run:?}"
+    );
+    await_pinned(&client, &dep, "v1", &[], 0).await?;
+
+    // Nothing else was touched: v2's workflows, the new runs, the other deployment's v1.
+    for w in [&sub_a_new, &stub_a_new, &sub_b1, &sub_b2, &stub_b1] {
+        let run = describe_run(&client, &w.workflow_id, "").await?;
+        ensure!(
+            run.status == WorkflowExecutionStatus::Running && run.run_id == w.first_run_id,
+            "{}: {run:?}",
+            w.workflow_id
+        );
+        let n = signals_received(&client, &w.workflow_id, &w.first_run_id, DRAIN_SIGNAL).await?;
+        ensure!(n == 0, "{} was signalled", w.workflow_id);
+    }
+    for w in [&sub_a1, &sub_a2] {
+        let run = describe_run(&client, &w.workflow_id, "").await?;
+        ensure!(
+            run.status == WorkflowExecutionStatus::Running && run.build_id == "v2",
+            "{}: {run:?}",
+            w.workflow_id
+        );
+    }
+    await_pinned(&client, &dep, "v2", &[], 4).await?;
+
+    // Move to Current on the other deployment: its Subscriptions are pinned to v2 and end there;
+    // its Stubborn (not of the included type) stays on v1.
+    set_current(&client, &other, "v2").await?;
+    let wrong = DrainAction::MoveToCurrent {
+        current_build_id: "v3".into(),
+    };
+    let refused = drain_version(&client, &step(&other, "v1", &wrong), || false).await;
+    ensure!(
+        matches!(&refused, Err(DrainError::Refused { .. })),
+        "move to a version that is not Current: {refused:?}"
+    );
+    let move_step = DrainAction::MoveToCurrent {
+        current_build_id: "v2".into(),
+    };
+    let moved = drain_version(
+        &client,
+        &DrainStep {
+            include_types: &strings(&["Subscription"]),
+            ..step(&other, "v1", &move_step)
+        },
+        || false,
+    )
+    .await?;
+    ensure!(
+        moved.matched == 2 && moved.succeeded == 2 && moved.failed == 0,
+        "{moved:?}"
+    );
+    for w in [&sub_b1, &sub_b2] {
+        let run = describe_run(&client, &w.workflow_id, "").await?;
+        ensure!(
+            run.pinned_override == Some((other.clone(), "v2".to_owned())),
+            "{}: {run:?}",
+            w.workflow_id
+        );
+    }
+    signal(&client, &sub_b1.workflow_id, "end").await?;
+    let ended = eventually("the moved Subscription to end", WAIT, || async {
+        let run = describe_run(&client, &sub_b1.workflow_id, "").await?;
+        Ok((run.status == WorkflowExecutionStatus::Completed).then_some(run))
+    })
+    .await?;
+    ensure!(ended.build_id == "v2", "{ended:?}");
+    let result = completed_result(&client, &sub_b1.workflow_id, &ended.run_id).await?;
+    ensure!(
+        result == json!("subscription ended on build v2 (earlier runs: none)"),
+        "{result}"
+    );
+    let stub = describe_run(&client, &stub_b1.workflow_id, "").await?;
+    ensure!(
+        stub.status == WorkflowExecutionStatus::Running
+            && stub.build_id == "v1"
+            && stub.pinned_override.is_none(),
+        "{stub:?}"
+    );
+    await_pinned(&client, &other, "v1", &[], 1).await?;
+
+    // A rollback to v1 and a new retirement: the steps run again under new job IDs. A step
+    // cancelled while its batch runs stops the batch.
+    set_current(&client, &dep, "v1").await?;
+    let mut again_on_v1 = Vec::new();
+    for n in 0..5 {
+        let w = start_workflow(
+            &client,
+            &queue,
+            "Stubborn",
+            &id(&format!("stub-r{n}")),
+            None,
+        )
+        .await?;
+        again_on_v1.push(w);
+    }
+    await_pinned(&client, &dep, "v1", &[], 5).await?;
+    set_current(&client, &dep, "v2").await?;
+    let stopped = drain_version(
+        &client,
+        &DrainStep {
+            rate: 1,
+            ..step(&dep, "v1", &DrainAction::Cancel)
+        },
+        || true,
+    )
+    .await;
+    let Err(DrainError::Cancelled { job_id: stopped_id }) = &stopped else {
+        bail!("cancelled step: {stopped:?}");
+    };
+    ensure!(
+        stopped_id.starts_with(&format!("drain/{dep}/v1/cancel/r"))
+            && *stopped_id != cancelled.job_id.clone().unwrap_or_default(),
+        "a new retirement reuses the job ID: {stopped_id}"
+    );
+    let retried = drain_version(&client, &step(&dep, "v1", &DrainAction::Cancel), || false).await;
+    ensure!(
+        matches!(&retried, Err(DrainError::BatchFailed { job_id, .. }) if job_id == stopped_id),
+        "the step after its batch was stopped: {retried:?}"
+    );
+    let open = count_pinned(&client, NAMESPACE, &dep, "v1", &[], &[])
+        .await?
+        .open;
+    eprintln!("{open} of 5 left open by the stopped batch");
+    Ok(())
+}
+
+fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

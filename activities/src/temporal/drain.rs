@@ -150,7 +150,10 @@ pub fn pinned_workflows_query(
     include: &[String],
     exclude: &[String],
 ) -> Result<String, DrainError> {
-    let version = quote("worker deployment version", &format!("{deployment_name}:{build_id}"))?;
+    let version = quote(
+        "worker deployment version",
+        &format!("{deployment_name}:{build_id}"),
+    )?;
     let mut query = format!(
         "TemporalWorkerDeploymentVersion = {version} AND \
          TemporalWorkflowVersioningBehavior = 'Pinned' AND ExecutionStatus = 'Running'"
@@ -159,7 +162,10 @@ pub fn pinned_workflows_query(
         query.push_str(&format!(" AND WorkflowType IN ({})", quote_list(include)?));
     }
     if !exclude.is_empty() {
-        query.push_str(&format!(" AND WorkflowType NOT IN ({})", quote_list(exclude)?));
+        query.push_str(&format!(
+            " AND WorkflowType NOT IN ({})",
+            quote_list(exclude)?
+        ));
     }
     Ok(query)
 }
@@ -214,7 +220,10 @@ pub fn drain_job_id(
     retired_at: Option<UnixMillis>,
     twd_uid: &str,
 ) -> String {
-    let mut id = format!("drain/{deployment_name}/{build_id}/{}", action_label(action));
+    let mut id = format!(
+        "drain/{deployment_name}/{build_id}/{}",
+        action_label(action)
+    );
     if let Some(at) = retired_at {
         id.push_str(&format!("/r{at}"));
     }
@@ -275,7 +284,8 @@ pub fn check_drainable(
     let version = state.version(build_id);
     let in_routing = state.current_build_id.as_deref() == Some(build_id)
         || state.ramping_build_id.as_deref() == Some(build_id)
-        || version.is_some_and(|v| matches!(v.state, VersionState::Current | VersionState::Ramping));
+        || version
+            .is_some_and(|v| matches!(v.state, VersionState::Current | VersionState::Ramping));
     if in_routing {
         return Err(refuse(
             "the version is Current or Ramping again, so its workflows are live traffic".to_owned(),
@@ -488,7 +498,9 @@ pub struct DrainStep<'a> {
 /// dry-run counts the matching workflows and returns (no job); otherwise attaches to the step's
 /// batch job if it exists (a retry) or starts it, then describes it every
 /// [`BATCH_POLL_INTERVAL`] until it completes, and returns its counts. `cancelled` is asked
-/// between polls: when it says so the batch is stopped and [`DrainError::Cancelled`] returned.
+/// before each poll: when it says so the batch is stopped and [`DrainError::Cancelled`]
+/// returned; a later run of the same step finds the stopped job and fails with
+/// [`DrainError::BatchFailed`] (it never starts the job again).
 pub async fn drain_version(
     client: &TemporalClient,
     step: &DrainStep<'_>,
@@ -522,12 +534,19 @@ pub async fn drain_version(
         retired_at,
         step.twd_uid,
     );
-    if describe_batch(client, step.namespace, &job_id).await?.is_some() {
+    if describe_batch(client, step.namespace, &job_id)
+        .await?
+        .is_some()
+    {
         info!(%job_id, "drain batch already exists; attaching to it");
     } else {
         start_batch(client, step, &query, &job_id).await?;
     }
     loop {
+        if cancelled() {
+            stop_batch(client, step.namespace, &job_id).await?;
+            return Err(DrainError::Cancelled { job_id });
+        }
         let Some(described) = describe_batch(client, step.namespace, &job_id).await? else {
             return Err(DrainError::BatchVanished { job_id });
         };
@@ -550,15 +569,15 @@ pub async fn drain_version(
             }
             BatchOperationState::Running | BatchOperationState::Unspecified => {}
         }
-        if cancelled() {
-            stop_batch(client, step.namespace, &job_id).await?;
-            return Err(DrainError::Cancelled { job_id });
-        }
         tokio::time::sleep(BATCH_POLL_INTERVAL).await;
     }
 }
 
-fn outcome_of(described: &DescribeBatchOperationResponse, query: &str, job_id: &str) -> DrainOutcome {
+fn outcome_of(
+    described: &DescribeBatchOperationResponse,
+    query: &str,
+    job_id: &str,
+) -> DrainOutcome {
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
     DrainOutcome {
         query: query.to_owned(),
@@ -728,8 +747,9 @@ mod tests {
             ),
         ];
         for (include, exclude, expected) in cases {
-            let query = pinned_workflows_query("demo/hello", "v1", &types(include), &types(exclude))
-                .expect("valid");
+            let query =
+                pinned_workflows_query("demo/hello", "v1", &types(include), &types(exclude))
+                    .expect("valid");
             assert_eq!(query, expected, "include {include:?} exclude {exclude:?}");
         }
     }
@@ -794,7 +814,11 @@ mod tests {
         );
     }
 
-    fn version(build_id: &str, state: VersionState, deactivated_at: Option<i64>) -> TemporalVersion {
+    fn version(
+        build_id: &str,
+        state: VersionState,
+        deactivated_at: Option<i64>,
+    ) -> TemporalVersion {
         TemporalVersion {
             build_id: build_id.into(),
             state,
@@ -821,7 +845,13 @@ mod tests {
             ramping_build_id: ramping.map(str::to_owned),
             versions: ["v1", "v2", "v3"]
                 .into_iter()
-                .map(|b| version(b, role(b), (role(b) == VersionState::Draining).then_some(42)))
+                .map(|b| {
+                    version(
+                        b,
+                        role(b),
+                        (role(b) == VersionState::Draining).then_some(42),
+                    )
+                })
                 .collect(),
             ..TemporalState::default()
         }
@@ -833,13 +863,33 @@ mod tests {
             current_build_id: b.into(),
         };
         let cancel = DrainAction::Cancel;
-        let cases: [(TemporalState, &str, DrainAction, Result<Option<i64>, &str>); 7] = [
+        let cases = [
             (state(Some("v2"), None), "v1", cancel.clone(), Ok(Some(42))),
-            (state(Some("v1"), None), "v1", cancel.clone(), Err("Current or Ramping")),
-            (state(Some("v2"), Some("v1")), "v1", cancel.clone(), Err("Current or Ramping")),
+            (
+                state(Some("v1"), None),
+                "v1",
+                cancel.clone(),
+                Err("Current or Ramping"),
+            ),
+            (
+                state(Some("v2"), Some("v1")),
+                "v1",
+                cancel.clone(),
+                Err("Current or Ramping"),
+            ),
             (state(Some("v2"), None), "v1", move_to("v2"), Ok(Some(42))),
-            (state(Some("v3"), None), "v1", move_to("v2"), Err("the Current version is v3")),
-            (state(Some("v2"), None), "v2", move_to("v2"), Err("Current or Ramping")),
+            (
+                state(Some("v3"), None),
+                "v1",
+                move_to("v2"),
+                Err("the Current version is v3"),
+            ),
+            (
+                state(Some("v2"), None),
+                "v2",
+                move_to("v2"),
+                Err("Current or Ramping"),
+            ),
             (TemporalState::default(), "v1", cancel.clone(), Ok(None)),
         ];
         for (state, build, action, expected) in cases {
@@ -917,7 +967,11 @@ mod tests {
             &Status::invalid_argument("invalid query: unknown field"),
         );
         assert!(!refuses_order_by(&other));
-        let down = TemporalError::rpc("ListWorkflowExecutions", "q", &Status::unavailable("ORDER BY"));
+        let down = TemporalError::rpc(
+            "ListWorkflowExecutions",
+            "q",
+            &Status::unavailable("ORDER BY"),
+        );
         assert!(!refuses_order_by(&down));
     }
 }

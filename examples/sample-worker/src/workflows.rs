@@ -233,7 +233,6 @@ impl Subscription {
     #[run(name = "Subscription")]
     pub async fn run(ctx: &mut WorkflowContext<Self>, input: RawValue) -> WorkflowResult<String> {
         let mut input = decode_optional::<SubscriptionInput>(&input)?.unwrap_or_default();
-        let build = build_label(ctx);
         let woken = |s: &Self| s.drain_requested || s.end_requested;
         let cancelled = match input.hours.filter(|h| *h > 0) {
             Some(hours) => {
@@ -249,6 +248,8 @@ impl Subscription {
         if cancelled {
             return Err(WorkflowTermination::cancelled());
         }
+        // The build of the task that woke it: a versioning override may have moved the run.
+        let build = build_label(ctx);
         if ctx.state(|s| s.drain_requested && !s.end_requested) {
             input.earlier_builds.push(build);
             let next = RawValue::new(vec![json_payload(&input)?]);
