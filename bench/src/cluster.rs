@@ -16,13 +16,15 @@ use temporalio_client::grpc::WorkflowService;
 use temporalio_client::tonic::Code;
 use temporalio_client::tonic::IntoRequest;
 use temporalio_client::{Client, ClientOptions, Connection, ConnectionOptions, Url};
-use temporalio_common::protos::temporal::api::common::v1::WorkflowExecution;
+use temporalio_common::protos::temporal::api::common::v1::{WorkflowExecution, WorkflowType};
 use temporalio_common::protos::temporal::api::deployment::v1::{
     WorkerDeploymentInfo, WorkerDeploymentVersion, WorkerDeploymentVersionInfo,
 };
+use temporalio_common::protos::temporal::api::enums::v1::WorkflowExecutionStatus;
+use temporalio_common::protos::temporal::api::taskqueue::v1::TaskQueue;
 use temporalio_common::protos::temporal::api::workflowservice::v1::{
     DescribeWorkerDeploymentRequest, DescribeWorkerDeploymentVersionRequest,
-    DescribeWorkflowExecutionRequest, RegisterNamespaceRequest,
+    DescribeWorkflowExecutionRequest, RegisterNamespaceRequest, StartWorkflowExecutionRequest,
 };
 use twc_crds::TemporalWorkerDeployment;
 use twc_sandbox::env::SandboxEnv;
@@ -266,6 +268,63 @@ impl Cluster {
             .into_inner()
             .worker_deployment_version_info
             .ok_or_else(|| anyhow!("no info for version {deployment_name}:{build_id}"))
+    }
+
+    /// Starts workflow `workflow_id` of type `workflow_type` on `task_queue`, without input (as
+    /// `temporal workflow start` does).
+    pub async fn start_workflow(
+        &self,
+        workflow_type: &str,
+        task_queue: &str,
+        workflow_id: &str,
+    ) -> anyhow::Result<()> {
+        let request = StartWorkflowExecutionRequest {
+            namespace: self.env.temporal_namespace.clone(),
+            workflow_id: workflow_id.to_owned(),
+            workflow_type: Some(WorkflowType {
+                name: workflow_type.to_owned(),
+            }),
+            task_queue: Some(TaskQueue {
+                name: task_queue.to_owned(),
+                ..Default::default()
+            }),
+            identity: MANAGER.to_owned(),
+            request_id: format!("{MANAGER}-{workflow_id}"),
+            ..Default::default()
+        };
+        let mut raw = self.temporal.clone();
+        WorkflowService::start_workflow_execution(&mut raw, request.into_request())
+            .await
+            .with_context(|| format!("starting workflow {workflow_id}"))?;
+        Ok(())
+    }
+
+    /// Whether the latest run of `workflow_id` is running, and the build it is pinned to (or
+    /// runs on; empty before its first workflow task completed).
+    pub async fn latest_run(&self, workflow_id: &str) -> anyhow::Result<(bool, String)> {
+        let request = DescribeWorkflowExecutionRequest {
+            namespace: self.env.temporal_namespace.clone(),
+            execution: Some(WorkflowExecution {
+                workflow_id: workflow_id.to_owned(),
+                run_id: String::new(),
+            }),
+        };
+        let mut raw = self.temporal.clone();
+        let response =
+            WorkflowService::describe_workflow_execution(&mut raw, request.into_request())
+                .await
+                .with_context(|| format!("describing workflow {workflow_id}"))?;
+        let info = response
+            .into_inner()
+            .workflow_execution_info
+            .ok_or_else(|| anyhow!("no info for workflow {workflow_id}"))?;
+        let running = info.status == WorkflowExecutionStatus::Running as i32;
+        let build = info
+            .versioning_info
+            .and_then(|v| v.deployment_version)
+            .map(|d| d.build_id)
+            .unwrap_or_default();
+        Ok((running, build))
     }
 
     /// Events in the history of the latest run of `workflow_id`.

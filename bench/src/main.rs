@@ -9,14 +9,17 @@
 //! - `steps`: Progressive rollouts: how long each ramp step was held against its pause;
 //! - `burst`: many TWDs applied at once: time to all Ready, peak read rate, rate-limit errors,
 //!   controller memory and CPU, workflow history sizes;
-//! - `idle`: the fleet grown to its idle size and left alone: reads, API requests, CPU, RSS.
+//! - `idle`: the fleet grown to its idle size and left alone: reads, API requests, CPU, RSS;
+//! - `drain`: a retired version with many open pinned workflows drained on purpose
+//!   (`spec.sunset.drain.signalAfter`): `signalAfter` → the version Drained in Temporal.
 //!
 //! Settings (environment): `BENCH_SCENARIOS` (comma-separated, default all), `BENCH_ROLLOUTS`
 //! (30), `BENCH_STEP_ROLLOUTS` (3), `BENCH_BURST_TWDS` (100), `BENCH_IDLE_TWDS` (200),
-//! `BENCH_IDLE_SECONDS` (300), `BENCH_JSON` (benchmarks/results.json), `BENCH_MARKDOWN`
+//! `BENCH_IDLE_SECONDS` (300), `BENCH_DRAIN_WORKFLOWS` (200), `BENCH_JSON` (benchmarks/results.json), `BENCH_MARKDOWN`
 //! (BENCHMARKS.md), `BENCH_SERVERS` (server versions, for the report).
 
 mod cluster;
+mod drain;
 mod fleet;
 mod latency;
 mod procstat;
@@ -43,6 +46,7 @@ struct Options {
     burst_twds: usize,
     idle_twds: usize,
     idle_window: Duration,
+    drain_workflows: usize,
     json: PathBuf,
     markdown: PathBuf,
 }
@@ -59,15 +63,15 @@ impl Options {
             }
         };
         let scenarios = std::env::var("BENCH_SCENARIOS")
-            .unwrap_or_else(|_| "latency,steps,burst,idle".into())
+            .unwrap_or_else(|_| "latency,steps,burst,idle,drain".into())
             .split(',')
             .map(|s| s.trim().to_owned())
             .filter(|s| !s.is_empty())
             .collect::<Vec<_>>();
         for s in &scenarios {
             anyhow::ensure!(
-                ["latency", "steps", "burst", "idle"].contains(&s.as_str()),
-                "BENCH_SCENARIOS: unknown scenario {s:?} (latency, steps, burst, idle)"
+                ["latency", "steps", "burst", "idle", "drain"].contains(&s.as_str()),
+                "BENCH_SCENARIOS: unknown scenario {s:?} (latency, steps, burst, idle, drain)"
             );
         }
         Ok(Self {
@@ -77,6 +81,7 @@ impl Options {
             burst_twds: number("BENCH_BURST_TWDS", 100)?,
             idle_twds: number("BENCH_IDLE_TWDS", 200)?,
             idle_window: Duration::from_secs(number("BENCH_IDLE_SECONDS", 300)? as u64),
+            drain_workflows: number("BENCH_DRAIN_WORKFLOWS", 200)?,
             json: std::env::var("BENCH_JSON")
                 .unwrap_or_else(|_| "benchmarks/results.json".into())
                 .into(),
@@ -119,6 +124,7 @@ async fn run() -> anyhow::Result<()> {
         steps: None,
         burst: None,
         idle: None,
+        drain: None,
     };
     if options.runs("latency") {
         tracing::info!(
@@ -154,6 +160,15 @@ async fn run() -> anyhow::Result<()> {
         let ns = format!("bench-idle-{run}");
         results.idle =
             Some(fleet::idle(&cluster, fleet, &ns, options.idle_twds, options.idle_window).await?);
+        save(&mut results, &options)?;
+    }
+    if options.runs("drain") {
+        tracing::info!(
+            workflows = options.drain_workflows,
+            "drain: a retired version with open pinned workflows"
+        );
+        let ns = format!("bench-drain-{run}");
+        results.drain = Some(drain::run(&cluster, &ns, options.drain_workflows).await?);
         save(&mut results, &options)?;
     }
     println!("{}", results.table());

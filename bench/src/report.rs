@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::drain::Drain;
 use crate::fleet::{Burst, Idle};
 use crate::latency::Latency;
 use crate::stats::Summary;
@@ -50,6 +51,8 @@ pub struct Results {
     pub burst: Option<Burst>,
     /// Idle cost.
     pub idle: Option<Idle>,
+    /// Draining a retired version on purpose.
+    pub drain: Option<Drain>,
 }
 
 impl Results {
@@ -256,6 +259,36 @@ impl Results {
                 "≤ 64 MiB",
                 i.controller_rss_mib.as_ref(),
                 Unit::Mib,
+            );
+        }
+        if let Some(d) = &self.drain {
+            let one = |v: f64| Summary::of(&[v]);
+            let n = d.workflows;
+            row(
+                &format!(
+                    "Drain, {n} open pinned workflows: `signalAfter` → retired version Drained in Temporal"
+                ),
+                "–",
+                one(d.signal_to_drained_s).as_ref(),
+                Unit::S,
+            );
+            row(
+                &format!(
+                    "Drain, {n} open pinned workflows: `signalAfter` → every workflow's latest run on the new version"
+                ),
+                "–",
+                one(d.signal_to_all_moved_s).as_ref(),
+                Unit::S,
+            );
+            let _ = writeln!(
+                out,
+                "\nDrain: one run (n = 1), `signalAfter: {:.0}s`. The `signalAfter` moment is the \
+                 old version's retirement, taken as the moment the benchmark saw the new version \
+                 Current in Temporal (polled every 250 ms), plus `signalAfter`; Drained is the first \
+                 `DescribeWorkerDeploymentVersion` reporting it (Temporal's own timestamp: {}).",
+                d.signal_after_s,
+                d.signal_to_drained_server_s
+                    .map_or_else(|| "none".to_owned(), |s| format!("{s:.1} s")),
             );
         }
         out

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::chaos::cluster::{Cluster, Private};
 use crate::harness::cli::{json_output, temporal};
-use crate::harness::controls::{events, holds_for, wait_event};
+use crate::harness::controls::{events, holds_for, kubectl_twc, wait_event};
 use crate::harness::twd::{
     apply, connection, deployments, get_twd, routing, target_build, wait_ready, worker,
 };
@@ -291,6 +291,19 @@ async fn a_dry_run_counts_and_acts_on_nothing() {
         },
     )
     .await;
+    // And in `kubectl twc status`.
+    let shown = kubectl_twc(&["status", "hello", "-n", &ns]).await;
+    assert_eq!(shown.code, Some(0), "{shown:?}");
+    let drain_table = shown
+        .stdout
+        .split("Drain (spec.sunset.drain)")
+        .nth(1)
+        .unwrap_or_default();
+    assert!(
+        drain_table.lines().any(|l| l.contains("v1-") && l.contains(" 2 ")),
+        "{}",
+        shown.stdout
+    );
     for id in &ids {
         let (status, _) = latest_run(None, id).await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(status, "RUNNING", "{id} was acted on in a dry run");
