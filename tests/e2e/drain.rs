@@ -300,7 +300,9 @@ async fn a_dry_run_counts_and_acts_on_nothing() {
         .nth(1)
         .unwrap_or_default();
     assert!(
-        drain_table.lines().any(|l| l.contains("v1-") && l.contains(" 2 ")),
+        drain_table
+            .lines()
+            .any(|l| l.contains("v1-") && l.contains(" 2 ")),
         "{}",
         shown.stdout
     );
