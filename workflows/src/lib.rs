@@ -6,6 +6,7 @@ pub mod control;
 pub mod model;
 pub mod plan;
 pub mod rollout_workflow;
+mod support;
 pub mod twd_workflow;
 
 /// Task queue of the engine's own workflows and activities.

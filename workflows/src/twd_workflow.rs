@@ -35,9 +35,9 @@ use crate::plan::drain::{DrainStep, PinnedSnapshot};
 use crate::plan::sunset::{SunsetAction, SunsetMemory};
 use crate::plan::{conditions, status, sunset};
 use crate::rollout_workflow::{
-    RolloutInput, RolloutWorkflow, SA_BUILD_ID, SA_NAME, SA_NAMESPACE, SA_OUTCOME, history_full,
-    now_millis, run_activity, short_options,
+    RolloutInput, RolloutWorkflow, SA_BUILD_ID, SA_NAME, SA_NAMESPACE, SA_OUTCOME,
 };
+use crate::support::{drain_options, history_full, now_millis, run_activity, short_options};
 
 /// Patch: reports of a rollout other than the one in flight are ignored (histories recorded
 /// before it let a superseded rollout's last report replace the active one's).
@@ -1013,19 +1013,6 @@ async fn drain_step(
             .await;
         }
     }
-}
-
-/// Options of a drain step: a batch over many workflows may take minutes (it heartbeats).
-fn drain_options() -> temporalio_sdk::ActivityOptions {
-    let retry = temporalio_common::RetryPolicy::builder()
-        .initial_interval(Duration::from_secs(1))
-        .maximum_interval(Duration::from_secs(10))
-        .maximum_attempts(5)
-        .build();
-    temporalio_sdk::ActivityOptions::with_start_to_close_timeout(Duration::from_secs(3600))
-        .heartbeat_timeout(Duration::from_secs(5))
-        .retry_policy(retry)
-        .build()
 }
 
 /// Deletion: stop the rollout, clean Temporal and Kubernetes, release the finalizers.
