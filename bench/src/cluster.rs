@@ -22,6 +22,7 @@ use temporalio_common::protos::temporal::api::deployment::v1::{
 };
 use temporalio_common::protos::temporal::api::enums::v1::WorkflowExecutionStatus;
 use temporalio_common::protos::temporal::api::taskqueue::v1::TaskQueue;
+use temporalio_common::protos::temporal::api::workflow::v1::WorkflowExecutionInfo;
 use temporalio_common::protos::temporal::api::workflowservice::v1::{
     DescribeWorkerDeploymentRequest, DescribeWorkerDeploymentVersionRequest,
     DescribeWorkflowExecutionRequest, RegisterNamespaceRequest, StartWorkflowExecutionRequest,
@@ -302,22 +303,7 @@ impl Cluster {
     /// Whether the latest run of `workflow_id` is running, and the build it is pinned to (or
     /// runs on; empty before its first workflow task completed).
     pub async fn latest_run(&self, workflow_id: &str) -> anyhow::Result<(bool, String)> {
-        let request = DescribeWorkflowExecutionRequest {
-            namespace: self.env.temporal_namespace.clone(),
-            execution: Some(WorkflowExecution {
-                workflow_id: workflow_id.to_owned(),
-                run_id: String::new(),
-            }),
-        };
-        let mut raw = self.temporal.clone();
-        let response =
-            WorkflowService::describe_workflow_execution(&mut raw, request.into_request())
-                .await
-                .with_context(|| format!("describing workflow {workflow_id}"))?;
-        let info = response
-            .into_inner()
-            .workflow_execution_info
-            .ok_or_else(|| anyhow!("no info for workflow {workflow_id}"))?;
+        let info = self.describe_latest(workflow_id).await?;
         let running = info.status == WorkflowExecutionStatus::Running as i32;
         let build = info
             .versioning_info
@@ -329,6 +315,11 @@ impl Cluster {
 
     /// Events in the history of the latest run of `workflow_id`.
     pub async fn history_length(&self, workflow_id: &str) -> anyhow::Result<i64> {
+        Ok(self.describe_latest(workflow_id).await?.history_length)
+    }
+
+    /// `DescribeWorkflowExecution` of the latest run of `workflow_id`.
+    async fn describe_latest(&self, workflow_id: &str) -> anyhow::Result<WorkflowExecutionInfo> {
         let request = DescribeWorkflowExecutionRequest {
             namespace: self.env.temporal_namespace.clone(),
             execution: Some(WorkflowExecution {
@@ -337,14 +328,12 @@ impl Cluster {
             }),
         };
         let mut raw = self.temporal.clone();
-        let response =
-            WorkflowService::describe_workflow_execution(&mut raw, request.into_request())
-                .await
-                .with_context(|| format!("describing workflow {workflow_id}"))?;
-        Ok(response
+        WorkflowService::describe_workflow_execution(&mut raw, request.into_request())
+            .await
+            .with_context(|| format!("describing workflow {workflow_id}"))?
             .into_inner()
             .workflow_execution_info
-            .map_or(0, |i| i.history_length))
+            .ok_or_else(|| anyhow!("no info for workflow {workflow_id}"))
     }
 }
 
