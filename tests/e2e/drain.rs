@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::chaos::cluster::{Cluster, Private};
-use crate::harness::cli::{json_output, temporal};
+use crate::harness::cli::json_output;
 use crate::harness::controls::{events, holds_for, kubectl_twc, wait_event};
 use crate::harness::twd::{
     apply, connection, deployments, get_twd, routing, target_build, wait_ready, worker,
@@ -31,18 +31,9 @@ fn drained_worker(ns: &str, name: &str, tag: &str, task_queue: &str, drain: Valu
     manifest
 }
 
-/// The temporal CLI against the shared sandbox, or a private one.
-async fn cli(cluster: Option<&Cluster>, args: &[&str]) -> crate::harness::cli::CliOutput {
-    match cluster {
-        Some(cluster) => cluster.temporal(args).await,
-        None => temporal(args).await,
-    }
-}
-
-async fn start_workflow(cluster: Option<&Cluster>, type_: &str, task_queue: &str, id: &str) {
-    let out = cli(
-        cluster,
-        &[
+async fn start_workflow(cluster: &Cluster, type_: &str, task_queue: &str, id: &str) {
+    let out = cluster
+        .temporal(&[
             "workflow",
             "start",
             "--type",
@@ -51,27 +42,24 @@ async fn start_workflow(cluster: Option<&Cluster>, type_: &str, task_queue: &str
             task_queue,
             "--workflow-id",
             id,
-        ],
-    )
-    .await;
+        ])
+        .await;
     assert!(out.success, "temporal workflow start {id}: {}", out.stderr);
 }
 
 /// Status (`RUNNING`, `CANCELED`, ...) and build ID of the latest run of `id`.
-async fn latest_run(cluster: Option<&Cluster>, id: &str) -> Result<(String, String), String> {
+async fn latest_run(cluster: &Cluster, id: &str) -> Result<(String, String), String> {
     let v = json_output(
-        cli(
-            cluster,
-            &[
+        cluster
+            .temporal(&[
                 "workflow",
                 "describe",
                 "--workflow-id",
                 id,
                 "--output",
                 "json",
-            ],
-        )
-        .await,
+            ])
+            .await,
     )?;
     let info = &v["workflowExecutionInfo"];
     let status = info["status"]
@@ -94,7 +82,7 @@ async fn latest_run(cluster: Option<&Cluster>, id: &str) -> Result<(String, Stri
 }
 
 /// Waits until the latest run of each of `ids` is `status` on a build starting with `tag-`.
-async fn wait_runs(cluster: Option<&Cluster>, ids: &[String], status: &str, tag: &str) {
+async fn wait_runs(cluster: &Cluster, ids: &[String], status: &str, tag: &str) {
     let prefix = format!("{tag}-");
     wait_for(&format!("{ids:?} {status} on {tag}"), DRAIN, || async {
         let mut seen = Vec::new();
@@ -112,43 +100,18 @@ async fn wait_runs(cluster: Option<&Cluster>, ids: &[String], status: &str, tag:
 
 /// History events of every run of `id` for which `keep` holds.
 async fn count_events(
-    cluster: Option<&Cluster>,
+    cluster: &Cluster,
     id: &str,
     keep: impl Fn(&Value) -> bool,
 ) -> Result<usize, String> {
-    let rows = json_output(
-        cli(
-            cluster,
-            &[
-                "workflow",
-                "list",
-                "--query",
-                &format!("WorkflowId = '{id}'"),
-                "--output",
-                "json",
-            ],
-        )
-        .await,
-    )?;
     let mut count = 0;
-    for row in rows.as_array().into_iter().flatten() {
-        let run = row["execution"]["runId"].as_str().unwrap_or_default();
-        let history = json_output(
-            cli(
-                cluster,
-                &[
-                    "workflow",
-                    "show",
-                    "--workflow-id",
-                    id,
-                    "--run-id",
-                    run,
-                    "--output",
-                    "json",
-                ],
-            )
-            .await,
-        )?;
+    for run in cluster.workflows(&format!("WorkflowId = '{id}'")).await? {
+        let history: Value = serde_json::from_str(
+            &cluster
+                .history(&cluster.env.temporal_namespace, id, &run.run_id)
+                .await?,
+        )
+        .map_err(|e| e.to_string())?;
         count += history["events"]
             .as_array()
             .into_iter()
@@ -160,7 +123,7 @@ async fn count_events(
 }
 
 /// How many times `id`'s runs (all of them) received the drain signal.
-async fn drain_signals(cluster: Option<&Cluster>, id: &str) -> Result<usize, String> {
+async fn drain_signals(cluster: &Cluster, id: &str) -> Result<usize, String> {
     count_events(cluster, id, |e| {
         e["workflowExecutionSignaledEventAttributes"]["signalName"].as_str() == Some(SIGNAL)
     })
@@ -168,7 +131,7 @@ async fn drain_signals(cluster: Option<&Cluster>, id: &str) -> Result<usize, Str
 }
 
 /// How many cancellation requests `id`'s runs received.
-async fn cancel_requests(cluster: Option<&Cluster>, id: &str) -> Result<usize, String> {
+async fn cancel_requests(cluster: &Cluster, id: &str) -> Result<usize, String> {
     count_events(cluster, id, |e| {
         e.get("workflowExecutionCancelRequestedEventAttributes")
             .is_some()
@@ -179,6 +142,7 @@ async fn cancel_requests(cluster: Option<&Cluster>, id: &str) -> Result<usize, S
 #[tokio::test]
 async fn obeying_workflows_move_to_v2_the_rest_are_cancelled_and_v1_is_retired_unattended() {
     let client = kube_client().await;
+    let cluster = Cluster::shared().await;
     let ns = test_namespace(&client, "drain").await;
     let tq = format!("drain-{ns}");
     let other_tq = format!("drain-other-{ns}");
@@ -200,29 +164,29 @@ async fn obeying_workflows_move_to_v2_the_rest_are_cancelled_and_v1_is_retired_u
     let obeying: Vec<String> = (1..=3).map(|i| format!("{ns}-sub-{i}")).collect();
     let stubborn: Vec<String> = (1..=2).map(|i| format!("{ns}-stub-{i}")).collect();
     for id in &obeying {
-        start_workflow(None, "Subscription", &tq, id).await;
+        start_workflow(&cluster, "Subscription", &tq, id).await;
     }
     for id in &stubborn {
-        start_workflow(None, "Stubborn", &tq, id).await;
+        start_workflow(&cluster, "Stubborn", &tq, id).await;
     }
     let bystander = format!("{ns}-other-sub");
-    start_workflow(None, "Subscription", &other_tq, &bystander).await;
+    start_workflow(&cluster, "Subscription", &other_tq, &bystander).await;
     let all: Vec<String> = obeying.iter().chain(&stubborn).cloned().collect();
-    wait_runs(None, &all, "RUNNING", "v1").await;
-    wait_runs(None, std::slice::from_ref(&bystander), "RUNNING", "v1").await;
+    wait_runs(&cluster, &all, "RUNNING", "v1").await;
+    wait_runs(&cluster, std::slice::from_ref(&bystander), "RUNNING", "v1").await;
 
     apply(&drained_worker(&ns, "hello", "v2", &tq, drain)).await;
     let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
     let v2 = target_build(&twd).unwrap_or_default();
     let on_v2 = format!("{ns}-sub-on-v2");
-    start_workflow(None, "Subscription", &tq, &on_v2).await;
-    wait_runs(None, std::slice::from_ref(&on_v2), "RUNNING", "v2").await;
+    start_workflow(&cluster, "Subscription", &tq, &on_v2).await;
+    wait_runs(&cluster, std::slice::from_ref(&on_v2), "RUNNING", "v2").await;
 
     // After signalAfter: the obeying workflows continued as new onto v2.
-    wait_runs(None, &obeying, "RUNNING", "v2").await;
+    wait_runs(&cluster, &obeying, "RUNNING", "v2").await;
     wait_event(&client, &ns, "hello", "DrainSignalled", &v1, DRAIN).await;
     // After cancelAfter: the others are cancelled.
-    wait_runs(None, &stubborn, "CANCELED", "v1").await;
+    wait_runs(&cluster, &stubborn, "CANCELED", "v1").await;
     wait_event(&client, &ns, "hello", "DrainCancelled", &v1, DRAIN).await;
     // v1 drains, is scaled down and deleted, Deployment and Temporal version.
     let deployment_name = format!("{ns}/hello");
@@ -243,9 +207,11 @@ async fn obeying_workflows_move_to_v2_the_rest_are_cancelled_and_v1_is_retired_u
 
     // Untouched: the workflow on v2 and the other TWD's workflow, never signalled.
     for id in [&on_v2, &bystander] {
-        let (status, _) = latest_run(None, id).await.unwrap_or_else(|e| panic!("{e}"));
+        let (status, _) = latest_run(&cluster, id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(status, "RUNNING", "{id}");
-        let signals = drain_signals(None, id)
+        let signals = drain_signals(&cluster, id)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(signals, 0, "{id} was signalled");
@@ -256,6 +222,7 @@ async fn obeying_workflows_move_to_v2_the_rest_are_cancelled_and_v1_is_retired_u
 #[tokio::test]
 async fn a_dry_run_counts_and_acts_on_nothing() {
     let client = kube_client().await;
+    let cluster = Cluster::shared().await;
     let ns = test_namespace(&client, "drain-dry").await;
     let tq = format!("drain-{ns}");
     let drain = json!({ "signalAfter": "1s", "cancelAfter": "2s", "dryRun": true });
@@ -264,9 +231,9 @@ async fn a_dry_run_counts_and_acts_on_nothing() {
     wait_ready(&client, &ns, "hello", ROLLOUT).await;
     let ids: Vec<String> = (1..=2).map(|i| format!("{ns}-stub-{i}")).collect();
     for id in &ids {
-        start_workflow(None, "Stubborn", &tq, id).await;
+        start_workflow(&cluster, "Stubborn", &tq, id).await;
     }
-    wait_runs(None, &ids, "RUNNING", "v1").await;
+    wait_runs(&cluster, &ids, "RUNNING", "v1").await;
     apply(&drained_worker(&ns, "hello", "v2", &tq, drain)).await;
     wait_ready(&client, &ns, "hello", ROLLOUT).await;
     let (_, _, message) =
@@ -307,10 +274,12 @@ async fn a_dry_run_counts_and_acts_on_nothing() {
         shown.stdout
     );
     for id in &ids {
-        let (status, _) = latest_run(None, id).await.unwrap_or_else(|e| panic!("{e}"));
+        let (status, _) = latest_run(&cluster, id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(status, "RUNNING", "{id} was acted on in a dry run");
         assert_eq!(
-            drain_signals(None, id)
+            drain_signals(&cluster, id)
                 .await
                 .unwrap_or_else(|e| panic!("{e}")),
             0
@@ -321,6 +290,7 @@ async fn a_dry_run_counts_and_acts_on_nothing() {
 #[tokio::test]
 async fn workflows_of_a_build_declared_compatible_move_to_the_current_version_and_complete_there() {
     let client = kube_client().await;
+    let cluster = Cluster::shared().await;
     let ns = test_namespace(&client, "drain-move").await;
     let tq = format!("drain-{ns}");
     apply(&connection(&ns)).await;
@@ -333,22 +303,23 @@ async fn workflows_of_a_build_declared_compatible_move_to_the_current_version_an
     apply(&drained_worker(&ns, "hello", "v1", &tq, compatible.clone())).await;
     let sleepers: Vec<String> = (1..=2).map(|i| format!("{ns}-sleep-{i}")).collect();
     for id in &sleepers {
-        let out = temporal(&[
-            "workflow",
-            "start",
-            "--type",
-            "Sleeper",
-            "--task-queue",
-            &tq,
-            "--workflow-id",
-            id,
-            "--input",
-            "25",
-        ])
-        .await;
+        let out = cluster
+            .temporal(&[
+                "workflow",
+                "start",
+                "--type",
+                "Sleeper",
+                "--task-queue",
+                &tq,
+                "--workflow-id",
+                id,
+                "--input",
+                "25",
+            ])
+            .await;
         assert!(out.success, "{}", out.stderr);
     }
-    wait_runs(None, &sleepers, "RUNNING", "v1").await;
+    wait_runs(&cluster, &sleepers, "RUNNING", "v1").await;
     apply(&drained_worker(&ns, "hello", "v2", &tq, compatible)).await;
     let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
     let v2 = target_build(&twd).unwrap_or_default();
@@ -356,15 +327,16 @@ async fn workflows_of_a_build_declared_compatible_move_to_the_current_version_an
     // They complete on v2: the sample Sleeper returns the build that ran its last task.
     for id in &sleepers {
         let result = wait_for(&format!("{id} completed"), DRAIN, || async {
-            let out = temporal(&[
-                "workflow",
-                "result",
-                "--workflow-id",
-                id,
-                "--output",
-                "json",
-            ])
-            .await;
+            let out = cluster
+                .temporal(&[
+                    "workflow",
+                    "result",
+                    "--workflow-id",
+                    id,
+                    "--output",
+                    "json",
+                ])
+                .await;
             if out.success {
                 Ok(out.stdout)
             } else {
@@ -379,6 +351,7 @@ async fn workflows_of_a_build_declared_compatible_move_to_the_current_version_an
 #[tokio::test]
 async fn a_rollback_to_the_draining_version_stops_its_drain() {
     let client = kube_client().await;
+    let cluster = Cluster::shared().await;
     let ns = test_namespace(&client, "drain-rollback").await;
     let tq = format!("drain-{ns}");
     let drain = json!({ "signalAfter": "15s" });
@@ -387,8 +360,8 @@ async fn a_rollback_to_the_draining_version_stops_its_drain() {
     let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
     let v1 = target_build(&twd).unwrap_or_default();
     let id = format!("{ns}-sub");
-    start_workflow(None, "Subscription", &tq, &id).await;
-    wait_runs(None, std::slice::from_ref(&id), "RUNNING", "v1").await;
+    start_workflow(&cluster, "Subscription", &tq, &id).await;
+    wait_runs(&cluster, std::slice::from_ref(&id), "RUNNING", "v1").await;
     apply(&drained_worker(&ns, "hello", "v2", &tq, drain.clone())).await;
     wait_ready(&client, &ns, "hello", ROLLOUT).await;
     // Back to v1 within its rollback window: promoted at once, before its signalAfter.
@@ -412,7 +385,7 @@ async fn a_rollback_to_the_draining_version_stops_its_drain() {
         },
     )
     .await;
-    let (status, build) = latest_run(None, &id)
+    let (status, build) = latest_run(&cluster, &id)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
@@ -420,7 +393,7 @@ async fn a_rollback_to_the_draining_version_stops_its_drain() {
         ("RUNNING", true)
     );
     assert_eq!(
-        drain_signals(None, &id)
+        drain_signals(&cluster, &id)
             .await
             .unwrap_or_else(|e| panic!("{e}")),
         0
@@ -447,9 +420,9 @@ async fn a_controller_killed_between_the_signal_and_the_cancel_signals_once_and_
         .await;
     let ids: Vec<String> = (1..=2).map(|i| format!("{ns}-stub-{i}")).collect();
     for id in &ids {
-        start_workflow(Some(&private.cluster), "Stubborn", &tq, id).await;
+        start_workflow(&private.cluster, "Stubborn", &tq, id).await;
     }
-    wait_runs(Some(&private.cluster), &ids, "RUNNING", "v1").await;
+    wait_runs(&private.cluster, &ids, "RUNNING", "v1").await;
     private
         .cluster
         .apply(&drained_worker(&ns, "hello", "v2", &tq, drain))
@@ -472,13 +445,13 @@ async fn a_controller_killed_between_the_signal_and_the_cancel_signals_once_and_
         .await;
     assert!(private.sandbox.kill_controller().await.is_some());
     assert!(private.sandbox.restart_dead_controller().is_some());
-    wait_runs(Some(&private.cluster), &ids, "CANCELED", "v1").await;
+    wait_runs(&private.cluster, &ids, "CANCELED", "v1").await;
     for id in &ids {
-        let signals = drain_signals(Some(&private.cluster), id)
+        let signals = drain_signals(&private.cluster, id)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(signals, 1, "{id} signalled {signals} times");
-        let cancels = cancel_requests(Some(&private.cluster), id)
+        let cancels = cancel_requests(&private.cluster, id)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(cancels, 1, "{id} asked to cancel {cancels} times");

@@ -162,6 +162,17 @@ async fn leftovers(client: &kube::Client, namespace: &str) -> String {
     )
 }
 
+/// The `client-tls` Secret and the `mtls` TemporalConnection through `front`, applied in `ns`;
+/// returns the Secret (to apply it again).
+async fn mtls_connection(cluster: &Cluster, front: &TlsFront, ns: &str) -> Value {
+    let secret = front.secret(ns, "client-tls");
+    cluster.apply(&secret).await;
+    cluster
+        .apply(&front.connection(ns, "mtls", "client-tls"))
+        .await;
+    secret
+}
+
 #[tokio::test]
 async fn kube_apiserver_stopped_for_20s_mid_rollout_reports_no_configuration_error_and_completes() {
     let started = Instant::now();
@@ -172,10 +183,7 @@ async fn kube_apiserver_stopped_for_20s_mid_rollout_reports_no_configuration_err
     // Mutual TLS, so the credential Secret is read on every step, as the connection is.
     let front = TlsFront::start(&cluster.env.temporal_address).await;
     let ns = cluster.namespace("outage").await;
-    cluster.apply(&front.secret(&ns, "client-tls")).await;
-    cluster
-        .apply(&front.connection(&ns, "mtls", "client-tls"))
-        .await;
+    mtls_connection(&cluster, &front, &ns).await;
     cluster
         .apply(&twd(&ns, "hello", "mtls", "v1", all_at_once()))
         .await;
@@ -263,10 +271,7 @@ async fn deleting_a_namespace_with_api_key_and_mtls_twds_completes() {
     let cluster = Cluster::shared().await;
     let front = TlsFront::start(&cluster.env.temporal_address).await;
     let ns = cluster.namespace("nsdelete").await;
-    cluster.apply(&front.secret(&ns, "client-tls")).await;
-    cluster
-        .apply(&front.connection(&ns, "mtls", "client-tls"))
-        .await;
+    mtls_connection(&cluster, &front, &ns).await;
     for object in api_key_objects(&cluster, &ns) {
         cluster.apply(&object).await;
     }
@@ -350,11 +355,7 @@ async fn a_twd_whose_temporal_cleanup_is_blocked_says_why() {
     let cluster = Cluster::shared().await;
     let front = TlsFront::start(&cluster.env.temporal_address).await;
     let ns = cluster.namespace("blocked").await;
-    let secret = front.secret(&ns, "client-tls");
-    cluster.apply(&secret).await;
-    cluster
-        .apply(&front.connection(&ns, "mtls", "client-tls"))
-        .await;
+    let secret = mtls_connection(&cluster, &front, &ns).await;
     cluster
         .apply(&twd(&ns, "hello", "mtls", "v1", all_at_once()))
         .await;
