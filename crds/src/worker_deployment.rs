@@ -104,6 +104,8 @@ pub struct ConnectionReference {
         .message("steps are required for Progressive rollout"),
     validation = Rule::new("self.strategy != 'Progressive' || !has(self.steps) || (self.steps.map(s, s.rampPercentage).isSorted() && self.steps.all(s, self.steps.filter(t, t.rampPercentage == s.rampPercentage).size() == 1))")
         .message("rampPercentage must increase between each step"),
+    validation = Rule::new("!has(self.analysis) || self.strategy == 'Progressive'")
+        .message("analysis needs the Progressive strategy: checks are measured while the new version ramps"),
 )]
 pub struct RolloutSpec {
     /// `Manual` never changes routing; `AllAtOnce` makes a new version Current once it is
@@ -127,6 +129,9 @@ pub struct RolloutSpec {
         regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
     )]
     pub rollback_window: String,
+    /// Checks measured while a Progressive rollout ramps; a failed check aborts the rollout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<AnalysisSpec>,
 }
 
 fn default_rollback_window() -> String {
@@ -160,6 +165,151 @@ pub struct RolloutStep {
             .message("pauseDuration must be at least 1s"),
     )]
     pub pause_duration: String,
+    /// Workflow run pinned to the new version once this step's ramp is set; the step does not
+    /// advance before it succeeds, and its failure aborts the rollout (`AnalysisFailed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<GateSpec>,
+}
+
+/// Default time between two measurements of a check.
+pub const DEFAULT_ANALYSIS_INTERVAL: &str = "30s";
+/// Default number of inconclusive measurements in a row a check may have in a step.
+pub const DEFAULT_INCONCLUSIVE_LIMIT: i32 = 3;
+/// Default number of workflows a Temporal check needs before it judges.
+pub const DEFAULT_MIN_SAMPLES: i32 = 10;
+/// Placeholders a Prometheus query may contain (replaced before the query is sent).
+pub const PROMQL_PLACEHOLDERS: [&str; 7] = [
+    "{{buildID}}",
+    "{{version}}",
+    "{{currentBuildID}}",
+    "{{deploymentName}}",
+    "{{temporalNamespace}}",
+    "{{namespace}}",
+    "{{name}}",
+];
+
+/// Canary analysis of a Progressive rollout: every check is measured every `interval` while a
+/// step is in force, from the moment its ramp was set. A step advances only when its pause is
+/// over and every check's latest measurement passed. A failed check aborts the rollout.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.checks.all(c, self.checks.filter(d, d.name == c.name).size() == 1)")
+        .message("check names must be unique"),
+)]
+pub struct AnalysisSpec {
+    /// The checks; each must pass for a step to advance.
+    #[schemars(length(min = 1, max = 10))]
+    pub checks: Vec<AnalysisCheck>,
+}
+
+/// One check: exactly one provider (`temporal` or `prometheus`) and its limits.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.temporal) != has(self.prometheus)")
+        .message("a check needs exactly one provider: temporal or prometheus"),
+)]
+pub struct AnalysisCheck {
+    /// Name shown in status, events and the history (`[a-z0-9-]`).
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// Time between two measurements, the first one `interval` after the step's ramp was set.
+    #[serde(default = "default_analysis_interval")]
+    #[schemars(length(max = 32))]
+    #[x_kube(
+        validation = duration_format("interval"),
+        validation = Rule::new(format!("!self.matches('{}') || duration(self) >= duration('1s')", cel_duration_pattern()))
+            .message("interval must be at least 1s"),
+    )]
+    pub interval: String,
+    /// Failed measurements a step tolerates; one more aborts the rollout.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 100))]
+    pub failure_limit: i32,
+    /// Inconclusive measurements in a row (no data, too few workflows) a step tolerates while
+    /// it waits for data; one more aborts the rollout.
+    #[serde(default = "default_inconclusive_limit")]
+    #[schemars(range(min = 0, max = 100))]
+    pub inconclusive_limit: i32,
+    /// Measure and record only: the result never holds or aborts the rollout.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Built-in provider: how the workflows that ran on the new version fared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temporal: Option<TemporalCheck>,
+    /// A PromQL query against a Prometheus server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<PrometheusCheck>,
+}
+
+fn default_analysis_interval() -> String {
+    DEFAULT_ANALYSIS_INTERVAL.to_owned()
+}
+
+fn default_inconclusive_limit() -> i32 {
+    DEFAULT_INCONCLUSIVE_LIMIT
+}
+
+fn default_min_samples() -> i32 {
+    DEFAULT_MIN_SAMPLES
+}
+
+/// Of the workflows started on the new version since the step's ramp was set, the share that
+/// failed, timed out or was terminated, or is stuck on a reported workflow-task problem (such
+/// as non-determinism), out of those that closed or are stuck (Temporal visibility counts).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.maxFailurePercent) || has(self.maxIncreaseOverCurrent)")
+        .message("a temporal check needs maxFailurePercent or maxIncreaseOverCurrent"),
+)]
+pub struct TemporalCheck {
+    /// Highest failure share (percent) of the new version's workflows that passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub max_failure_percent: Option<f64>,
+    /// Highest failure share (percent) above the Current version's share in the same window
+    /// that passes (`2` means "no worse than Current plus 2 points").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub max_increase_over_current: Option<f64>,
+    /// Judged workflows of the new version needed for a verdict; fewer is inconclusive.
+    #[serde(default = "default_min_samples")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub min_samples: i32,
+    /// Which workflow types count (every type when unset; gate workflows never count).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow_types: Option<WorkflowTypeFilter>,
+}
+
+/// A PromQL instant query whose single value must stay within bounds. The query may contain
+/// `{{buildID}}`, `{{version}}`, `{{currentBuildID}}`, `{{deploymentName}}`,
+/// `{{temporalNamespace}}`, `{{namespace}}` and `{{name}}`; an empty result is inconclusive.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.maxValue) || has(self.minValue)")
+        .message("a prometheus check needs maxValue or minValue"),
+    validation = Rule::new("!has(self.maxValue) || !has(self.minValue) || self.minValue <= self.maxValue")
+        .message("minValue must not be above maxValue"),
+)]
+pub struct PrometheusCheck {
+    /// Base URL of the Prometheus HTTP API, such as `http://prometheus.monitoring:9090`.
+    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://[^\s]+$"))]
+    pub address: String,
+    /// The PromQL query; it must return one value (a scalar or a one-element vector).
+    #[schemars(length(min = 1, max = 4096))]
+    pub query: String,
+    /// Highest value that passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_value: Option<f64>,
+    /// Lowest value that passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_value: Option<f64>,
 }
 
 /// A workflow run on the new version (pinned to it) that must succeed before promotion.
@@ -540,6 +690,40 @@ pub struct RolloutStatus {
     /// When this status was last written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated_at: Option<Time>,
+    /// Canary analysis of the step in force (or of the step that ended the rollout).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub analysis: Vec<AnalysisCheckStatus>,
+}
+
+/// Where one analysis check stands in the step in force.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AnalysisCheckStatus {
+    /// Check name (`gate` for the step's gate workflow).
+    pub name: String,
+    /// Index of the step the counts belong to.
+    pub step: i32,
+    /// `Successful`, `Failed`, `Inconclusive` or `Running` (step gate), of the last measurement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The last measurement, in words (measured values and thresholds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Measurements in this step that passed.
+    #[serde(default)]
+    pub successful: i32,
+    /// Measurements in this step that failed.
+    #[serde(default)]
+    pub failed: i32,
+    /// Inconclusive measurements in this step (in a row at the last one).
+    #[serde(default)]
+    pub inconclusive: i32,
+    /// Recorded only (`dryRun`).
+    #[serde(default)]
+    pub dry_run: bool,
+    /// When it was last measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_at: Option<Time>,
 }
 
 /// Coarse phase of a rollout (the Phase printer column).
@@ -592,6 +776,7 @@ pub mod test_support {
                 gate: None,
                 paused: false,
                 rollback_window: "1h".into(),
+                analysis: None,
             },
             sunset: SunsetSpec::default(),
         }

@@ -291,6 +291,38 @@ fn render(s: &Snapshot) -> String {
         };
         field(&mut out, "Gate", &text);
     }
+    if !rollout.analysis.is_empty() {
+        let _ = writeln!(out, "\nAnalysis (spec.rollout.analysis)");
+        let mut rows = vec![row([
+            "CHECK", "STEP", "LAST", "OK", "FAILED", "INCONCL.", "MEASURED",
+        ])];
+        for check in &rollout.analysis {
+            let name = if check.dry_run {
+                format!("{} (dry run)", check.name)
+            } else {
+                check.name.clone()
+            };
+            let measured = check
+                .measured_at
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), |t| ago(s.now_ms, t.0.as_millisecond()));
+            rows.push(vec![
+                name,
+                (check.step + 1).to_string(),
+                check.phase.clone().unwrap_or_else(|| "-".to_owned()),
+                check.successful.to_string(),
+                check.failed.to_string(),
+                check.inconclusive.to_string(),
+                measured,
+            ]);
+        }
+        table(&mut out, &rows);
+        for check in &rollout.analysis {
+            if let Some(message) = &check.message {
+                let _ = writeln!(out, "  {}: {message}", check.name);
+            }
+        }
+    }
     let twd_workflow = s.twd_ref.twd_workflow_id();
     match (&rollout.workflow_id, &rollout.run_id) {
         (Some(id), run) => {

@@ -116,6 +116,12 @@ activity!(
     ReassertResources, "reassert_resources", TwdRef => ReassertOutcome
 );
 
+activity!(
+    /// Measures canary analysis checks of a build over a window (Temporal visibility counts of
+    /// the new and the Current version, or a Prometheus query); one measurement per check.
+    RunAnalysis, "run_analysis", AnalysisRequest => AnalysisResult
+);
+
 /// A build of a TWD.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BuildRequest {
@@ -269,6 +275,21 @@ pub struct GateRequest {
     /// Longest time to wait for results in this call; the runs keep going and the next call
     /// attaches to them (IDs are deterministic).
     pub max_wait_ms: i64,
+    /// A step gate (`spec.rollout.steps[step].gate`) instead of the rollout's gate
+    /// (`spec.rollout.gate`). Absent in requests from before step gates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<StepGateRef>,
+}
+
+/// Which step gate to run. Its workflow IDs are
+/// `gate/<deployment>/<build>/<task queue>/step<step>-<rollout_started_at>`: distinct per step
+/// and per rollout of the build (a rollout retried after an abort runs its step gates again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepGateRef {
+    /// Step index.
+    pub step: u32,
+    /// Start of the rollout (workflow time, milliseconds since the epoch).
+    pub rollout_started_at: UnixMillis,
 }
 
 /// One gate workflow execution.
@@ -446,4 +467,74 @@ pub struct ResourceChange {
     pub reason: String,
     /// Event message naming the object and what changed.
     pub message: String,
+}
+
+/// Input of `run_analysis`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AnalysisRequest {
+    /// The TWD.
+    pub twd: TwdRef,
+    /// The build under analysis (the ramping one).
+    pub build_id: String,
+    /// The Current build to compare with, if any.
+    pub current_build_id: Option<String>,
+    /// Start of the window: when the step's ramp was set (workflows started since then count).
+    pub window_start: UnixMillis,
+    /// Index of the step in force.
+    pub step: u32,
+    /// The checks to measure now.
+    pub checks: Vec<crate::model::CheckView>,
+    /// Workflow types that never count (the gate workflows).
+    pub gate_types: Vec<String>,
+}
+
+/// Result of `run_analysis`: one measurement per requested check, in order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AnalysisResult {
+    /// The measurements.
+    pub measurements: Vec<Measurement>,
+}
+
+/// One measurement of one check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Measurement {
+    /// Check name.
+    pub check: String,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The measured value (failure percent of the new version, or the query's value).
+    pub value: Option<f64>,
+    /// The Current version's failure percent in the same window (Temporal, relative limit).
+    pub baseline: Option<f64>,
+    /// Judged workflows of the new version (Temporal).
+    pub samples: Option<u64>,
+    /// The measurement and its thresholds, in words.
+    pub message: String,
+    /// What was asked: visibility queries or the PromQL query as sent.
+    pub queries: Vec<String>,
+}
+
+/// Verdict of a measurement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Verdict {
+    /// Within the thresholds.
+    Successful,
+    /// Outside the thresholds.
+    Failed,
+    /// No verdict: no data, too few workflows, or the provider could not be read.
+    Inconclusive,
+    /// The provider refused the check itself (e.g. PromQL it cannot parse): a spec error.
+    Invalid,
+}
+
+impl Verdict {
+    /// The phase string shown in status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Successful => "Successful",
+            Self::Failed => "Failed",
+            Self::Inconclusive => "Inconclusive",
+            Self::Invalid => "Invalid",
+        }
+    }
 }

@@ -80,6 +80,73 @@ pub struct SpecView {
     /// in histories from before it existed).
     #[serde(default)]
     pub drain: Option<DrainPolicy>,
+    /// `spec.rollout.analysis` and the step gates (absent in histories from before they
+    /// existed, and when neither is configured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<AnalysisView>,
+}
+
+/// Canary analysis of a Progressive rollout: checks measured during each step, and gate
+/// workflows run at given steps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AnalysisView {
+    /// The checks (`spec.rollout.analysis.checks`).
+    pub checks: Vec<CheckView>,
+    /// Gate workflow type of each step (`spec.rollout.steps[i].gate`), by step index.
+    pub step_gates: Vec<Option<String>>,
+}
+
+impl AnalysisView {
+    /// The gate workflow type of step `step`, if it has one.
+    pub fn step_gate(&self, step: usize) -> Option<&str> {
+        self.step_gates.get(step).and_then(|g| g.as_deref())
+    }
+}
+
+/// One analysis check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckView {
+    /// Check name.
+    pub name: String,
+    /// Milliseconds between two measurements.
+    pub interval_ms: i64,
+    /// Failed measurements a step tolerates.
+    pub failure_limit: u32,
+    /// Inconclusive measurements in a row a step tolerates.
+    pub inconclusive_limit: u32,
+    /// Record only.
+    pub dry_run: bool,
+    /// What is measured.
+    pub provider: CheckProvider,
+}
+
+/// What a check measures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum CheckProvider {
+    /// Failure share of the new version's workflows (Temporal visibility counts).
+    Temporal {
+        /// Absolute limit, percent.
+        max_failure_percent: Option<f64>,
+        /// Limit relative to the Current version's share in the same window, points.
+        max_increase_over_current: Option<f64>,
+        /// Judged workflows needed for a verdict.
+        min_samples: u64,
+        /// Only these workflow types (empty: all).
+        include_types: Vec<String>,
+        /// Never these workflow types.
+        exclude_types: Vec<String>,
+    },
+    /// A PromQL instant query with bounds.
+    Prometheus {
+        /// Base URL of the Prometheus HTTP API.
+        address: String,
+        /// The query, placeholders not yet replaced.
+        query: String,
+        /// Highest passing value.
+        max_value: Option<f64>,
+        /// Lowest passing value.
+        min_value: Option<f64>,
+    },
 }
 
 /// The drain policy of retired versions (`spec.sunset.drain`), durations in milliseconds since
@@ -214,6 +281,11 @@ pub enum BlockReason {
     ProgressDeadlineExceeded,
     /// Too many versions are not yet eligible for deletion.
     VersionLimitReached,
+    /// A canary analysis check (or a step gate) failed: the rollout was aborted.
+    AnalysisFailed,
+    /// A canary analysis check has no verdict yet (no data, too few workflows): the step is
+    /// held until it has one.
+    AnalysisInconclusive,
 }
 
 impl BlockReason {
@@ -230,6 +302,8 @@ impl BlockReason {
             Self::GateFailed => "GateFailed",
             Self::ProgressDeadlineExceeded => "ProgressDeadlineExceeded",
             Self::VersionLimitReached => "VersionLimitReached",
+            Self::AnalysisFailed => "AnalysisFailed",
+            Self::AnalysisInconclusive => "AnalysisInconclusive",
         }
     }
 }
@@ -328,6 +402,9 @@ pub struct RolloutReport {
     pub started_at: UnixMillis,
     /// Gate workflow runs of the latest attempt.
     pub gate_runs: Vec<crate::contract::GateRun>,
+    /// Canary analysis of the step in force (absent in reports from before it existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub analysis: Vec<twc_crds::worker_deployment::AnalysisCheckStatus>,
     /// Monotonic counter, so a stale report (delivered late) never overwrites a newer one.
     pub sequence: u64,
 }

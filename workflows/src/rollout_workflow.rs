@@ -20,16 +20,17 @@ use temporalio_sdk::{
 };
 
 use crate::contract::{
-    BuildRequest, CancelGates, CreateDeployment, CreateDeploymentOutcome, EmitEvent, EventKind,
-    EventRequest, GateRequest, GateRun, Observe, PollerWaitOutcome, RoutingChange, RoutingOutcome,
-    RoutingRequest, RunGate, ScaleDeployment, ScaleRequest, SetRouting, WaitForPollers,
-    WaitForPollersRequest,
+    AnalysisRequest, BuildRequest, CancelGates, CreateDeployment, CreateDeploymentOutcome,
+    EmitEvent, EventKind, EventRequest, GateRequest, GateRun, Observe, PollerWaitOutcome,
+    RoutingChange, RoutingOutcome, RoutingRequest, RunAnalysis, RunGate, ScaleDeployment,
+    ScaleRequest, SetRouting, StepGateRef, Verdict, WaitForPollers, WaitForPollersRequest,
 };
 use crate::control::{self, ControlEffect, ControlState};
 use crate::model::{
     BlockReason, Blocked, ControlAction, Observation, RolloutProgress, RolloutReport, TwdRef,
     UnixMillis,
 };
+use crate::plan::analysis::StepGate;
 use crate::plan::rollout::{
     GateState, HeldTime, HoldTransition, RolloutDecision, RolloutMemory, decide,
 };
@@ -87,6 +88,10 @@ const TRANSIENT_RECHECK: Duration = Duration::from_secs(5);
 const BLOCKED_RECHECK: Duration = Duration::from_secs(30);
 /// Re-check interval while waiting for a person (Manual promotion, pause, failed gate).
 const IDLE_RECHECK: Duration = Duration::from_secs(300);
+/// Patch: canary analysis (`spec.rollout.analysis`, step gates) measures and gates each
+/// Progressive step and aborts the rollout when a check fails. Histories before it have no
+/// analysis in their spec and never reach these decisions; the marker records the change.
+const PATCH_ANALYSIS: &str = "canary-analysis";
 /// Attempts to clear this build's ramp on abort before giving up (each re-reads routing).
 const ABORT_ROUTING_ATTEMPTS: u32 = 5;
 
@@ -181,6 +186,7 @@ impl RolloutWorkflow {
                 promote_requested: false,
                 pause_requested: false,
                 held: HeldTime::default(),
+                analysis: Default::default(),
             },
             gate_attempt: 1,
             sequence: 0,
@@ -263,7 +269,7 @@ impl RolloutWorkflow {
             answer_controls(ctx, &twd, &observation).await;
             apply_operator_flags(ctx);
             if ctx.state(|s| s.abort_requested) {
-                return abort(ctx, &twd, &build_id, &observation).await;
+                return abort(ctx, &twd, &build_id, &observation, None).await;
             }
             track_hold(ctx, &twd, &observation, now).await;
             let memory = ctx.state(|s| s.memory.clone());
@@ -469,6 +475,39 @@ impl RolloutWorkflow {
                         Duration::from_millis(u64::try_from(until - now).unwrap_or(0).max(1));
                     // Look again while holding: a ramp changed by hand snaps back to the step grid.
                     wait_for_change(ctx, hold.min(ROUTING_RECHECK)).await;
+                }
+                RolloutDecision::Analyze { step, checks } => {
+                    if ctx.patched(PATCH_ANALYSIS) {
+                        analyze(ctx, &twd, &build_id, &observation, step, &checks).await;
+                    }
+                }
+                RolloutDecision::RunStepGate { step } => {
+                    if ctx.patched(PATCH_ANALYSIS) {
+                        run_step_gate(ctx, &twd, &build_id, &observation, step).await;
+                    }
+                }
+                RolloutDecision::AnalysisHold {
+                    step,
+                    until,
+                    wake_at,
+                    inconclusive,
+                } => {
+                    let percentage = ramp_of(&observation, &build_id);
+                    let ramp = Some((step, percentage, Some(until)));
+                    match inconclusive {
+                        Some(blocked) => {
+                            report(ctx, RolloutProgress::Blocked, Some(blocked), ramp).await;
+                        }
+                        None => report(ctx, RolloutProgress::Ramping, None, ramp).await,
+                    }
+                    let wait =
+                        Duration::from_millis(u64::try_from(wake_at - now).unwrap_or(0).max(1));
+                    wait_for_change(ctx, wait.min(ROUTING_RECHECK)).await;
+                }
+                RolloutDecision::AnalysisFailed(blocked) => {
+                    if ctx.patched(PATCH_ANALYSIS) {
+                        return abort(ctx, &twd, &build_id, &observation, Some(blocked)).await;
+                    }
                 }
                 RolloutDecision::Complete => {
                     report(ctx, RolloutProgress::Complete, None, None).await;
@@ -731,6 +770,7 @@ async fn run_gate(
         workflow_type: workflow_type.clone(),
         attempt,
         max_wait_ms: i64::try_from(MAX_ACTIVITY_WAIT.as_millis()).unwrap_or(60_000),
+        step: None,
     };
     let summary = format!("gate {workflow_type} (attempt {attempt})");
     let options = with_summary(waiting_options(MAX_ACTIVITY_WAIT), &summary);
@@ -789,6 +829,176 @@ async fn run_gate(
             }
         }
     }
+}
+
+/// Measures the analysis checks due in the step in force (one `run_analysis` activity, whose
+/// result is the measurement record in the history) and records them; a check beyond its limit
+/// stops the rollout at the next decision.
+async fn analyze(
+    ctx: &mut WorkflowContext<RolloutWorkflow>,
+    twd: &TwdRef,
+    build_id: &str,
+    observation: &Observation,
+    step: usize,
+    due: &[String],
+) {
+    let Some((view, clock, current)) = analysis_context(observation) else {
+        return;
+    };
+    let step_index = u32::try_from(step).unwrap_or(u32::MAX);
+    ctx.state_mut(|s| s.memory.analysis.enter_step(step_index, clock));
+    let checks: Vec<_> = view
+        .checks
+        .iter()
+        .filter(|c| due.contains(&c.name))
+        .cloned()
+        .collect();
+    let request = AnalysisRequest {
+        twd: twd.clone(),
+        build_id: build_id.to_owned(),
+        current_build_id: current,
+        window_start: clock,
+        step: step_index,
+        checks,
+        gate_types: gate_types(observation),
+    };
+    let summary = format!("analysis step {} ({})", step + 1, due.join(", "));
+    match run_activity(ctx, RunAnalysis, request, &summary, short_options()).await {
+        Ok(result) => {
+            let now = now_millis(ctx);
+            ctx.state_mut(|s| {
+                s.memory
+                    .analysis
+                    .record_measurements(&view, &result.measurements, now)
+            });
+            for measurement in &result.measurements {
+                let dry_run = view
+                    .checks
+                    .iter()
+                    .any(|c| c.name == measurement.check && c.dry_run);
+                if measurement.verdict == Verdict::Failed {
+                    let (kind, reason) = if dry_run {
+                        (EventKind::Normal, "AnalysisDryRunFailed")
+                    } else {
+                        (EventKind::Warning, "AnalysisCheckFailed")
+                    };
+                    let message = format!(
+                        "Check {} failed on build {build_id} in step {}: {}",
+                        measurement.check,
+                        step + 1,
+                        measurement.message
+                    );
+                    event(ctx, twd, kind, reason, message).await;
+                }
+            }
+        }
+        Err(blocked) => on_failure(ctx, blocked).await,
+    }
+}
+
+/// Runs the gate workflow of the step in force (pinned to the build) and records its result.
+async fn run_step_gate(
+    ctx: &mut WorkflowContext<RolloutWorkflow>,
+    twd: &TwdRef,
+    build_id: &str,
+    observation: &Observation,
+    step: usize,
+) {
+    let Some((view, clock, _)) = analysis_context(observation) else {
+        return;
+    };
+    let Some(workflow_type) = view.step_gate(step).map(str::to_owned) else {
+        return;
+    };
+    let step_index = u32::try_from(step).unwrap_or(u32::MAX);
+    ctx.state_mut(|s| s.memory.analysis.enter_step(step_index, clock));
+    let request = GateRequest {
+        twd: twd.clone(),
+        build_id: build_id.to_owned(),
+        workflow_type: workflow_type.clone(),
+        attempt: 1,
+        max_wait_ms: i64::try_from(MAX_ACTIVITY_WAIT.as_millis()).unwrap_or(60_000),
+        step: Some(StepGateRef {
+            step: step_index,
+            rollout_started_at: ctx.state(|s| s.memory.started_at),
+        }),
+    };
+    let summary = format!("gate {workflow_type} of step {}", step + 1);
+    let options = with_summary(waiting_options(MAX_ACTIVITY_WAIT), &summary);
+    let running = ctx.execute_activity(RunGate, request, options);
+    let outcome = unless_signalled(ctx, running)
+        .await
+        .map(|outcome| outcome.map_err(|e| activity_failed("run_gate", &e)));
+    match outcome {
+        None => {}
+        Some(Err(blocked)) => on_failure(ctx, blocked).await,
+        Some(Ok(crate::contract::GateOutcome {
+            blocked: Some(blocked),
+            ..
+        })) => {
+            report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
+            wait_for_change(ctx, BLOCKED_RECHECK).await;
+        }
+        Some(Ok(outcome)) => {
+            let finished =
+                !outcome.runs.is_empty() && outcome.runs.iter().all(|r| r.status != "Running");
+            if outcome.passed {
+                ctx.state_mut(|s| s.memory.analysis.record_gate(StepGate::Passed));
+                event(
+                    ctx,
+                    twd,
+                    EventKind::Normal,
+                    "StepGatePassed",
+                    format!(
+                        "Gate {workflow_type} of step {} passed on build {build_id}",
+                        step + 1
+                    ),
+                )
+                .await;
+            } else if finished {
+                let failed: Vec<String> = outcome
+                    .runs
+                    .iter()
+                    .filter(|r| r.status != "Completed")
+                    .map(|r| {
+                        format!(
+                            "{} {} on {}: {}",
+                            workflow_type, r.workflow_id, r.task_queue, r.status
+                        )
+                    })
+                    .collect();
+                let message = failed.join("; ");
+                ctx.state_mut(|s| s.memory.analysis.record_gate(StepGate::Failed { message }));
+            }
+        }
+    }
+}
+
+/// The analysis spec, the step clock and the Current build, when analysis applies now.
+fn analysis_context(
+    observation: &Observation,
+) -> Option<(crate::model::AnalysisView, UnixMillis, Option<String>)> {
+    let view = observation.spec.as_ref()?.analysis.clone()?;
+    let temporal = observation.temporal.as_ref().ok()?;
+    let clock = temporal.ramp_changed_at?;
+    let current = temporal.current_build_id.clone().filter(|c| !c.is_empty());
+    Some((view, clock, current))
+}
+
+/// Workflow types of the rollout's gates (never counted by a Temporal check).
+fn gate_types(observation: &Observation) -> Vec<String> {
+    let Some(spec) = observation.spec.as_ref() else {
+        return Vec::new();
+    };
+    let mut types: Vec<String> = spec.gate_workflow_type.iter().cloned().collect();
+    if let Some(view) = &spec.analysis {
+        for gate in view.step_gates.iter().flatten() {
+            if !types.contains(gate) {
+                types.push(gate.clone());
+            }
+        }
+    }
+    types
 }
 
 /// Performs a routing change; true when applied.
@@ -877,6 +1087,7 @@ async fn abort(
     twd: &TwdRef,
     build_id: &str,
     observation: &Observation,
+    failed_analysis: Option<Blocked>,
 ) -> WorkflowResult<RolloutOutcome> {
     cancel_gates(ctx, twd, build_id).await;
     let mut observation = observation.clone();
@@ -903,15 +1114,32 @@ async fn abort(
         Some(current) => format!("new workflows go to build {current}"),
         None => "new workflows go to unversioned workers".to_owned(),
     };
-    event(
-        ctx,
-        twd,
-        EventKind::Normal,
-        "Aborted",
-        format!("Rollout of build {build_id} aborted by an operator: {routing}; build {build_id} is retired"),
-    )
-    .await;
-    report(ctx, RolloutProgress::Aborted, None, None).await;
+    match failed_analysis {
+        Some(blocked) => {
+            let message = format!("{} Routing: {routing}.", blocked.message);
+            event(
+                ctx,
+                twd,
+                EventKind::Warning,
+                blocked.reason.as_str(),
+                message.clone(),
+            )
+            .await;
+            let blocked = Blocked { message, ..blocked };
+            report(ctx, RolloutProgress::Aborted, Some(blocked), None).await;
+        }
+        None => {
+            event(
+                ctx,
+                twd,
+                EventKind::Normal,
+                "Aborted",
+                format!("Rollout of build {build_id} aborted by an operator: {routing}; build {build_id} is retired"),
+            )
+            .await;
+            report(ctx, RolloutProgress::Aborted, None, None).await;
+        }
+    }
     set_outcome(ctx, "Aborted");
     Ok(RolloutOutcome::Aborted)
 }
@@ -921,7 +1149,10 @@ async fn abort(
 async fn cancel_gates(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, build_id: &str) {
     let running = ctx.state(|s| s.gate_runs.iter().any(|r| r.status == "Running"));
     let undecided = ctx.state(|s| s.memory.gate == GateState::NotRun);
-    if running || (undecided && ctx.patched(PATCH_STOP_UNDECIDED_GATES)) {
+    // A step gate may be running (only rollouts with analysis have a step in their records).
+    let step_gate = ctx
+        .state(|s| s.memory.analysis.step.is_some() && s.memory.analysis.gate == StepGate::NotRun);
+    if running || step_gate || (undecided && ctx.patched(PATCH_STOP_UNDECIDED_GATES)) {
         let request = BuildRequest {
             twd: twd.clone(),
             build_id: build_id.to_owned(),
@@ -959,6 +1190,7 @@ async fn report(
         message,
         started_at: s.memory.started_at,
         gate_runs: s.gate_runs.clone(),
+        analysis: s.memory.analysis.status(),
         sequence: s.sequence + 1,
     });
     let unchanged = ctx.state(|s| {

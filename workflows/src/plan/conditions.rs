@@ -133,6 +133,13 @@ pub fn rollout_conditions(
                 "Rollout of buildID {target_build} is paused; resume it with the resume signal or set spec.rollout.paused to false"
             ),
         ),
+        RolloutProgress::Aborted if let Some(b) = blocked => pair(
+            false,
+            false,
+            b.reason.as_str(),
+            b.message.clone(),
+            b.message.clone(),
+        ),
         RolloutProgress::Aborted => pair(
             false,
             false,

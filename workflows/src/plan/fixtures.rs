@@ -38,6 +38,7 @@ pub fn spec(strategy: RolloutStrategy) -> SpecView {
         temporal_namespace: "default".into(),
         invalid: Vec::new(),
         drain: None,
+        analysis: None,
     }
 }
 

@@ -1,6 +1,7 @@
 //! Pure decisions: given what was observed, the spec and the workflow's own memory, what should
 //! happen next. No I/O, no clocks (`now` is passed in), no randomness; table-tested.
 
+pub mod analysis;
 pub mod conditions;
 pub mod drain;
 pub mod rollout;

@@ -8,9 +8,10 @@ use serde::{Deserialize, Serialize};
 use twc_crds::worker_deployment::{RolloutStrategy, VersionState};
 
 use crate::model::{
-    BlockReason, Blocked, DeploymentView, Observation, SpecView, StepView, TemporalVersion,
-    UnixMillis,
+    AnalysisView, BlockReason, Blocked, DeploymentView, Observation, SpecView, StepView,
+    TemporalVersion, UnixMillis,
 };
+use crate::plan::analysis::{AnalysisMemory, StepAnalysis};
 
 /// What the rollout workflow remembers between decisions.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,6 +30,9 @@ pub struct RolloutMemory {
     /// `pauseDuration`.
     #[serde(default)]
     pub held: HeldTime,
+    /// Canary analysis of the step in force (absent in memories from before it existed).
+    #[serde(default)]
+    pub analysis: crate::plan::analysis::AnalysisMemory,
 }
 
 /// How long the rollout has been held (paused) during the Progressive step in force.
@@ -169,6 +173,33 @@ pub enum RolloutDecision {
     },
     /// The build is Current and nothing else ramps: the rollout is done.
     Complete,
+    /// Measure these analysis checks of the step in force.
+    Analyze {
+        /// Step index.
+        step: usize,
+        /// Names of the checks due.
+        checks: Vec<String>,
+    },
+    /// Run the gate workflow of the step in force.
+    RunStepGate {
+        /// Step index.
+        step: usize,
+    },
+    /// Hold the step in force while its analysis goes on: look again at `wake_at` (the next
+    /// measurement or the pause end); `inconclusive` says why a step whose pause is over does
+    /// not advance.
+    AnalysisHold {
+        /// Step index.
+        step: usize,
+        /// When the step's pause ends.
+        until: UnixMillis,
+        /// When to look again.
+        wake_at: UnixMillis,
+        /// Checks without a passing verdict after the pause.
+        inconclusive: Option<Blocked>,
+    },
+    /// A check or a step gate failed: abort (ramp cleared, build retired).
+    AnalysisFailed(Blocked),
 }
 
 /// Ramp percentages closer than this are the same step (Temporal stores the ramp as a float).
@@ -209,10 +240,28 @@ pub fn decide(
     else {
         return RolloutDecision::Superseded;
     };
+    if let Some(message) = &memory.analysis.failed {
+        return RolloutDecision::AnalysisFailed(Blocked {
+            reason: BlockReason::AnalysisFailed,
+            message: format!(
+                "Canary analysis of buildID {build} failed: {message}. The rollout was aborted: the ramp is cleared and the build is retired; send `retry` to roll it out again, or push a new version."
+            ),
+        });
+    }
     if !spec.invalid.is_empty() {
         return RolloutDecision::Blocked(Blocked {
             reason: BlockReason::InvalidSpec,
             message: spec.invalid.join("; "),
+        });
+    }
+    if let Some(message) = spec
+        .analysis
+        .as_ref()
+        .and_then(|view| memory.analysis.refusal(view))
+    {
+        return RolloutDecision::Blocked(Blocked {
+            reason: BlockReason::InvalidSpec,
+            message,
         });
     }
     let temporal = match &observation.temporal {
@@ -309,12 +358,14 @@ pub fn decide(
                 None
             };
             let held_ms = memory.held.held_during(temporal.ramp_changed_at, now);
+            let analysis = spec.analysis.as_ref().map(|view| (view, &memory.analysis));
             progressive(
                 &spec.steps,
                 live_ramp,
                 temporal.ramp_changed_at,
                 held_ms,
                 now,
+                analysis,
             )
         }
     }
@@ -347,6 +398,7 @@ fn progressive(
     ramp_changed_at: Option<UnixMillis>,
     held_ms: i64,
     now: UnixMillis,
+    analysis: Option<(&AnalysisView, &AnalysisMemory)>,
 ) -> RolloutDecision {
     let Some(first) = steps.first() else {
         return RolloutDecision::Blocked(Blocked {
@@ -375,6 +427,37 @@ fn progressive(
         .unwrap_or(now)
         .saturating_add(step.pause_ms)
         .saturating_add(held_ms);
+    if let (Some((view, memory)), Some(clock)) = (analysis, ramp_changed_at) {
+        let step_index = u32::try_from(index).unwrap_or(u32::MAX);
+        match memory.next(view, step_index, clock, until, now) {
+            StepAnalysis::RunGate => return RolloutDecision::RunStepGate { step: index },
+            StepAnalysis::Measure(checks) => {
+                return RolloutDecision::Analyze {
+                    step: index,
+                    checks,
+                };
+            }
+            StepAnalysis::Wait {
+                until: wake_at,
+                inconclusive,
+            } => {
+                return RolloutDecision::AnalysisHold {
+                    step: index,
+                    until,
+                    wake_at,
+                    inconclusive: inconclusive.map(|message| Blocked {
+                        reason: BlockReason::AnalysisInconclusive,
+                        message: format!(
+                            "Step {} (ramp {}%) is over but its analysis has no passing verdict yet: {message}",
+                            index + 1,
+                            step.ramp_percentage
+                        ),
+                    }),
+                };
+            }
+            StepAnalysis::Passed => {}
+        }
+    }
     if ramp_changed_at.is_none() || until > now {
         return RolloutDecision::HoldStep { step: index, until };
     }
@@ -431,6 +514,7 @@ mod tests {
             promote_requested: false,
             pause_requested: false,
             held: HeldTime::default(),
+            analysis: AnalysisMemory::default(),
         }
     }
 
@@ -1450,6 +1534,174 @@ mod tests {
                 (30, Routed::Current)
             ],
             "manual 1% snaps to 10"
+        );
+    }
+
+    fn with_analysis(step_gates: Vec<Option<String>>) -> SpecView {
+        use crate::model::{AnalysisView, CheckProvider, CheckView};
+        let mut spec = spec_for(Progressive);
+        spec.analysis = Some(AnalysisView {
+            checks: vec![CheckView {
+                name: "failures".into(),
+                interval_ms: secs(2),
+                failure_limit: 0,
+                inconclusive_limit: 1,
+                dry_run: false,
+                provider: CheckProvider::Temporal {
+                    max_failure_percent: Some(5.0),
+                    max_increase_over_current: None,
+                    min_samples: 10,
+                    include_types: Vec::new(),
+                    exclude_types: Vec::new(),
+                },
+            }],
+            step_gates,
+        });
+        spec
+    }
+
+    fn measured(verdict: crate::contract::Verdict) -> Vec<crate::contract::Measurement> {
+        vec![crate::contract::Measurement {
+            check: "failures".into(),
+            verdict,
+            value: Some(0.0),
+            baseline: None,
+            samples: Some(20),
+            message: format!("failure share ({verdict:?})"),
+            queries: Vec::new(),
+        }]
+    }
+
+    #[test]
+    fn analysis_measures_gates_and_decides_each_step() {
+        use crate::contract::Verdict::{Failed, Inconclusive, Invalid, Successful};
+        let clock = secs(100);
+        let obs = ramping(
+            with_analysis(vec![None, Some("Smoke".into())]),
+            25.0,
+            Some(clock),
+        );
+        let view = obs
+            .spec
+            .as_ref()
+            .and_then(|s| s.analysis.clone())
+            .expect("analysis");
+        let in_step = |verdicts: &[crate::contract::Verdict], at: UnixMillis| {
+            let mut memory = memory();
+            memory.analysis.enter_step(0, clock);
+            for (i, verdict) in verdicts.iter().enumerate() {
+                memory.analysis.record_measurements(
+                    &view,
+                    &measured(*verdict),
+                    at - secs(verdicts.len() as i64 - 1 - i as i64) * 2,
+                );
+            }
+            memory
+        };
+        let analyze = RolloutDecision::Analyze {
+            step: 0,
+            checks: vec!["failures".into()],
+        };
+        // (name, memory, now, expected decision kind)
+        let cases: Vec<(&str, RolloutMemory, UnixMillis, &str)> = vec![
+            (
+                "before the first interval: hold",
+                memory(),
+                clock + secs(1),
+                "AnalysisHold",
+            ),
+            (
+                "one interval after the ramp: measure",
+                memory(),
+                clock + secs(2),
+                "Analyze",
+            ),
+            (
+                "passing, pause not over: hold",
+                in_step(&[Successful], clock + secs(4)),
+                clock + secs(4),
+                "AnalysisHold",
+            ),
+            (
+                "passing after the pause: next step",
+                in_step(&[Successful], clock + secs(5)),
+                clock + secs(5) + 1,
+                "SetRamping",
+            ),
+            (
+                "inconclusive after the pause: held with a reason",
+                in_step(&[Inconclusive], clock + secs(5)),
+                clock + secs(5) + 1,
+                "Inconclusive",
+            ),
+            (
+                "failed: abort",
+                in_step(&[Failed], clock + secs(2)),
+                clock + secs(3),
+                "AnalysisFailed",
+            ),
+            (
+                "inconclusive beyond the limit: abort",
+                in_step(&[Inconclusive, Inconclusive], clock + secs(4)),
+                clock + secs(4) + 1,
+                "AnalysisFailed",
+            ),
+            (
+                "refused by the provider: InvalidSpec",
+                in_step(&[Invalid], clock + secs(2)),
+                clock + secs(3),
+                "InvalidSpec",
+            ),
+        ];
+        for (name, memory, now, expected) in cases {
+            let decision = decide(&obs, &memory, now);
+            let kind = match &decision {
+                RolloutDecision::AnalysisHold {
+                    inconclusive: Some(b),
+                    ..
+                } => {
+                    assert_eq!(b.reason, BlockReason::AnalysisInconclusive, "{name}");
+                    "Inconclusive"
+                }
+                RolloutDecision::AnalysisHold { .. } => "AnalysisHold",
+                RolloutDecision::Analyze { .. } => {
+                    assert_eq!(decision, analyze, "{name}");
+                    "Analyze"
+                }
+                RolloutDecision::SetRamping {
+                    percentage: 50,
+                    step: 1,
+                } => "SetRamping",
+                RolloutDecision::AnalysisFailed(b) => {
+                    assert_eq!(b.reason, BlockReason::AnalysisFailed, "{name}");
+                    assert!(b.message.contains("failure share"), "{name}: {}", b.message);
+                    "AnalysisFailed"
+                }
+                RolloutDecision::Blocked(b) if b.reason == BlockReason::InvalidSpec => {
+                    "InvalidSpec"
+                }
+                other => panic!("{name}: unexpected {other:?}"),
+            };
+            assert_eq!(kind, expected, "{name}");
+        }
+        // Step 2 has a gate: it runs before anything else in that step.
+        let step2 = ramping(
+            with_analysis(vec![None, Some("Smoke".into())]),
+            50.0,
+            Some(secs(200)),
+        );
+        assert_eq!(
+            decide(&step2, &memory(), secs(203)),
+            RolloutDecision::RunStepGate { step: 1 }
+        );
+        // An operator's promote skips the analysis.
+        let promote = RolloutMemory {
+            promote_requested: true,
+            ..memory()
+        };
+        assert_eq!(
+            decide(&obs, &promote, clock + secs(2)),
+            RolloutDecision::SetCurrent
         );
     }
 }

@@ -13,10 +13,11 @@ use twc_crds::build_id::compute_build_id;
 use twc_crds::duration::parse_duration;
 use twc_crds::naming::versioned_deployment_name;
 use twc_crds::worker_deployment::{
-    DrainSpec, GateSpec, MAX_DRAIN_RATE, RolloutStep, RolloutStrategy,
+    AnalysisSpec, DrainSpec, GateSpec, MAX_DRAIN_RATE, PROMQL_PLACEHOLDERS, RolloutStep,
+    RolloutStrategy,
 };
 
-use crate::model::{DrainPolicy, SpecView, StepView};
+use crate::model::{AnalysisView, CheckProvider, CheckView, DrainPolicy, SpecView, StepView};
 
 /// `spec.sunset.scaledownDelay` used when the stored value cannot be parsed (the CRD default).
 const FALLBACK_SCALEDOWN_DELAY_MS: i64 = 60 * 60 * 1000;
@@ -40,7 +41,7 @@ pub fn spec_view(twd: &TemporalWorkerDeployment) -> SpecView {
         check_progressive_steps(&steps, &mut invalid);
     }
     if let Some(gate) = &spec.rollout.gate {
-        check_gate(gate, &mut invalid);
+        check_gate(gate, "spec.rollout.gate", &mut invalid);
     }
 
     // An unparseable rollback window disables rollback: promoting without the gate is the
@@ -71,6 +72,13 @@ pub fn spec_view(twd: &TemporalWorkerDeployment) -> SpecView {
         .as_ref()
         .and_then(|drain| drain_policy(drain, &mut invalid));
 
+    let analysis = analysis_view(
+        spec.rollout.analysis.as_ref(),
+        spec.rollout.steps.as_deref().unwrap_or_default(),
+        spec.rollout.strategy,
+        &mut invalid,
+    );
+
     if spec.progress_deadline_seconds < 1 {
         invalid.push(format!(
             "spec.progressDeadlineSeconds: must be at least 1, got {}",
@@ -98,7 +106,168 @@ pub fn spec_view(twd: &TemporalWorkerDeployment) -> SpecView {
         temporal_namespace: spec.worker_options.temporal_namespace.clone(),
         invalid,
         drain,
+        analysis,
     }
+}
+
+/// Converts `spec.rollout.analysis` and the step gates; None when neither is configured.
+fn analysis_view(
+    analysis: Option<&AnalysisSpec>,
+    steps: &[RolloutStep],
+    strategy: RolloutStrategy,
+    invalid: &mut Vec<String>,
+) -> Option<AnalysisView> {
+    for (i, step) in steps.iter().enumerate() {
+        if let Some(gate) = &step.gate {
+            check_gate(gate, &format!("spec.rollout.steps[{i}].gate"), invalid);
+        }
+    }
+    let step_gates: Vec<Option<String>> = steps
+        .iter()
+        .map(|s| s.gate.as_ref().map(|g| g.workflow_type.clone()))
+        .collect();
+    if analysis.is_none() && step_gates.iter().all(Option::is_none) {
+        return None;
+    }
+    if strategy != RolloutStrategy::Progressive {
+        invalid.push(
+            "spec.rollout.analysis: analysis and step gates need the Progressive strategy"
+                .to_owned(),
+        );
+    }
+    let mut checks = Vec::new();
+    for (i, check) in analysis
+        .map(|a| a.checks.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let field = format!("spec.rollout.analysis.checks[{i}]");
+        if checks.iter().any(|c: &CheckView| c.name == check.name) {
+            invalid.push(format!(
+                "{field}.name: check names must be unique ({})",
+                check.name
+            ));
+        }
+        let interval_ms =
+            duration_ms(&format!("{field}.interval"), &check.interval, invalid).unwrap_or(30_000);
+        if interval_ms < 1000 {
+            invalid.push(format!("{field}.interval: must be at least 1s"));
+        }
+        let limit = |name: &str, value: i32, invalid: &mut Vec<String>| {
+            u32::try_from(value).unwrap_or_else(|_| {
+                invalid.push(format!("{field}.{name}: must not be negative, got {value}"));
+                0
+            })
+        };
+        let failure_limit = limit("failureLimit", check.failure_limit, invalid);
+        let inconclusive_limit = limit("inconclusiveLimit", check.inconclusive_limit, invalid);
+        let provider = match (&check.temporal, &check.prometheus) {
+            (Some(t), None) => {
+                let percent = |name: &str, v: Option<f64>, invalid: &mut Vec<String>| {
+                    if let Some(v) = v
+                        && !(0.0..=100.0).contains(&v)
+                    {
+                        invalid.push(format!(
+                            "{field}.temporal.{name}: must be between 0 and 100, got {v}"
+                        ));
+                    }
+                    v
+                };
+                let max_failure_percent =
+                    percent("maxFailurePercent", t.max_failure_percent, invalid);
+                let max_increase_over_current = percent(
+                    "maxIncreaseOverCurrent",
+                    t.max_increase_over_current,
+                    invalid,
+                );
+                if max_failure_percent.is_none() && max_increase_over_current.is_none() {
+                    invalid.push(format!(
+                        "{field}.temporal: a temporal check needs maxFailurePercent or maxIncreaseOverCurrent"
+                    ));
+                }
+                if t.min_samples < 1 {
+                    invalid.push(format!(
+                        "{field}.temporal.minSamples: must be at least 1, got {}",
+                        t.min_samples
+                    ));
+                }
+                let types = t.workflow_types.clone().unwrap_or_default();
+                CheckProvider::Temporal {
+                    max_failure_percent,
+                    max_increase_over_current,
+                    min_samples: u64::try_from(t.min_samples.max(1)).unwrap_or(1),
+                    include_types: types.include,
+                    exclude_types: types.exclude,
+                }
+            }
+            (None, Some(p)) => {
+                if p.max_value.is_none() && p.min_value.is_none() {
+                    invalid.push(format!(
+                        "{field}.prometheus: a prometheus check needs maxValue or minValue"
+                    ));
+                }
+                if let (Some(min), Some(max)) = (p.min_value, p.max_value)
+                    && min > max
+                {
+                    invalid.push(format!(
+                        "{field}.prometheus: minValue ({min}) must not be above maxValue ({max})"
+                    ));
+                }
+                if !(p.address.starts_with("http://") || p.address.starts_with("https://")) {
+                    invalid.push(format!(
+                        "{field}.prometheus.address: must be an http:// or https:// URL, got {:?}",
+                        p.address
+                    ));
+                }
+                for unknown in unknown_placeholders(&p.query) {
+                    invalid.push(format!(
+                        "{field}.prometheus.query: unknown placeholder {unknown} (known: {})",
+                        PROMQL_PLACEHOLDERS.join(", ")
+                    ));
+                }
+                CheckProvider::Prometheus {
+                    address: p.address.clone(),
+                    query: p.query.clone(),
+                    max_value: p.max_value,
+                    min_value: p.min_value,
+                }
+            }
+            _ => {
+                invalid.push(format!(
+                    "{field}: a check needs exactly one provider: temporal or prometheus"
+                ));
+                continue;
+            }
+        };
+        checks.push(CheckView {
+            name: check.name.clone(),
+            interval_ms: interval_ms.max(1000),
+            failure_limit,
+            inconclusive_limit,
+            dry_run: check.dry_run,
+            provider,
+        });
+    }
+    Some(AnalysisView { checks, step_gates })
+}
+
+/// `{{...}}` placeholders of a query that are not in [`PROMQL_PLACEHOLDERS`].
+fn unknown_placeholders(query: &str) -> Vec<String> {
+    let mut unknown = Vec::new();
+    let mut rest = query;
+    while let Some(start) = rest.find("{{") {
+        let after = &rest[start..];
+        let Some(end) = after.find("}}") else {
+            break;
+        };
+        let placeholder = &after[..end + 2];
+        if !PROMQL_PLACEHOLDERS.contains(&placeholder) {
+            unknown.push(placeholder.to_owned());
+        }
+        rest = &after[end + 2..];
+    }
+    unknown
 }
 
 /// Converts the steps, reporting percentages outside 1..=99 and unparseable pauses.
@@ -149,19 +318,23 @@ fn check_progressive_steps(steps: &[StepView], invalid: &mut Vec<String>) {
     }
 }
 
-fn check_gate(gate: &GateSpec, invalid: &mut Vec<String>) {
+fn check_gate(gate: &GateSpec, field: &str, invalid: &mut Vec<String>) {
     if gate.input.is_some() && gate.input_from.is_some() {
-        invalid.push("spec.rollout.gate: only one of input or inputFrom may be set".to_owned());
+        invalid.push(format!(
+            "{field}: only one of input or inputFrom may be set"
+        ));
     }
     if let Some(input) = &gate.input
         && !input.is_object()
     {
-        invalid.push("spec.rollout.gate.input: must be a JSON object".to_owned());
+        invalid.push(format!("{field}.input: must be a JSON object"));
     }
     if let Some(from) = &gate.input_from
         && from.config_map_key_ref.is_some() == from.secret_key_ref.is_some()
     {
-        invalid.push("spec.rollout.gate.inputFrom: exactly one of configMapKeyRef or secretKeyRef must be set".to_owned());
+        invalid.push(format!(
+            "{field}.inputFrom: exactly one of configMapKeyRef or secretKeyRef must be set"
+        ));
     }
 }
 
@@ -285,6 +458,7 @@ mod tests {
         RolloutStep {
             ramp_percentage: ramp,
             pause_duration: pause.into(),
+            gate: None,
         }
     }
 

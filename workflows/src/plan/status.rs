@@ -269,7 +269,7 @@ fn rollout_status(
     };
     let report_message = report.map(|r| r.message.clone()).filter(|m| !m.is_empty());
     let message = match (progress, blocked) {
-        (RolloutProgress::Blocked, Some(b)) => Some(b.message.clone()),
+        (RolloutProgress::Blocked | RolloutProgress::Aborted, Some(b)) => Some(b.message.clone()),
         _ => report_message,
     };
     RolloutStatus {
@@ -283,6 +283,7 @@ fn rollout_status(
         message,
         started_at: report.map(|r| time(r.started_at)),
         updated_at: Some(time(now)),
+        analysis: report.map(|r| r.analysis.clone()).unwrap_or_default(),
     }
 }
 
@@ -357,7 +358,7 @@ fn condition(view: ConditionView, generation: i64, now: UnixMillis) -> Condition
 }
 
 /// Unix milliseconds as a Kubernetes time, clamped to the representable range.
-fn time(millis: UnixMillis) -> Time {
+pub(crate) fn time(millis: UnixMillis) -> Time {
     Time(
         Timestamp::from_millisecond(millis).unwrap_or(if millis < 0 {
             Timestamp::MIN
@@ -435,6 +436,7 @@ mod tests {
             blocked: None,
             message: "Ramping to 25% (step 1 of 3)".into(),
             started_at: secs(90),
+            analysis: Vec::new(),
             gate_runs: vec![
                 GateRun {
                     workflow_id: "gate-b".into(),
@@ -788,6 +790,7 @@ mod tests {
                 message: Some("Ramping to 25% (step 1 of 3)".into()),
                 started_at: Some(t(secs(90))),
                 updated_at: Some(t(NOW)),
+                analysis: Vec::new(),
             }
         );
         let blocked = RolloutReport {
