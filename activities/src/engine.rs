@@ -17,16 +17,20 @@ use temporalio_sdk::activities::{ActivityContext, ActivityError};
 use twc_crds::TemporalWorkerDeployment;
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 use twc_workflows::contract::{
-    BuildRequest, CleanupBlock, CleanupOutcome, CreateDeploymentOutcome, DeleteVersionOutcome,
-    DeleteVersionRequest, DeploymentRequest, DrainOutcome, DrainRequest, EventRequest, GateOutcome,
-    GateRequest, PinnedCount, PinnedRequest, PollerWaitOutcome, RoutingOutcome, RoutingRequest,
-    ScaleRequest, StatusRequest, WaitForPollersRequest,
+    AnalysisRequest, AnalysisResult, BuildRequest, CleanupBlock, CleanupOutcome,
+    CreateDeploymentOutcome, DeleteVersionOutcome, DeleteVersionRequest, DeploymentRequest,
+    DrainOutcome, DrainRequest, EventRequest, GateOutcome, GateRequest, Measurement, PinnedCount,
+    PinnedRequest, PollerWaitOutcome, RoutingOutcome, RoutingRequest, ScaleRequest, StatusRequest,
+    WaitForPollersRequest,
 };
-use twc_workflows::model::{BlockReason, Blocked, Observation, SpecView, TemporalState, TwdRef};
+use twc_workflows::model::{
+    BlockReason, Blocked, CheckProvider, CheckView, Observation, SpecView, TemporalState, TwdRef,
+};
 use twc_workflows::plan::spec_view::spec_view;
 
 use crate::k8s::{self, ResolveError};
 use crate::metrics::{self, Metrics};
+use crate::prometheus::{self, PrometheusClient};
 use crate::temporal::{
     self, ClientPool, PoolOptions, TaskQueueKind, TemporalClient, TemporalError,
 };
@@ -49,10 +53,12 @@ const GATE_STOP_GRACE: Duration = Duration::from_secs(10);
 const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Shared state of the engine's activities: the Kubernetes client, the pool of clients for the
-/// workers' Temporal servers, the controller identity and the metrics.
+/// workers' Temporal servers, the client of Prometheus servers, the controller identity and the
+/// metrics.
 pub struct EngineActivities {
     kube: kube::Client,
     pool: ClientPool,
+    prometheus: PrometheusClient,
     identity: String,
     metrics: Arc<Metrics>,
     /// Last Ready state written per TemporalConnection, to avoid rewriting it on every observe.
@@ -77,6 +83,7 @@ impl EngineActivities {
         Self {
             kube,
             pool,
+            prometheus: PrometheusClient::default(),
             identity,
             metrics,
             connection_states: Mutex::new(HashMap::new()),
@@ -226,13 +233,82 @@ impl EngineActivities {
         }
     }
 
-    /// The TWD resolved for a count or drain step; a TWD that is gone or whose Temporal cannot
-    /// be reached fails the step without retry (the workflow decides what next).
-    async fn resolve_for_drain(&self, twd: &TwdRef) -> Result<Resolved, ActivityError> {
+    /// The TWD resolved for a count, drain step or analysis; a TWD that is gone (failure type
+    /// `gone_type`) or whose Temporal cannot be reached fails the activity without retry (the
+    /// workflow decides what next).
+    async fn resolve_or_fail(
+        &self,
+        twd: &TwdRef,
+        gone_type: &str,
+    ) -> Result<Resolved, ActivityError> {
         match self.resolve(twd).await? {
-            None => Err(not_retryable("DrainTwdGone", gone(twd).message)),
+            None => Err(not_retryable(gone_type, gone(twd).message)),
             Some(Err(blocked)) => Err(not_retryable(blocked.reason.as_str(), blocked.message)),
             Some(Ok(resolved)) => Ok(resolved),
+        }
+    }
+
+    /// Measures one analysis check of `request` (never fails: a provider that cannot answer
+    /// gives an inconclusive measurement).
+    async fn measure(
+        &self,
+        resolved: &Resolved,
+        request: &AnalysisRequest,
+        check: &CheckView,
+    ) -> Measurement {
+        let deployment_name = request.twd.key();
+        match &check.provider {
+            CheckProvider::Temporal {
+                max_failure_percent,
+                max_increase_over_current,
+                min_samples,
+                include_types,
+                exclude_types,
+            } => {
+                let check = temporal::analysis::TemporalCheck {
+                    name: &check.name,
+                    namespace: &resolved.spec.temporal_namespace,
+                    deployment_name: &deployment_name,
+                    build_id: &request.build_id,
+                    current_build_id: request.current_build_id.as_deref(),
+                    filter: temporal::analysis::WorkflowFilter {
+                        window_start: request.window_start,
+                        include: include_types,
+                        exclude: exclude_types,
+                        gate_types: &request.gate_types,
+                    },
+                    limits: temporal::analysis::Limits {
+                        max_failure_percent: *max_failure_percent,
+                        max_increase_over_current: *max_increase_over_current,
+                        min_samples: *min_samples,
+                    },
+                };
+                temporal::analysis::measure(&resolved.temporal, &check).await
+            }
+            CheckProvider::Prometheus {
+                address,
+                query,
+                max_value,
+                min_value,
+            } => {
+                let placeholders = prometheus::Placeholders {
+                    build_id: &request.build_id,
+                    current_build_id: request.current_build_id.as_deref(),
+                    deployment_name: &deployment_name,
+                    temporal_namespace: &resolved.spec.temporal_namespace,
+                    namespace: &request.twd.namespace,
+                    name: &request.twd.name,
+                };
+                let query = prometheus::substitute(query, &placeholders);
+                let check = prometheus::PrometheusCheck {
+                    name: &check.name,
+                    address,
+                    query: &query,
+                    min_value: *min_value,
+                    max_value: *max_value,
+                };
+                prometheus::measure(&self.prometheus, &check).await
+            }
         }
     }
 
@@ -558,7 +634,9 @@ impl EngineActivities {
         .await
     }
 
-    /// Starts the gate workflows (idempotently) and waits a bounded time for their results.
+    /// Starts the gate workflows (idempotently) and waits a bounded time for their results: the
+    /// rollout's gate, or the gate of a step (type and input from that step as the spec has it
+    /// now; a step or gate no longer there is `PlanGenerationFailed`).
     #[activity(name = "run_gate")]
     pub async fn run_gate(
         self: Arc<Self>,
@@ -576,10 +654,39 @@ impl EngineActivities {
                 Some(Err(blocked)) => return Ok(blocked_outcome(blocked)),
                 Some(Ok(r)) => r,
             };
-            let input = match k8s::gate_input(&self.kube, &resolved.resource).await {
-                Ok(input) => input,
-                Err(ResolveError::Blocked(blocked)) => return Ok(blocked_outcome(blocked)),
-                Err(ResolveError::Transient(e)) => return Err(retryable(e)),
+            // The rollout's gate, or the gate of the step in force (as the spec says now).
+            let rollout = &resolved.resource.spec.rollout;
+            let gate = match request.step {
+                None => rollout.gate.as_ref().map(k8s::GateField::rollout),
+                Some(step) => match k8s::step_gate(rollout, step.step) {
+                    Ok(field) => Some(field),
+                    Err(blocked) => return Ok(blocked_outcome(blocked)),
+                },
+            };
+            let workflow_type = match (&gate, request.step) {
+                (Some(field), Some(step)) => {
+                    if field.gate.workflow_type != request.workflow_type {
+                        tracing::info!(
+                            twd = %request.twd.key(),
+                            step = step.step,
+                            requested = %request.workflow_type,
+                            spec = %field.gate.workflow_type,
+                            "the step's gate workflow type changed; running the spec's"
+                        );
+                    }
+                    field.gate.workflow_type.clone()
+                }
+                _ => request.workflow_type.clone(),
+            };
+            let input = match &gate {
+                None => None,
+                Some(field) => {
+                    match k8s::gate_input(&self.kube, &request.twd.namespace, field).await {
+                        Ok(input) => input,
+                        Err(ResolveError::Blocked(blocked)) => return Ok(blocked_outcome(blocked)),
+                        Err(ResolveError::Transient(e)) => return Err(retryable(e)),
+                    }
+                }
             };
             let namespace = resolved.spec.temporal_namespace.clone();
             let deployment_name = request.twd.key();
@@ -631,9 +738,9 @@ impl EngineActivities {
                 &namespace,
                 &deployment_name,
                 &request.build_id,
-                &request.workflow_type,
+                &workflow_type,
                 input,
-                request.attempt,
+                temporal::GateKey::of(&request),
                 &task_queues,
             )
             .await
@@ -949,7 +1056,7 @@ impl EngineActivities {
         request: PinnedRequest,
     ) -> Result<PinnedCount, ActivityError> {
         with_heartbeats(&ctx, async {
-            let resolved = self.resolve_for_drain(&request.twd).await?;
+            let resolved = self.resolve_or_fail(&request.twd, "DrainTwdGone").await?;
             temporal::count_pinned(
                 &resolved.temporal,
                 &resolved.spec.temporal_namespace,
@@ -975,7 +1082,7 @@ impl EngineActivities {
         request: DrainRequest,
     ) -> Result<DrainOutcome, ActivityError> {
         with_heartbeats(&ctx, async {
-            let resolved = self.resolve_for_drain(&request.twd).await?;
+            let resolved = self.resolve_or_fail(&request.twd, "DrainTwdGone").await?;
             let deployment_name = request.twd.key();
             let uid = resolved.resource.metadata.uid.clone().unwrap_or_default();
             let step = temporal::DrainStep {
@@ -992,6 +1099,42 @@ impl EngineActivities {
             temporal::drain_version(&resolved.temporal, &step, || ctx.is_cancelled())
                 .await
                 .map_err(|e| self.drain_failure(&resolved.temporal, e))
+        })
+        .await
+    }
+
+    /// Measures canary analysis checks of a build: one measurement per check, in order (checks
+    /// measured concurrently). A provider that cannot answer gives an inconclusive measurement,
+    /// never a failed activity; a TWD that is gone or whose Temporal cannot be reached fails
+    /// without retry.
+    #[activity(name = "run_analysis")]
+    pub async fn run_analysis(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        request: AnalysisRequest,
+    ) -> Result<AnalysisResult, ActivityError> {
+        with_heartbeats(&ctx, async {
+            let resolved = self
+                .resolve_or_fail(&request.twd, "AnalysisTwdGone")
+                .await?;
+            let measurements = futures::future::join_all(
+                request
+                    .checks
+                    .iter()
+                    .map(|check| self.measure(&resolved, &request, check)),
+            )
+            .await;
+            tracing::info!(
+                twd = %request.twd.key(),
+                build_id = %request.build_id,
+                step = request.step,
+                verdicts = ?measurements
+                    .iter()
+                    .map(|m| (m.check.as_str(), m.verdict.as_str()))
+                    .collect::<Vec<_>>(),
+                "analysis measured"
+            );
+            Ok(AnalysisResult { measurements })
         })
         .await
     }

@@ -1,8 +1,10 @@
 //! All side effects of the engine: Kubernetes objects, the workers' Temporal (routing, versions,
-//! gate workflows). Every operation is idempotent and safe to retry.
+//! gate workflows), and the reads of canary analysis (Temporal visibility, Prometheus). Every
+//! operation is idempotent and safe to retry.
 
 pub mod connection;
 pub mod engine;
 pub mod k8s;
 pub mod metrics;
+pub mod prometheus;
 pub mod temporal;

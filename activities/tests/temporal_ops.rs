@@ -33,8 +33,9 @@ use temporalio_common::protos::temporal::api::{
     workflowservice::v1::{
         DescribeWorkerDeploymentVersionRequest, DescribeWorkflowExecutionRequest,
         DescribeWorkflowExecutionResponse, GetWorkflowExecutionHistoryRequest,
-        SetWorkerDeploymentCurrentVersionRequest, SetWorkerDeploymentManagerRequest,
-        SignalWorkflowExecutionRequest, StartWorkflowExecutionRequest,
+        RequestCancelWorkflowExecutionRequest, SetWorkerDeploymentCurrentVersionRequest,
+        SetWorkerDeploymentManagerRequest, SignalWorkflowExecutionRequest,
+        StartWorkflowExecutionRequest, TerminateWorkflowExecutionRequest,
         set_worker_deployment_manager_request::NewManagerIdentity,
     },
 };
@@ -46,7 +47,8 @@ use tokio::{
 use twc_activities::{
     connection::{ConnectionAuth, ConnectionConfig},
     temporal::{
-        ClientPool, DrainError, DrainStep, PoolOptions, TaskQueueKind, TemporalClient,
+        ClientPool, DrainError, DrainStep, GateKey, PoolOptions, TaskQueueKind, TemporalClient,
+        analysis::{self, Limits, TemporalCheck, WorkflowFilter},
         cancel_build_gates, cancel_gates, count_pinned, delete_version, delete_worker_deployment,
         describe_worker_deployment, drain_version,
         error::is_manager_identity_conflict,
@@ -58,7 +60,8 @@ use twc_activities::{
 use twc_crds::worker_deployment::VersionState;
 use twc_workflows::{
     contract::{
-        DeleteVersionOutcome, DrainAction, GateRun, PinnedCount, RoutingChange, RoutingOutcome,
+        DeleteVersionOutcome, DrainAction, GateRun, Measurement, PinnedCount, RoutingChange,
+        RoutingOutcome, StepGateRef, Verdict,
     },
     model::{BlockReason, TemporalState},
 };
@@ -133,16 +136,19 @@ impl Ctx {
 
     /// Starts a sample worker of `deployment`/`build_id` polling `hello-world`.
     async fn start_worker(&self, deployment: &str, build_id: &str) -> Result<()> {
-        self.start_worker_on(deployment, build_id, TASK_QUEUE).await
+        self.start_worker_on(deployment, build_id, TASK_QUEUE)
+            .await
+            .map(|_| ())
     }
 
-    /// Starts a sample worker of `deployment`/`build_id` polling `task_queue`.
+    /// Starts a sample worker of `deployment`/`build_id` polling `task_queue`; returns its
+    /// process ID.
     async fn start_worker_on(
         &self,
         deployment: &str,
         build_id: &str,
         task_queue: &str,
-    ) -> Result<()> {
+    ) -> Result<u32> {
         let mut command = Command::new(&self.worker_bin);
         command
             .env("TEMPORAL_ADDRESS", &self.address)
@@ -156,8 +162,9 @@ impl Ctx {
             command,
             &self.log_dir,
         )?;
+        let pid = proc.child.id().context("the worker exited at once")?;
         self.procs.lock().await.push(proc);
-        Ok(())
+        Ok(pid)
     }
 
     async fn describe(&self, deployment: &str) -> Result<TemporalState> {
@@ -284,9 +291,16 @@ async fn temporal_operations_against_a_dev_server() {
     let log_dir = std::env::temp_dir().join(format!("twc-temporal-ops-{suffix}"));
     std::fs::create_dir_all(&log_dir).expect("log dir");
 
-    let (mut server, address) = start_server(&cli, &log_dir, "temporal-dev-server", &[])
-        .await
-        .expect("dev server starts");
+    // One workflow task failure or timeout is enough for the server to report a stuck
+    // workflow (`TemporalReportedProblems`), which the analysis scenario counts.
+    let (mut server, address) = start_server(
+        &cli,
+        &log_dir,
+        "temporal-dev-server",
+        &["system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute=1"],
+    )
+    .await
+    .expect("dev server starts");
     let ctx = Arc::new(Ctx {
         worker_bin,
         cli,
@@ -300,12 +314,13 @@ async fn temporal_operations_against_a_dev_server() {
 
     let outcome = tokio::time::timeout(TEST_DEADLINE, async {
         wait_for_server(&mut server, &ctx.pool, &ctx.config).await?;
-        let (a, b, c, d, e) = tokio::join!(
+        let (a, b, c, d, e, f) = tokio::join!(
             scenario_routing_gates_deletion(&ctx),
             scenario_manager_identity(&ctx),
             scenario_missing_things(&ctx),
             scenario_rate_limited(&ctx),
             scenario_drain(&ctx),
+            scenario_analysis(&ctx),
         );
         let failures: Vec<String> = [
             ("routing/gates/deletion", a),
@@ -313,6 +328,7 @@ async fn temporal_operations_against_a_dev_server() {
             ("missing things", c),
             ("rate limited", d),
             ("drain", e),
+            ("analysis", f),
         ]
         .into_iter()
         .filter_map(|(name, r)| r.err().map(|e| format!("{name}: {e:#}")))
@@ -642,7 +658,7 @@ async fn gates(client: &TemporalClient, dep: &str) -> Result<()> {
         queues == [TASK_QUEUE],
         "workflow task queues of v2: {queues:?}"
     );
-    let start = |workflow_type: &'static str, input: Option<serde_json::Value>, attempt: u32| {
+    let start = |workflow_type: &'static str, input: Option<serde_json::Value>, key: GateKey| {
         let queues = queues.clone();
         async move {
             start_gates(
@@ -652,7 +668,7 @@ async fn gates(client: &TemporalClient, dep: &str) -> Result<()> {
                 "v2",
                 workflow_type,
                 input,
-                attempt,
+                key,
                 &queues,
             )
             .await
@@ -662,13 +678,13 @@ async fn gates(client: &TemporalClient, dep: &str) -> Result<()> {
 
     // A passing gate; a retried start attaches to the same run.
     let input = json!({"greeting": "hello", "fail": false});
-    let runs = start("RolloutGate", Some(input.clone()), 1).await?;
+    let runs = start("RolloutGate", Some(input.clone()), attempt(1)).await?;
     ensure!(runs.len() == 1, "{runs:?}");
     ensure!(
-        runs[0].workflow_id == gate_workflow_id(dep, "v2", TASK_QUEUE, 1),
+        runs[0].workflow_id == gate_workflow_id(dep, "v2", TASK_QUEUE, attempt(1)),
         "{runs:?}"
     );
-    let again = start("RolloutGate", Some(input.clone()), 1).await?;
+    let again = start("RolloutGate", Some(input.clone()), attempt(1)).await?;
     ensure!(
         again[0].run_id == runs[0].run_id,
         "retry started another run: {again:?} vs {runs:?}"
@@ -677,19 +693,19 @@ async fn gates(client: &TemporalClient, dep: &str) -> Result<()> {
     ensure!(done[0].status == "Completed", "{done:?}");
     ensure!(beats >= 1, "heartbeat never called");
     check_pinned(client, &done[0], dep, "v2").await?;
-    let after = start("RolloutGate", Some(input), 1).await?;
+    let after = start("RolloutGate", Some(input), attempt(1)).await?;
     ensure!(
         after[0].run_id == runs[0].run_id && after[0].status == "Completed",
         "retry after close: {after:?}"
     );
 
     // A failing gate.
-    let runs = start("GateFail", None, 2).await?;
+    let runs = start("GateFail", None, attempt(2)).await?;
     let (done, _) = run_gates_to_end(client, runs).await?;
     ensure!(done[0].status == "Failed", "{done:?}");
 
     // Cancel by runs.
-    let runs = start("Sleeper", Some(json!(600)), 3).await?;
+    let runs = start("Sleeper", Some(json!(600)), attempt(3)).await?;
     ensure!(runs[0].status == "Running", "{runs:?}");
     cancel_gates(client, NAMESPACE, &runs).await?;
     let (done, _) = run_gates_to_end(client, runs.clone()).await?;
@@ -699,7 +715,7 @@ async fn gates(client: &TemporalClient, dep: &str) -> Result<()> {
         .context("cancelling a closed gate")?;
 
     // Cancel by build (visibility).
-    let runs = start("Sleeper", Some(json!(600)), 4).await?;
+    let runs = start("Sleeper", Some(json!(600)), attempt(4)).await?;
     eventually(
         "the build's running gate to be found and cancelled",
         WAIT,
@@ -712,8 +728,17 @@ async fn gates(client: &TemporalClient, dep: &str) -> Result<()> {
     let (done, _) = run_gates_to_end(client, runs).await?;
     ensure!(done[0].status == "Canceled", "{done:?}");
 
-    // Stop by build: a gate that honours the cancellation ends Canceled within the grace...
-    let runs = start("Sleeper", Some(json!(600)), 5).await?;
+    // Stop by build: a gate that honours the cancellation ends Canceled within the grace (a
+    // step gate here: its ID is found by the build's prefix too)...
+    let step_gate = GateKey::Step(StepGateRef {
+        step: 1,
+        rollout_started_at: 1_700_000_000_000,
+    });
+    let runs = start("Sleeper", Some(json!(600)), step_gate).await?;
+    ensure!(
+        runs[0].workflow_id == format!("gate/{dep}/v2/{TASK_QUEUE}/step1-1700000000000"),
+        "{runs:?}"
+    );
     eventually("the build's sleeping gate to be stopped", WAIT, || async {
         let n = stop_build_gates(client, NAMESPACE, dep, "v2", Duration::from_secs(10)).await?;
         Ok((n >= 1 && cancel_requested_or_closed(client, &runs[0]).await?).then_some(()))
@@ -722,7 +747,7 @@ async fn gates(client: &TemporalClient, dep: &str) -> Result<()> {
     let (done, _) = run_gates_to_end(client, runs).await?;
     ensure!(done[0].status == "Canceled", "{done:?}");
     // ...and one no worker can run (so it never sees the cancellation) is terminated after it.
-    let runs = start("NoWorkerRunsThis", None, 6).await?;
+    let runs = start("NoWorkerRunsThis", None, attempt(6)).await?;
     eventually("the build's stuck gate to be stopped", WAIT, || async {
         let n = stop_build_gates(client, NAMESPACE, dep, "v2", Duration::from_secs(1)).await?;
         Ok((n >= 1 && cancel_requested_or_closed(client, &runs[0]).await?).then_some(()))
@@ -731,6 +756,11 @@ async fn gates(client: &TemporalClient, dep: &str) -> Result<()> {
     let (done, _) = run_gates_to_end(client, runs).await?;
     ensure!(done[0].status == "Terminated", "{done:?}");
     Ok(())
+}
+
+/// The key of the rollout gate's attempt `n`.
+fn attempt(n: u32) -> GateKey {
+    GateKey::Rollout { attempt: n }
 }
 
 /// Whether a gate was asked to cancel or has closed. Visibility can still list a gate cancelled
@@ -1060,7 +1090,43 @@ async fn start_workflow(
     workflow_id: &str,
     input: Option<serde_json::Value>,
 ) -> Result<Started> {
+    let request = start_request(task_queue, workflow_type, workflow_id, input);
+    start(client, request).await
+}
+
+/// Timeouts of a started workflow.
+#[derive(Debug, Clone, Copy, Default)]
+struct Timeouts {
+    execution: Option<Duration>,
+    task: Option<Duration>,
+}
+
+/// Starts a `Sleeper` of an hour on `task_queue` with `timeouts`.
+async fn start_sleeper(
+    client: &TemporalClient,
+    task_queue: &str,
+    workflow_id: &str,
+    timeouts: Timeouts,
+) -> Result<Started> {
+    let duration = |d: Duration| prost_wkt_types::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: 0,
+    };
     let request = StartWorkflowExecutionRequest {
+        workflow_execution_timeout: timeouts.execution.map(duration),
+        workflow_task_timeout: timeouts.task.map(duration),
+        ..start_request(task_queue, "Sleeper", workflow_id, Some(json!(3600)))
+    };
+    start(client, request).await
+}
+
+fn start_request(
+    task_queue: &str,
+    workflow_type: &str,
+    workflow_id: &str,
+    input: Option<serde_json::Value>,
+) -> StartWorkflowExecutionRequest {
+    StartWorkflowExecutionRequest {
         namespace: NAMESPACE.to_owned(),
         workflow_id: workflow_id.to_owned(),
         workflow_type: Some(WorkflowType {
@@ -1077,14 +1143,23 @@ async fn start_workflow(
         identity: "twc-test/starter".to_owned(),
         request_id: workflow_id.to_owned(),
         ..Default::default()
-    };
+    }
+}
+
+async fn start(client: &TemporalClient, request: StartWorkflowExecutionRequest) -> Result<Started> {
+    let workflow_id = request.workflow_id.clone();
+    let workflow_type = request
+        .workflow_type
+        .as_ref()
+        .map(|t| t.name.clone())
+        .unwrap_or_default();
     let mut raw = client.raw().clone();
     let response = WorkflowService::start_workflow_execution(&mut raw, request.into_request())
         .await
         .with_context(|| format!("starting {workflow_type} {workflow_id}"))?
         .into_inner();
     Ok(Started {
-        workflow_id: workflow_id.to_owned(),
+        workflow_id,
         first_run_id: response.run_id,
     })
 }
@@ -1637,6 +1712,304 @@ async fn scenario_drain(ctx: &Ctx) -> Result<()> {
         .open;
     eprintln!("{open} of 5 left open by the stopped batch");
     Ok(())
+}
+
+/// Canary analysis counts: the workflows started on a build since the window start, by how they
+/// fared (failed, timed out, terminated, stuck on a workflow task problem; completed, canceled),
+/// of the Current build too, without gate types and with type filters; judged against limits.
+async fn scenario_analysis(ctx: &Ctx) -> Result<()> {
+    let client = ctx.client().await?;
+    let dep = ctx.deployment("analysis");
+    // A task queue of its own: the other scenarios route `hello-world` as they please.
+    let queue = format!("analysis-{}", ctx.suffix);
+    let id = |name: &str| format!("analysis-{name}-{}", ctx.suffix);
+    ctx.start_worker_on(&dep, "v1", &queue).await?;
+    let v2_worker = ctx.start_worker_on(&dep, "v2", &queue).await?;
+    ctx.registered(&dep, "v1").await?;
+    ctx.registered(&dep, "v2").await?;
+    set_current(&client, &dep, "v1").await?;
+    // Visibility keeps start times in its own clock: a window opened a moment before.
+    let window_start = now_millis() - 1_000;
+
+    // On v1 (Current): 2 completed, 1 failed.
+    let mut v1_runs = Vec::new();
+    for n in 1..=2 {
+        v1_runs.push(
+            start_workflow(
+                &client,
+                &queue,
+                "HelloWorld",
+                &id(&format!("v1-ok{n}")),
+                None,
+            )
+            .await?,
+        );
+    }
+    v1_runs.push(start_workflow(&client, &queue, "GateFail", &id("v1-fail"), None).await?);
+    for run in &v1_runs {
+        closed_on(&client, run, "v1").await?;
+    }
+
+    // On v2: 3 completed, 2 failed, 1 timed out, 1 terminated, 1 canceled, 1 running, and a
+    // gate (never counted).
+    set_current(&client, &dep, "v2").await?;
+    let mut closing = Vec::new();
+    for n in 1..=3 {
+        closing.push(
+            start_workflow(
+                &client,
+                &queue,
+                "HelloWorld",
+                &id(&format!("v2-ok{n}")),
+                None,
+            )
+            .await?,
+        );
+    }
+    for n in 1..=2 {
+        closing.push(
+            start_workflow(
+                &client,
+                &queue,
+                "GateFail",
+                &id(&format!("v2-fail{n}")),
+                None,
+            )
+            .await?,
+        );
+    }
+    closing.push(start_workflow(&client, &queue, "GatePass", &id("v2-gate"), None).await?);
+    let timeout = Timeouts {
+        execution: Some(Duration::from_secs(5)),
+        task: None,
+    };
+    closing.push(start_sleeper(&client, &queue, &id("v2-timeout"), timeout).await?);
+    let terminated = start_sleeper(&client, &queue, &id("v2-term"), Timeouts::default()).await?;
+    let canceled = start_sleeper(&client, &queue, &id("v2-cancel"), Timeouts::default()).await?;
+    let running = start_sleeper(&client, &queue, &id("v2-run"), Timeouts::default()).await?;
+    for run in [&terminated, &canceled, &running] {
+        on_build(&client, run, "v2").await?;
+    }
+    terminate(&client, &terminated.workflow_id).await?;
+    request_cancel(&client, &canceled.workflow_id).await?;
+    closing.extend([terminated, canceled]);
+    for run in &closing {
+        closed_on(&client, run, "v2").await?;
+    }
+
+    // One stuck on v2: its first workflow task completed there (so visibility knows its
+    // version), then its worker froze while holding the next one, which timed out.
+    let short_tasks = Timeouts {
+        execution: None,
+        task: Some(Duration::from_secs(1)),
+    };
+    let stuck = start_sleeper(&client, &queue, &id("v2-stuck"), short_tasks).await?;
+    on_build(&client, &stuck, "v2").await?;
+    signal_process(v2_worker, "-STOP").await?;
+    let frozen = async {
+        signal(&client, &stuck.workflow_id, "wake-up").await?;
+        let gate_types = strings(&["GatePass"]);
+        let filter = WorkflowFilter {
+            window_start,
+            include: &[],
+            exclude: &[],
+            gate_types: &gate_types,
+        };
+        let check = TemporalCheck {
+            name: "failures",
+            namespace: NAMESPACE,
+            deployment_name: &dep,
+            build_id: "v2",
+            current_build_id: Some("v1"),
+            filter,
+            limits: Limits {
+                max_failure_percent: None,
+                max_increase_over_current: Some(10.0),
+                min_samples: 3,
+            },
+        };
+        // v2: 5 bad (2 failed, 1 timed out, 1 terminated, 1 stuck) of 9 judged; v1: 1 of 3.
+        let measured = eventually("v2's workflows to be counted, one stuck", WAIT, || async {
+            let m = analysis::measure(&client, &check).await;
+            Ok((m.samples == Some(9) && m.message.contains("(1 stuck)")).then_some(m))
+        })
+        .await?;
+        eprintln!("analysis measurement: {measured:?}");
+        ensure!(measured.verdict == Verdict::Failed, "{measured:?}");
+        ensure!(
+            measured.message
+                == "failure share 55.6% (5 of 9 workflows failed, timed out, were terminated or \
+                    are stuck on a workflow task problem (1 stuck)) on build v2; Current build \
+                    v1: 33.3% (1 of 3); limit: Current + 10 points = 43.3%",
+            "{measured:?}"
+        );
+        ensure!(
+            close(measured.value, 500.0 / 9.0) && close(measured.baseline, 100.0 / 3.0),
+            "{measured:?}"
+        );
+        let version = |build: &str| {
+            format!(
+                "TemporalWorkerDeploymentVersion = '{dep}:{build}' AND StartTime >= '{}' AND \
+                 WorkflowType NOT IN ('GatePass')",
+                k8s_openapi::jiff::Timestamp::from_millisecond(window_start)
+                    .map(|t| t.to_string())
+                    .unwrap_or_default()
+            )
+        };
+        let stuck_query = |build: &str| {
+            format!(
+                "{} AND ExecutionStatus = 'Running' AND TemporalReportedProblems IS NOT NULL",
+                version(build)
+            )
+        };
+        ensure!(
+            measured.queries
+                == [
+                    format!("{} GROUP BY ExecutionStatus", version("v2")),
+                    stuck_query("v2"),
+                    format!("{} GROUP BY ExecutionStatus", version("v1")),
+                    stuck_query("v1"),
+                ],
+            "{:#?}",
+            measured.queries
+        );
+
+        // Type filters: without Sleeper, 2 failed of 5; only HelloWorld, none of 3.
+        let sleepers = strings(&["Sleeper"]);
+        let no_sleepers = measure_with(&client, &check, &[], &sleepers, None).await?;
+        ensure!(
+            no_sleepers.samples == Some(5) && close(no_sleepers.value, 40.0),
+            "{no_sleepers:?}"
+        );
+        let hello = strings(&["HelloWorld"]);
+        let only_hello = measure_with(&client, &check, &hello, &[], Some(5.0)).await?;
+        ensure!(
+            only_hello.samples == Some(3)
+                && close(only_hello.value, 0.0)
+                && only_hello.verdict == Verdict::Successful,
+            "{only_hello:?}"
+        );
+        // A window opened after everything started: nothing to judge yet.
+        let later = TemporalCheck {
+            filter: WorkflowFilter {
+                window_start: now_millis() + 60_000,
+                ..check.filter
+            },
+            ..check
+        };
+        let empty = analysis::measure(&client, &later).await;
+        ensure!(
+            empty.verdict == Verdict::Inconclusive
+                && empty.samples == Some(0)
+                && empty.message == "only 0 of 3 judged workflows so far on build v2",
+            "{empty:?}"
+        );
+        Ok(())
+    };
+    let outcome = frozen.await;
+    signal_process(v2_worker, "-CONT").await?;
+    outcome
+}
+
+/// Waits until a workflow task of the run completed on `build_id`.
+async fn on_build(client: &TemporalClient, run: &Started, build_id: &str) -> Result<RunView> {
+    eventually(
+        &format!("{} to run on {build_id}", run.workflow_id),
+        WAIT,
+        || async {
+            let view = describe_run(client, &run.workflow_id, &run.first_run_id).await?;
+            Ok((view.build_id == build_id).then_some(view))
+        },
+    )
+    .await
+}
+
+/// Waits until the run closed, and checks it ran on `build_id`.
+async fn closed_on(client: &TemporalClient, run: &Started, build_id: &str) -> Result<()> {
+    let view = eventually(&format!("{} to close", run.workflow_id), WAIT, || async {
+        let view = describe_run(client, &run.workflow_id, &run.first_run_id).await?;
+        Ok((view.status != WorkflowExecutionStatus::Running).then_some(view))
+    })
+    .await?;
+    ensure!(
+        view.build_id == build_id,
+        "{} closed on {:?}, not {build_id}: {view:?}",
+        run.workflow_id,
+        view.build_id
+    );
+    Ok(())
+}
+
+async fn terminate(client: &TemporalClient, workflow_id: &str) -> Result<()> {
+    let request = TerminateWorkflowExecutionRequest {
+        namespace: NAMESPACE.to_owned(),
+        workflow_execution: Some(WorkflowExecution {
+            workflow_id: workflow_id.to_owned(),
+            run_id: String::new(),
+        }),
+        reason: "twc-test".to_owned(),
+        identity: "twc-test/terminator".to_owned(),
+        ..Default::default()
+    };
+    let mut raw = client.raw().clone();
+    WorkflowService::terminate_workflow_execution(&mut raw, request.into_request()).await?;
+    Ok(())
+}
+
+async fn request_cancel(client: &TemporalClient, workflow_id: &str) -> Result<()> {
+    let request = RequestCancelWorkflowExecutionRequest {
+        namespace: NAMESPACE.to_owned(),
+        workflow_execution: Some(WorkflowExecution {
+            workflow_id: workflow_id.to_owned(),
+            run_id: String::new(),
+        }),
+        identity: "twc-test/canceller".to_owned(),
+        request_id: format!("cancel/{workflow_id}"),
+        ..Default::default()
+    };
+    let mut raw = client.raw().clone();
+    WorkflowService::request_cancel_workflow_execution(&mut raw, request.into_request()).await?;
+    Ok(())
+}
+
+/// Sends a signal (`-STOP`, `-CONT`) to a process the test started.
+async fn signal_process(pid: u32, signal: &str) -> Result<()> {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .await
+        .with_context(|| format!("kill {signal} {pid}"))?;
+    ensure!(status.success(), "kill {signal} {pid}: {status}");
+    Ok(())
+}
+
+/// `check` measured with other type filters and an absolute limit instead of the relative one.
+async fn measure_with(
+    client: &TemporalClient,
+    check: &TemporalCheck<'_>,
+    include: &[String],
+    exclude: &[String],
+    max_failure_percent: Option<f64>,
+) -> Result<Measurement> {
+    let check = TemporalCheck {
+        filter: WorkflowFilter {
+            include,
+            exclude,
+            ..check.filter
+        },
+        current_build_id: None,
+        limits: Limits {
+            max_failure_percent: max_failure_percent.or(Some(100.0)),
+            max_increase_over_current: None,
+            ..check.limits
+        },
+        ..*check
+    };
+    Ok(analysis::measure(client, &check).await)
+}
+
+fn close(value: Option<f64>, expected: f64) -> bool {
+    value.is_some_and(|v| (v - expected).abs() < 1e-9)
 }
 
 fn now_millis() -> i64 {

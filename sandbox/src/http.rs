@@ -20,8 +20,8 @@ pub struct Response {
     pub body: String,
 }
 
-/// `GET url` (`http://host:port/path`, no TLS, no chunked decoding: the servers here answer
-/// `Connection: close` requests with a plain body).
+/// `GET url` (`http://host:port/path`, no TLS). A chunked body (Go servers such as Prometheus
+/// send one when it is large) is decoded.
 pub async fn get(url: &str) -> Result<Response, String> {
     let rest = url
         .strip_prefix("http://")
@@ -40,9 +40,9 @@ pub async fn get(url: &str) -> Result<Response, String> {
             .write_all(request.as_bytes())
             .await
             .map_err(|e| format!("sending to {url}: {e}"))?;
-        let mut response = String::new();
+        let mut response = Vec::new();
         stream
-            .read_to_string(&mut response)
+            .read_to_end(&mut response)
             .await
             .map_err(|e| format!("reading from {url}: {e}"))?;
         Ok::<_, String>(response)
@@ -50,17 +50,70 @@ pub async fn get(url: &str) -> Result<Response, String> {
     let response = tokio::time::timeout(TIMEOUT, exchange)
         .await
         .map_err(|_| format!("no answer from {url} within {TIMEOUT:?}"))??;
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("no HTTP header in {response:?}"))?;
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP header in {:?}", String::from_utf8_lossy(&response)))?;
+    let head = std::str::from_utf8(&response[..split])
+        .map_err(|e| format!("HTTP header from {url} is not text: {e}"))?;
+    let body = &response[split + 4..];
     let status = head
         .split(' ')
         .nth(1)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| format!("no status in {head:?}"))?;
+    let chunked = head.lines().any(|line| {
+        line.split_once(':').is_some_and(|(name, value)| {
+            name.trim().eq_ignore_ascii_case("transfer-encoding")
+                && value.trim().eq_ignore_ascii_case("chunked")
+        })
+    });
+    let body = if chunked {
+        dechunk(body).ok_or_else(|| format!("malformed chunked body from {url}"))?
+    } else {
+        body.to_vec()
+    };
+    let body = String::from_utf8(body).map_err(|e| format!("body from {url} is not UTF-8: {e}"))?;
     Ok(Response {
         status,
         head: head.to_owned(),
-        body: body.to_owned(),
+        body,
     })
+}
+
+/// The payload of a chunked body: `<hex size>[;ext]\r\n<data>\r\n`... up to a size of 0.
+fn dechunk(mut rest: &[u8]) -> Option<Vec<u8>> {
+    let mut payload = Vec::new();
+    loop {
+        let line_end = rest.windows(2).position(|w| w == b"\r\n")?;
+        let size_line = std::str::from_utf8(&rest[..line_end]).ok()?;
+        let size_hex = size_line.split(';').next()?.trim();
+        let size = usize::from_str_radix(size_hex, 16).ok()?;
+        if size == 0 {
+            return Some(payload);
+        }
+        let data = rest.get(line_end + 2..)?;
+        payload.extend_from_slice(data.get(..size)?);
+        rest = data.get(size..)?.strip_prefix(b"\r\n")?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_bodies_are_decoded() {
+        assert_eq!(
+            dechunk(b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n").as_deref(),
+            Some(&b"hello, world"[..])
+        );
+        // A chunk may end inside a character: the two bytes of "\u{e9}" in two chunks.
+        assert_eq!(
+            dechunk(b"2\r\na\xc3\r\n1\r\n\xa9\r\n0\r\n\r\n").as_deref(),
+            Some("a\u{e9}".as_bytes())
+        );
+        assert_eq!(dechunk(b"5\r\nhel"), None);
+        assert_eq!(dechunk(b"zz\r\n"), None);
+    }
 }

@@ -5,9 +5,11 @@
 pub mod apiserver;
 pub mod env;
 pub mod http;
+pub mod load;
 pub mod podrunner;
 pub mod ports;
 pub mod process;
+pub mod prometheus;
 pub mod temporal;
 pub mod up;
 pub mod wait;

@@ -2,11 +2,14 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio::signal::unix::{SignalKind, signal};
 use twc_sandbox::env::ENV_FILE_VAR;
+use twc_sandbox::load::{LoadConfig, LoadGenerator, LoadStats};
+use twc_sandbox::prometheus::PROMETHEUS_URL_VAR;
 use twc_sandbox::up::{Sandbox, SandboxOptions};
 
 /// Local sandbox: Temporal dev server, kube-apiserver, pod runner and controller on loopback.
@@ -31,6 +34,10 @@ struct Common {
     /// Do not start the controller.
     #[arg(long)]
     no_controller: bool,
+    /// Also start Prometheus (`<tools-dir>/bin/prometheus`, from `make tools`), scraping the
+    /// `/metrics` of every worker the pod runner runs each second.
+    #[arg(long)]
+    prometheus: bool,
 }
 
 #[derive(Subcommand)]
@@ -65,7 +72,46 @@ enum Command {
         /// Folder for pod working directories and logs.
         #[arg(long)]
         work_dir: PathBuf,
+        /// Folder where workers announce their `/metrics` to Prometheus (file_sd files); every
+        /// pod gets it as SAMPLE_METRICS_SD_DIR.
+        #[arg(long)]
+        metrics_sd_dir: Option<PathBuf>,
     },
+    /// Start workflows at a steady rate (e.g. traffic for canary analysis), then print a summary.
+    Load {
+        /// Temporal frontend host:port.
+        #[arg(long, env = "TEMPORAL_ADDRESS")]
+        address: String,
+        /// Temporal namespace.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+        /// Task queue the workflows start on.
+        #[arg(long, default_value = "hello-world")]
+        task_queue: String,
+        /// Workflow type.
+        #[arg(long, default_value = "HelloWorld")]
+        workflow_type: String,
+        /// Workflows started per second (fractions allowed, e.g. 0.5).
+        #[arg(long)]
+        rate: f64,
+        /// How long to run (Go-style: 60s, 5m, 1h30m); 0 runs until Ctrl-C.
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        duration: Duration,
+        /// Workflow IDs are <prefix><n>, n counting from 1.
+        #[arg(long, default_value = "load-")]
+        id_prefix: String,
+        /// The workflows' argument, as JSON (e.g. '"Ada"').
+        #[arg(long, value_parser = parse_json)]
+        input: Option<serde_json::Value>,
+    },
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    twc_crds::duration::parse_duration(text).map_err(|e| e.to_string())
+}
+
+fn parse_json(text: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))
 }
 
 #[tokio::main]
@@ -98,6 +144,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             images,
             bin_dir,
             work_dir,
+            metrics_sd_dir,
         } => {
             let client = twc_sandbox::apiserver::client(&kubeconfig).await?;
             let bin_dirs = if bin_dir.is_empty() {
@@ -109,10 +156,94 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 images_file: images,
                 bin_dirs,
                 work_dir,
+                metrics_sd_dir,
             };
             twc_sandbox::podrunner::run(client, config, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Load {
+            address,
+            namespace,
+            task_queue,
+            workflow_type,
+            rate,
+            duration,
+            id_prefix,
+            input,
+        } => {
+            load(LoadConfig {
+                address,
+                namespace,
+                task_queue,
+                workflow_type,
+                rate,
+                duration: (!duration.is_zero()).then_some(duration),
+                id_prefix,
+                input,
+            })
+            .await
+        }
+    }
+}
+
+/// How often `twc-sandbox load` reports progress.
+const LOAD_PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+async fn load(config: LoadConfig) -> anyhow::Result<ExitCode> {
+    let generator = LoadGenerator::start(config).await?;
+    let mut progress = tokio::time::interval(LOAD_PROGRESS_EVERY);
+    progress.tick().await;
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    {
+        let finished = generator.wait_done();
+        tokio::pin!(finished);
+        loop {
+            tokio::select! {
+                () = &mut finished => break,
+                () = &mut shutdown => {
+                    tracing::info!("interrupted; stopping the load");
+                    break;
+                }
+                _ = progress.tick() => {
+                    let stats = generator.stats();
+                    tracing::info!(
+                        started = stats.started,
+                        failed_to_start = stats.failed_to_start,
+                        "load in progress"
+                    );
+                }
+            }
+        }
+    }
+    let stats = generator.stop().await?;
+    print_load_summary(&stats);
+    Ok(if stats.started == 0 && stats.failed_to_start > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn print_load_summary(stats: &LoadStats) {
+    tracing::info!(
+        started = stats.started,
+        failed_to_start = stats.failed_to_start,
+        sending_seconds = stats.sending.as_secs_f64(),
+        seconds = stats.elapsed.as_secs_f64(),
+        rate = stats.achieved_rate(),
+        "load finished"
+    );
+    println!(
+        "started {} workflows, failed to start {}; sent over {:.1}s ({:.2}/s), last answer after {:.1}s",
+        stats.started,
+        stats.failed_to_start,
+        stats.sending.as_secs_f64(),
+        stats.achieved_rate(),
+        stats.elapsed.as_secs_f64(),
+    );
+    if let Some(error) = &stats.last_error {
+        println!("last start failure: {error}");
     }
 }
 
@@ -138,9 +269,22 @@ fn own_dir() -> anyhow::Result<PathBuf> {
         .context("twc-sandbox has no parent folder")
 }
 
+/// Starts Prometheus in `sandbox` when `--prometheus` asks for it; stops the sandbox if it fails.
+async fn start_prometheus_if_asked(sandbox: Sandbox, common: &Common) -> anyhow::Result<Sandbox> {
+    let mut sandbox = sandbox;
+    if common.prometheus
+        && let Err(e) = sandbox.start_prometheus().await
+    {
+        sandbox.stop().await;
+        return Err(e.context("starting Prometheus (--prometheus)"));
+    }
+    Ok(sandbox)
+}
+
 async fn up(common: Common, apply_samples: bool) -> anyhow::Result<ExitCode> {
     let options = options(&common, true, false)?;
-    let mut sandbox = Sandbox::start(&options).await?;
+    let sandbox = Sandbox::start(&options).await?;
+    let mut sandbox = start_prometheus_if_asked(sandbox, &common).await?;
     if apply_samples && let Err(e) = apply_sample_manifests(&sandbox, &options.repo_dir).await {
         sandbox.stop().await;
         return Err(e);
@@ -158,17 +302,22 @@ async fn up(common: Common, apply_samples: bool) -> anyhow::Result<ExitCode> {
 
 async fn exec(common: Common, command: Vec<String>) -> anyhow::Result<ExitCode> {
     let options = options(&common, false, true)?;
-    let mut sandbox = Sandbox::start(&options).await?;
+    let sandbox = Sandbox::start(&options).await?;
+    let mut sandbox = start_prometheus_if_asked(sandbox, &common).await?;
     let (program, args) = command.split_first().context("no command given")?;
     // TEMPORAL_ADDRESS is deliberately not exported: the temporal CLI would pick it up.
-    let child = tokio::process::Command::new(program)
+    let mut child = tokio::process::Command::new(program);
+    child
         .args(args)
         .env(
             ENV_FILE_VAR,
             options.state_dir.join(twc_sandbox::env::ENV_FILE_NAME),
         )
-        .env("KUBECONFIG", &sandbox.env.kubeconfig)
-        .status();
+        .env("KUBECONFIG", &sandbox.env.kubeconfig);
+    if let Some(url) = &sandbox.env.prometheus_url {
+        child.env(PROMETHEUS_URL_VAR, url);
+    }
+    let child = child.status();
     tokio::pin!(child);
     // Like a Deployment, the sandbox restarts a controller that died (crash tests kill it).
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
@@ -269,6 +418,7 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
         logs            : {logs}\n\
         controller      : {controller}\n\
         metrics, probes : {metrics}, {health}/healthz, {health}/readyz\n\
+        Prometheus      : {prometheus}\n\
         \n\
         Try:\n\
         \x20 export KUBECONFIG={kc}\n\
@@ -283,6 +433,9 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
         \x20 ln -sf {bin}/twc ~/.local/bin/kubectl-twc\n\
         \x20 kubectl twc status hello -n demo\n\
         \x20 kubectl twc pause hello -n demo    # also: resume, promote, abort, retry\n\
+        \x20 # traffic for canary analysis, and its failure ratio per build (with --prometheus):\n\
+        \x20 {bin}/twc-sandbox load --address {addr} --rate 5 --duration 5m\n\
+        \x20 curl -s {prometheus_api}/api/v1/query --data-urlencode 'query=sum by (build_id) (rate(sample_greetings_total{{outcome=\"failed\"}}[1m])) / sum by (build_id) (rate(sample_greetings_total[1m]))'\n\
         \n\
         Ctrl-C stops everything.\n",
         ui = env.temporal_ui_url.as_deref().unwrap_or("(disabled)"),
@@ -298,6 +451,14 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
         temporal = env.temporal_cli.display(),
         metrics = env.controller_metrics_url.as_deref().unwrap_or("-"),
         health = env.controller_health_url.as_deref().unwrap_or("-"),
+        prometheus = env.prometheus_url.as_deref().map_or_else(
+            || "not running (start it with --prometheus; `make tools` installs it)".to_owned(),
+            |url| format!("{url} (scrapes every worker's /metrics each second)"),
+        ),
+        prometheus_api = env
+            .prometheus_url
+            .as_deref()
+            .unwrap_or("http://<prometheus>"),
         bin = env.bin_dir.display(),
     );
 }

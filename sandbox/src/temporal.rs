@@ -171,6 +171,12 @@ pub async fn start_on(
             command.args(["--dynamic-config-value", &format!("{key}=\"{value}\"")]);
         }
     }
+    // Workflows stuck on failing workflow tasks (non-determinism) get `TemporalReportedProblems`
+    // after two attempts, which the canary analysis' Temporal check counts.
+    command.args([
+        "--dynamic-config-value",
+        "system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute=2",
+    ]);
     for (name, kind) in SEARCH_ATTRIBUTES {
         command.args(["--search-attribute", &format!("{name}={kind}")]);
     }

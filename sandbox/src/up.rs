@@ -12,6 +12,7 @@ use crate::podrunner::PodRunnerConfig;
 use crate::podrunner::thread::PodRunnerThread;
 use crate::ports::free_port;
 use crate::process::{Supervised, spawn_logged, tail};
+use crate::prometheus::{self, Prometheus, PrometheusOptions};
 use crate::temporal::{self, TemporalOptions, TemporalServer};
 
 /// How a server or the controller is stopped by a restart.
@@ -57,6 +58,10 @@ pub struct Sandbox {
     /// Extra environment of controllers started from now on (e.g. `RUST_LOG`).
     controller_env: Vec<(String, String)>,
     pod_runner: PodRunnerThread,
+    /// Prometheus, once [`Self::start_prometheus`] started it.
+    prometheus: Option<Prometheus>,
+    state_dir: PathBuf,
+    tools_dir: PathBuf,
 }
 
 impl Sandbox {
@@ -102,10 +107,14 @@ impl Sandbox {
         let client = apiserver::client(&apiserver.kubeconfig).await?;
         apiserver::install_crds(&client).await?;
 
+        let targets_dir = prometheus::targets_dir(&options.state_dir);
         let runner_config = PodRunnerConfig {
             images_file: options.repo_dir.join("examples/images.yaml"),
             bin_dirs: vec![options.bin_dir.clone()],
             work_dir: pods_dir.clone(),
+            // Workers announce their /metrics there whether or not Prometheus runs yet, so one
+            // started later (`start_prometheus`, or a test's own) finds them all.
+            metrics_sd_dir: Some(targets_dir.clone()),
         };
         let pod_runner = PodRunnerThread::start(apiserver.kubeconfig.clone(), runner_config)
             .map_err(|e| anyhow::anyhow!("starting the pod runner thread: {e}"))?;
@@ -125,6 +134,9 @@ impl Sandbox {
             controller_pid_file: None,
             controller_metrics_url: None,
             controller_health_url: None,
+            prometheus_bin: Some(prometheus::binary(&options.tools_dir)).filter(|b| b.exists()),
+            prometheus_targets_dir: Some(targets_dir),
+            prometheus_url: None,
         };
         let controller = if options.controller {
             Some(start_controller(&mut env, &[])?)
@@ -143,13 +155,33 @@ impl Sandbox {
             extra_controllers: Vec::new(),
             controller_env: Vec::new(),
             pod_runner,
+            prometheus: None,
+            state_dir: options.state_dir.clone(),
+            tools_dir: options.tools_dir.clone(),
         })
+    }
+
+    /// Starts Prometheus (`<tools>/bin/prometheus`) scraping every worker the pod runner runs,
+    /// records its URL in the env file and returns it; it stops with the sandbox. Returns the
+    /// URL of the running one when called again.
+    pub async fn start_prometheus(&mut self) -> anyhow::Result<String> {
+        if let Some(running) = &self.prometheus {
+            return Ok(running.url.clone());
+        }
+        let options = PrometheusOptions::for_state_dir(&self.state_dir, &self.tools_dir);
+        let running = Prometheus::start(&options).await?;
+        let url = running.url.clone();
+        self.prometheus = Some(running);
+        self.env.prometheus_url = Some(url.clone());
+        write_env_file(&self.state_dir, &self.env)?;
+        Ok(url)
     }
 
     /// The name and exit status of a server that died, if any.
     pub fn dead_process(&mut self) -> Option<(String, String)> {
         [&mut self.temporal.process, &mut self.apiserver.process]
             .into_iter()
+            .chain(self.prometheus.as_mut().map(|p| &mut p.process))
             .find_map(|p| p.exited().map(|status| (p.name.clone(), status)))
             .or_else(|| {
                 self.pod_runner
@@ -271,6 +303,9 @@ impl Sandbox {
     /// Last lines of every server log, for failure reports.
     pub fn log_tails(&self, lines: usize) -> String {
         let mut logs: Vec<&Path> = vec![&self.temporal.process.log, &self.apiserver.process.log];
+        if let Some(prometheus) = &self.prometheus {
+            logs.push(&prometheus.process.log);
+        }
         for controller in self.controller.iter().chain(&self.extra_controllers) {
             logs.push(&controller.log);
         }
@@ -285,7 +320,8 @@ impl Sandbox {
             .collect()
     }
 
-    /// Stops the controller, the pod runner (and its processes), then the servers.
+    /// Stops the controller, the pod runner (and its processes), then the servers and
+    /// Prometheus.
     pub async fn stop(mut self) {
         let grace = Duration::from_secs(10);
         for controller in self
@@ -296,9 +332,15 @@ impl Sandbox {
             controller.stop(grace).await;
         }
         self.pod_runner.stop(Duration::from_secs(30)).await;
+        let prometheus = async {
+            if let Some(prometheus) = self.prometheus.as_mut() {
+                prometheus.stop().await;
+            }
+        };
         tokio::join!(
             self.temporal.process.stop(grace),
-            self.apiserver.process.stop(grace)
+            self.apiserver.process.stop(grace),
+            prometheus,
         );
     }
 }

@@ -50,6 +50,11 @@ fn drain(policy: Value) -> Box<dyn Fn(&mut Value)> {
     Box::new(move |m| m["spec"]["sunset"]["drain"] = policy.clone())
 }
 
+/// Sets `spec.rollout.analysis` of a worker manifest.
+fn analysis(analysis: Value) -> Box<dyn Fn(&mut Value)> {
+    Box::new(move |m| m["spec"]["rollout"]["analysis"] = analysis.clone())
+}
+
 /// Applies `manifest` and returns kubectl's error text if it was rejected.
 async fn rejection(manifest: &Value) -> Option<String> {
     let out = kubectl(&["create", "-f", "-"], Some(&manifest.to_string())).await;
@@ -237,6 +242,72 @@ async fn invalid_manifests_are_rejected_with_a_clear_message() {
             worker(&ns, "a"),
             drain(json!({ "moveToCurrent": {} })),
             "spec.sunset.drain.moveToCurrent.buildIDs: Required value",
+        ),
+        (
+            "analysis threshold above 100",
+            worker(&ns, "a"),
+            analysis(json!({ "checks": [
+                { "name": "failures", "temporal": { "maxFailurePercent": 150 } }
+            ] })),
+            "should be less than or equal to 100",
+        ),
+        (
+            "analysis check without a provider",
+            worker(&ns, "a"),
+            analysis(json!({ "checks": [ { "name": "failures" } ] })),
+            "a check needs exactly one provider: temporal or prometheus",
+        ),
+        (
+            "analysis check with two providers",
+            worker(&ns, "a"),
+            analysis(json!({ "checks": [ {
+                "name": "both",
+                "temporal": { "maxFailurePercent": 5 },
+                "prometheus": { "address": "http://p:9090", "query": "up", "maxValue": 1 }
+            } ] })),
+            "a check needs exactly one provider: temporal or prometheus",
+        ),
+        (
+            "temporal check without a threshold",
+            worker(&ns, "a"),
+            analysis(json!({ "checks": [ { "name": "f", "temporal": { "minSamples": 5 } } ] })),
+            "a temporal check needs maxFailurePercent or maxIncreaseOverCurrent",
+        ),
+        (
+            "prometheus check with min above max",
+            worker(&ns, "a"),
+            analysis(json!({ "checks": [ { "name": "p", "prometheus": {
+                "address": "http://p:9090", "query": "up", "minValue": 2, "maxValue": 1
+            } } ] })),
+            "minValue must not be above maxValue",
+        ),
+        (
+            "analysis interval below 1s",
+            worker(&ns, "a"),
+            analysis(json!({ "checks": [
+                { "name": "f", "interval": "500ms", "temporal": { "maxFailurePercent": 5 } }
+            ] })),
+            "interval must be at least 1s",
+        ),
+        (
+            "repeated check names",
+            worker(&ns, "a"),
+            analysis(json!({ "checks": [
+                { "name": "f", "temporal": { "maxFailurePercent": 5 } },
+                { "name": "f", "temporal": { "maxFailurePercent": 9 } }
+            ] })),
+            "check names must be unique",
+        ),
+        (
+            "analysis without Progressive",
+            worker(&ns, "a"),
+            Box::new(|m| {
+                m["spec"]["rollout"] = json!({
+                    "strategy": "AllAtOnce",
+                    "analysis": { "checks": [ { "name": "f", "temporal": { "maxFailurePercent": 5 } } ] }
+                })
+            }),
+            "analysis needs the Progressive strategy",
         ),
         (
             "both mTLS and API key",

@@ -3,6 +3,7 @@
 
 mod harness;
 
+mod analysis;
 mod chaos;
 mod controls;
 mod crd_validation;

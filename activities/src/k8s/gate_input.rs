@@ -1,12 +1,11 @@
-//! Resolves a gate's input: inline `input`, or `inputFrom` a ConfigMap or Secret key in the
-//! TWD's namespace. Input must be a JSON object. Secret-sourced input is never logged (size
+//! Resolves a gate's input (the rollout's gate or a step's): inline `input`, or `inputFrom` a
+//! ConfigMap or Secret key in the TWD's namespace. Input must be a JSON object. Secret-sourced input is never logged (size
 //! only); other input logs its size and top-level keys.
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use serde_json::Value;
-use twc_crds::TemporalWorkerDeployment;
-use twc_crds::worker_deployment::GateSpec;
+use twc_crds::worker_deployment::{GateSpec, RolloutSpec};
 use twc_workflows::model::{BlockReason, Blocked};
 
 use super::error::{K8sError, ObjectName, ResolveError};
@@ -17,7 +16,7 @@ use super::lookup::get_if_exists;
 pub enum InputSource<'a> {
     /// No input: the gate workflow gets no argument.
     None,
-    /// `spec.rollout.gate.input`.
+    /// The gate's `input`.
     Inline(&'a Value),
     /// A ConfigMap key (`data`, then `binaryData`).
     ConfigMap {
@@ -39,22 +38,65 @@ pub enum InputSource<'a> {
     },
 }
 
-/// The TWD's gate input: `None` without a gate or input; `InvalidSpec` when the input is not a
-/// JSON object or both sources are set; `PlanGenerationFailed` when the ConfigMap, Secret or key
-/// is missing (or the API server refuses the read); [`ResolveError::Transient`] when the API
-/// server could not answer.
+/// A gate of the TWD's spec and where it is (`spec.rollout.gate`, `spec.rollout.steps[1].gate`),
+/// for messages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateField<'a> {
+    /// The gate.
+    pub gate: &'a GateSpec,
+    /// Its path in the spec.
+    pub path: String,
+}
+
+impl<'a> GateField<'a> {
+    /// The rollout's gate (`spec.rollout.gate`).
+    pub fn rollout(gate: &'a GateSpec) -> Self {
+        Self {
+            gate,
+            path: "spec.rollout.gate".to_owned(),
+        }
+    }
+}
+
+/// The gate of step `step` (0-based, as in the spec's list) in `rollout`;
+/// `PlanGenerationFailed` when the step or its gate is no longer in the spec (it changed since
+/// the rollout reached the step).
+pub fn step_gate(rollout: &RolloutSpec, step: u32) -> Result<GateField<'_>, Blocked> {
+    let steps = rollout.steps.as_deref().unwrap_or_default();
+    let path = format!("spec.rollout.steps[{step}].gate");
+    let found = usize::try_from(step).ok().and_then(|i| steps.get(i));
+    match found {
+        Some(s) => match &s.gate {
+            Some(gate) => Ok(GateField { gate, path }),
+            None => Err(plan_failed(format!(
+                "{path} is not set any more: step {} of the rollout has no gate to run (the spec \
+                 changed while the rollout was in that step)",
+                u64::from(step) + 1
+            ))),
+        },
+        None => Err(plan_failed(format!(
+            "step {} of the rollout is not in spec.rollout.steps any more ({} step(s)), so its \
+             gate cannot run (the spec changed while the rollout was in that step)",
+            u64::from(step) + 1,
+            steps.len()
+        ))),
+    }
+}
+
+/// A gate's input: `None` without input; `InvalidSpec` when the input is not a JSON object or
+/// both sources are set; `PlanGenerationFailed` when the ConfigMap, Secret or key is missing (or
+/// the API server refuses the read); [`ResolveError::Transient`] when the API server could not
+/// answer. `namespace` is the TWD's.
 pub async fn gate_input(
     client: &Client,
-    twd: &TemporalWorkerDeployment,
+    namespace: &str,
+    field: &GateField<'_>,
 ) -> Result<Option<Value>, ResolveError> {
-    let Some(gate) = twd.spec.rollout.gate.as_ref() else {
-        return Ok(None);
-    };
-    let namespace = twd.namespace().unwrap_or_default();
-    match input_source(gate)? {
+    let GateField { gate, path } = field;
+    match input_source(gate, path)? {
         InputSource::None => Ok(None),
         InputSource::Inline(value) => {
-            let input = check_object(value.clone(), "spec.rollout.gate.input")?;
+            let input = check_object(value.clone(), &format!("{path}.input"))?;
             log_input(&input, "inline", false);
             Ok(Some(input))
         }
@@ -63,8 +105,8 @@ pub async fn gate_input(
             key,
             optional,
         } => {
-            let object = ObjectName::new("ConfigMap", &namespace, name);
-            let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+            let object = ObjectName::new("ConfigMap", namespace, name);
+            let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
             let config_map = get_if_exists(&api, name)
                 .await
                 .map_err(|e| read_failed(K8sError::api("get", &object)(e)))?;
@@ -72,10 +114,9 @@ pub async fn gate_input(
                 Some(config_map) => config_map_value(&config_map, key),
                 None if optional => return Ok(None),
                 None => {
-                    return Err(plan_failed(format!(
-                        "{object} not found (spec.rollout.gate.inputFrom)"
-                    ))
-                    .into());
+                    return Err(
+                        plan_failed(format!("{object} not found ({path}.inputFrom)")).into(),
+                    );
                 }
             };
             let input = required(bytes, key, &object, optional)?;
@@ -90,8 +131,8 @@ pub async fn gate_input(
             key,
             optional,
         } => {
-            let object = ObjectName::new("Secret", &namespace, name);
-            let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+            let object = ObjectName::new("Secret", namespace, name);
+            let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
             let secret = get_if_exists(&api, name)
                 .await
                 .map_err(|e| read_failed(K8sError::api("get", &object)(e)))?;
@@ -99,10 +140,9 @@ pub async fn gate_input(
                 Some(secret) => secret_value(&secret, key),
                 None if optional => return Ok(None),
                 None => {
-                    return Err(plan_failed(format!(
-                        "{object} not found (spec.rollout.gate.inputFrom)"
-                    ))
-                    .into());
+                    return Err(
+                        plan_failed(format!("{object} not found ({path}.inputFrom)")).into(),
+                    );
                 }
             };
             let input = required(bytes, key, &object, optional)?;
@@ -115,17 +155,17 @@ pub async fn gate_input(
     }
 }
 
-/// Which source a gate uses; `InvalidSpec` when it names both or an `inputFrom` names none or
-/// both.
-pub fn input_source(gate: &GateSpec) -> Result<InputSource<'_>, Blocked> {
-    let invalid = |message: &str| Blocked {
+/// Which source a gate (at `path` in the spec) uses; `InvalidSpec` when it names both or an
+/// `inputFrom` names none or both.
+pub fn input_source<'a>(gate: &'a GateSpec, path: &str) -> Result<InputSource<'a>, Blocked> {
+    let invalid = |message: String| Blocked {
         reason: BlockReason::InvalidSpec,
-        message: message.to_owned(),
+        message,
     };
     match (&gate.input, &gate.input_from) {
-        (Some(_), Some(_)) => Err(invalid(
-            "spec.rollout.gate: set only one of input or inputFrom",
-        )),
+        (Some(_), Some(_)) => Err(invalid(format!(
+            "{path}: set only one of input or inputFrom"
+        ))),
         (Some(value), None) => Ok(InputSource::Inline(value)),
         (None, None) => Ok(InputSource::None),
         (None, Some(from)) => match (&from.config_map_key_ref, &from.secret_key_ref) {
@@ -139,9 +179,9 @@ pub fn input_source(gate: &GateSpec) -> Result<InputSource<'_>, Blocked> {
                 key: &r.key,
                 optional: r.optional.unwrap_or(false),
             }),
-            _ => Err(invalid(
-                "spec.rollout.gate.inputFrom: set exactly one of configMapKeyRef or secretKeyRef",
-            )),
+            _ => Err(invalid(format!(
+                "{path}.inputFrom: set exactly one of configMapKeyRef or secretKeyRef"
+            ))),
         },
     }
 }
@@ -287,10 +327,13 @@ mod tests {
     fn the_source_is_inline_or_exactly_one_reference() {
         let inline = json!({"a": 1});
         assert_eq!(
-            input_source(&gate(Some(inline.clone()), None)),
+            input_source(&gate(Some(inline.clone()), None), "spec.rollout.gate"),
             Ok(InputSource::Inline(&inline))
         );
-        assert_eq!(input_source(&gate(None, None)), Ok(InputSource::None));
+        assert_eq!(
+            input_source(&gate(None, None), "spec.rollout.gate"),
+            Ok(InputSource::None)
+        );
         let from_cm = gate(
             None,
             Some(GateInputSource {
@@ -299,7 +342,7 @@ mod tests {
             }),
         );
         assert_eq!(
-            input_source(&from_cm),
+            input_source(&from_cm, "spec.rollout.gate"),
             Ok(InputSource::ConfigMap {
                 name: "cm",
                 key: "k",
@@ -314,7 +357,7 @@ mod tests {
             }),
         );
         assert_eq!(
-            input_source(&from_secret),
+            input_source(&from_secret, "spec.rollout.gate"),
             Ok(InputSource::Secret {
                 name: "s",
                 key: "k",
@@ -338,7 +381,7 @@ mod tests {
         );
         for invalid in [both, neither] {
             assert_eq!(
-                input_source(&invalid).map_err(|b| b.reason),
+                input_source(&invalid, "spec.rollout.gate").map_err(|b| b.reason),
                 Err(BlockReason::InvalidSpec)
             );
         }
@@ -415,5 +458,92 @@ mod tests {
         assert_eq!(missing.reason, BlockReason::PlanGenerationFailed);
         assert_eq!(missing.message, "key \"x\" not found in ConfigMap ns/gate");
         assert_eq!(required(None, "x", &object, true), Ok(Vec::new()));
+    }
+
+    fn rollout(steps: Vec<Option<GateSpec>>) -> RolloutSpec {
+        RolloutSpec {
+            strategy: twc_crds::worker_deployment::RolloutStrategy::Progressive,
+            steps: Some(
+                steps
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, gate)| twc_crds::worker_deployment::RolloutStep {
+                        ramp_percentage: 10 * (i32::try_from(i).unwrap_or(0) + 1),
+                        pause_duration: "1m".into(),
+                        gate,
+                    })
+                    .collect(),
+            ),
+            gate: Some(gate(None, None)),
+            paused: false,
+            rollback_window: "1h".into(),
+            analysis: None,
+        }
+    }
+
+    #[test]
+    fn a_step_gate_comes_from_its_step_and_a_removed_one_cannot_run() {
+        let mut smoke = gate(Some(json!({"n": 1})), None);
+        smoke.workflow_type = "Smoke".into();
+        let spec = rollout(vec![None, Some(smoke.clone())]);
+        assert_eq!(
+            step_gate(&spec, 1),
+            Ok(GateField {
+                gate: &smoke,
+                path: "spec.rollout.steps[1].gate".to_owned()
+            })
+        );
+        let cases = [
+            (
+                0,
+                "spec.rollout.steps[0].gate is not set any more: step 1 of the rollout has no gate",
+            ),
+            (
+                2,
+                "step 3 of the rollout is not in spec.rollout.steps any more (2 step(s))",
+            ),
+            (
+                u32::MAX,
+                "step 4294967296 of the rollout is not in spec.rollout.steps",
+            ),
+        ];
+        for (step, expected) in cases {
+            let blocked = step_gate(&spec, step).expect_err("no gate");
+            assert_eq!(blocked.reason, BlockReason::PlanGenerationFailed);
+            assert!(blocked.message.starts_with(expected), "{}", blocked.message);
+        }
+        let no_steps = RolloutSpec {
+            steps: None,
+            ..spec
+        };
+        assert!(step_gate(&no_steps, 0).is_err());
+    }
+
+    #[test]
+    fn source_problems_name_the_gate_they_are_in() {
+        let both = gate(
+            Some(json!({})),
+            Some(GateInputSource {
+                config_map_key_ref: Some(config_map_ref("cm", "k")),
+                secret_key_ref: None,
+            }),
+        );
+        let blocked = input_source(&both, "spec.rollout.steps[2].gate").expect_err("both");
+        assert_eq!(
+            blocked.message,
+            "spec.rollout.steps[2].gate: set only one of input or inputFrom"
+        );
+        let neither = gate(
+            None,
+            Some(GateInputSource {
+                config_map_key_ref: None,
+                secret_key_ref: None,
+            }),
+        );
+        let blocked = input_source(&neither, "spec.rollout.gate").expect_err("neither");
+        assert_eq!(
+            blocked.message,
+            "spec.rollout.gate.inputFrom: set exactly one of configMapKeyRef or secretKeyRef"
+        );
     }
 }

@@ -37,7 +37,7 @@ pub use deployments::{
 pub use error::{K8sError, ObjectName, ResolveError};
 pub use events::emit_event;
 pub use finalizers::{ensure_finalizers, release_finalizers, restore_finalizers};
-pub use gate_input::gate_input;
+pub use gate_input::{GateField, gate_input, step_gate};
 pub use injection::ServerCa;
 pub use reassert::reassert_resources;
 pub use status::{StatusWrite, write_connection_status, write_twd_status, write_twd_status_seen};

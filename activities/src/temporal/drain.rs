@@ -24,9 +24,10 @@ use temporalio_common::protos::temporal::api::{
     enums::v1::BatchOperationState,
     workflow::v1::WorkflowExecutionOptions,
     workflowservice::v1::{
-        CountWorkflowExecutionsRequest, DescribeBatchOperationRequest,
-        DescribeBatchOperationResponse, ListWorkflowExecutionsRequest, StartBatchOperationRequest,
-        StopBatchOperationRequest, start_batch_operation_request::Operation,
+        CountWorkflowExecutionsRequest, CountWorkflowExecutionsResponse,
+        DescribeBatchOperationRequest, DescribeBatchOperationResponse,
+        ListWorkflowExecutionsRequest, StartBatchOperationRequest, StopBatchOperationRequest,
+        start_batch_operation_request::Operation,
     },
 };
 use tracing::{debug, info, warn};
@@ -42,6 +43,7 @@ use crate::temporal::{
     error::{StatusClass, TemporalError},
     gate::pinned_override,
     pool::{PoolKey, TemporalClient},
+    query::{UnsafeQueryValue, quote, quote_list},
 };
 
 /// How often a running batch operation is described.
@@ -133,6 +135,16 @@ impl DrainError {
     }
 }
 
+impl From<UnsafeQueryValue> for DrainError {
+    fn from(err: UnsafeQueryValue) -> Self {
+        Self::UnsafeQueryValue {
+            what: err.what,
+            value: err.value,
+            reason: err.reason,
+        }
+    }
+}
+
 /// The visibility query of the open workflows pinned to `build_id` of `deployment_name`, of the
 /// types in `include` (all when empty) and not in `exclude`:
 ///
@@ -140,10 +152,7 @@ impl DrainError {
 /// TemporalWorkflowVersioningBehavior = 'Pinned' AND ExecutionStatus = 'Running'`, then
 /// `AND WorkflowType IN (...)` and `AND WorkflowType NOT IN (...)` when given (on one line).
 ///
-/// Values are single-quoted with `'` doubled. Values with a backslash, a double quote or a
-/// control character are refused: visibility stores disagree on how they are unescaped (a
-/// SQLite store matched none of their escaped forms), and a value that silently fails to match
-/// in `NOT IN` would let a step act on a type the user excluded.
+/// Values are quoted by [`quote`], which refuses those the stores cannot match reliably.
 pub fn pinned_workflows_query(
     deployment_name: &str,
     build_id: &str,
@@ -168,42 +177,6 @@ pub fn pinned_workflows_query(
         ));
     }
     Ok(query)
-}
-
-/// `'a', 'b'`: each distinct workflow type once, in the given order.
-fn quote_list(types: &[String]) -> Result<String, DrainError> {
-    let mut seen = HashSet::new();
-    let mut quoted = Vec::new();
-    for workflow_type in types {
-        if seen.insert(workflow_type.as_str()) {
-            quoted.push(quote("workflow type", workflow_type)?);
-        }
-    }
-    Ok(quoted.join(", "))
-}
-
-/// A single-quoted query string literal.
-fn quote(what: &'static str, value: &str) -> Result<String, DrainError> {
-    let refuse = |reason| {
-        Err(DrainError::UnsafeQueryValue {
-            what,
-            value: value.to_owned(),
-            reason,
-        })
-    };
-    if value.trim().is_empty() {
-        return refuse("it is empty");
-    }
-    if value.contains('\\') {
-        return refuse("backslashes are not supported");
-    }
-    if value.contains('"') {
-        return refuse("double quotes are not supported");
-    }
-    if value.chars().any(char::is_control) {
-        return refuse("control characters are not supported");
-    }
-    Ok(format!("'{}'", value.replace('\'', "''")))
 }
 
 /// The batch job ID of a drain step:
@@ -369,11 +342,23 @@ pub async fn count_pinned(
     })
 }
 
-async fn count_workflows(
+/// The number of workflows `query` matches.
+pub(crate) async fn count_workflows(
     client: &TemporalClient,
     namespace: &str,
     query: &str,
 ) -> Result<u64, TemporalError> {
+    let response = count_executions(client, namespace, query).await?;
+    Ok(u64::try_from(response.count).unwrap_or(0))
+}
+
+/// One CountWorkflowExecutions of `query` (grouped when it says `GROUP BY`), paid from the
+/// read budget.
+pub(crate) async fn count_executions(
+    client: &TemporalClient,
+    namespace: &str,
+    query: &str,
+) -> Result<CountWorkflowExecutionsResponse, TemporalError> {
     client.acquire_read().await;
     let request = read_request(CountWorkflowExecutionsRequest {
         namespace: namespace.to_owned(),
@@ -387,7 +372,7 @@ async fn count_workflows(
         )
         .await
         .map_err(|s| client.rpc_error("CountWorkflowExecutions", query, &s))?;
-    Ok(u64::try_from(response.into_inner().count).unwrap_or(0))
+    Ok(response.into_inner())
 }
 
 /// Clients whose visibility store refused `ORDER BY` (SQL stores do; Elasticsearch does not):

@@ -28,7 +28,7 @@ use temporalio_common::protos::temporal::api::{
 };
 use tracing::{debug, info, warn};
 use twc_workflows::{
-    contract::GateRun,
+    contract::{GateRequest, GateRun, StepGateRef},
     model::{BlockReason, Blocked},
 };
 
@@ -50,17 +50,48 @@ pub const RUNNING: &str = "Running";
 /// Status string of a gate that completed successfully.
 pub const COMPLETED: &str = "Completed";
 
-/// Workflow ID of a gate: `gate/<deployment_name>/<build_id>/<task_queue>/<attempt>`.
+/// Which gate of a build a run is: the rollout's gate or a step gate of one rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateKey {
+    /// The rollout's gate (`spec.rollout.gate`), by attempt (a `retry` increments it).
+    Rollout {
+        /// Attempt number, 1 first.
+        attempt: u32,
+    },
+    /// The gate of a step (`spec.rollout.steps[step].gate`) in one rollout of the build.
+    Step(StepGateRef),
+}
+
+impl GateKey {
+    /// The gate a `run_gate` request asks for.
+    pub fn of(request: &GateRequest) -> Self {
+        match request.step {
+            Some(step) => Self::Step(step),
+            None => Self::Rollout {
+                attempt: request.attempt,
+            },
+        }
+    }
+}
+
+/// Workflow ID of a gate: `gate/<deployment_name>/<build_id>/<task_queue>/<attempt>` for the
+/// rollout's gate, `gate/<deployment_name>/<build_id>/<task_queue>/step<step>-<rollout started
+/// at>` for a step gate. Both start with [`gate_workflow_id_prefix`], so stopping the gates of a
+/// build finds every one of them.
 pub fn gate_workflow_id(
     deployment_name: &str,
     build_id: &str,
     task_queue: &str,
-    attempt: u32,
+    key: GateKey,
 ) -> String {
-    format!(
-        "{}{task_queue}/{attempt}",
-        gate_workflow_id_prefix(deployment_name, build_id)
-    )
+    let prefix = gate_workflow_id_prefix(deployment_name, build_id);
+    match key {
+        GateKey::Rollout { attempt } => format!("{prefix}{task_queue}/{attempt}"),
+        GateKey::Step(StepGateRef {
+            step,
+            rollout_started_at,
+        }) => format!("{prefix}{task_queue}/step{step}-{rollout_started_at}"),
+    }
 }
 
 /// Prefix shared by every gate workflow ID of a build: `gate/<deployment_name>/<build_id>/`.
@@ -87,7 +118,7 @@ pub fn status_name(status: i32) -> &'static str {
 
 /// Starts one gate workflow per task queue (pass the version's *workflow* task queues), pinned to
 /// `(deployment_name, build_id)`, with `input` as the single JSON argument (no arguments when
-/// `None`). IDs come from [`gate_workflow_id`]; reuse policy RejectDuplicate and conflict policy
+/// `None`). IDs come from [`gate_workflow_id`] with `key`; reuse policy RejectDuplicate and conflict policy
 /// UseExisting make a retried call attach to the runs it started before, even once they closed
 /// (their current status is returned).
 #[allow(clippy::too_many_arguments)]
@@ -98,7 +129,7 @@ pub async fn start_gates(
     build_id: &str,
     workflow_type: &str,
     input: Option<serde_json::Value>,
-    attempt: u32,
+    key: GateKey,
     task_queues: &[String],
 ) -> Result<Vec<GateRun>, StartGateError> {
     let mut runs = Vec::with_capacity(task_queues.len());
@@ -109,7 +140,7 @@ pub async fn start_gates(
             build_id,
             workflow_type,
             input: input.as_ref(),
-            attempt,
+            key,
             task_queue,
         };
         let run = start_gate(client, &gate)
@@ -164,7 +195,7 @@ struct Gate<'a> {
     build_id: &'a str,
     workflow_type: &'a str,
     input: Option<&'a serde_json::Value>,
-    attempt: u32,
+    key: GateKey,
     task_queue: &'a str,
 }
 
@@ -186,7 +217,7 @@ async fn start_gate(client: &TemporalClient, gate: &Gate<'_>) -> Result<GateRun,
         gate.deployment_name,
         gate.build_id,
         gate.task_queue,
-        gate.attempt,
+        gate.key,
     );
     let (input_bytes, input_keys) = input_summary(gate.input);
     let request = StartWorkflowExecutionRequest {
@@ -637,12 +668,57 @@ mod tests {
     }
 
     #[test]
-    fn ids() {
-        assert_eq!(gate_workflow_id("ns/d", "v1", "q", 2), "gate/ns/d/v1/q/2");
-        assert!(
-            gate_workflow_id("ns/d", "v1", "q", 2)
-                .starts_with(&gate_workflow_id_prefix("ns/d", "v1"))
+    fn gate_ids_name_the_build_queue_and_attempt_or_step_of_a_rollout() {
+        let step = |step, rollout_started_at| {
+            GateKey::Step(StepGateRef {
+                step,
+                rollout_started_at,
+            })
+        };
+        let cases = [
+            (GateKey::Rollout { attempt: 2 }, "gate/ns/d/v1/q/2"),
+            (
+                step(0, 1_700_000_000_000),
+                "gate/ns/d/v1/q/step0-1700000000000",
+            ),
+            (step(3, 5), "gate/ns/d/v1/q/step3-5"),
+        ];
+        for (key, expected) in cases {
+            let id = gate_workflow_id("ns/d", "v1", "q", key);
+            assert_eq!(id, expected);
+            // Stopping a build's gates finds every kind.
+            assert!(
+                id.starts_with(&gate_workflow_id_prefix("ns/d", "v1")),
+                "{id}"
+            );
+        }
+        // A later rollout of the same build runs its step gates again, under new IDs.
+        assert_ne!(
+            gate_workflow_id("ns/d", "v1", "q", step(1, 10)),
+            gate_workflow_id("ns/d", "v1", "q", step(1, 20))
         );
+    }
+
+    #[test]
+    fn a_request_names_its_gate_by_step_when_it_has_one() {
+        let mut request = GateRequest {
+            twd: twc_workflows::model::TwdRef {
+                namespace: "ns".into(),
+                name: "d".into(),
+            },
+            build_id: "v1".into(),
+            workflow_type: "Check".into(),
+            attempt: 3,
+            max_wait_ms: 0,
+            step: None,
+        };
+        assert_eq!(GateKey::of(&request), GateKey::Rollout { attempt: 3 });
+        let step = StepGateRef {
+            step: 1,
+            rollout_started_at: 42,
+        };
+        request.step = Some(step);
+        assert_eq!(GateKey::of(&request), GateKey::Step(step));
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! Operations on the workers' Temporal (the one a TemporalConnection points at), as plain async
 //! functions for the activities: a client pool, reading a worker deployment, routing changes,
-//! version deletion, gate workflows and draining retired versions.
+//! version deletion, gate workflows, draining retired versions and the visibility counts of
+//! canary analysis.
 //!
 //! Every call sets the request's `namespace` itself; worker-deployment reads are paid from a
 //! per-namespace token bucket ([`budget`]); rejected credentials evict the client from its pool.
 //! Writes never send `allow_no_pollers = true`.
 
+pub mod analysis;
 pub mod budget;
 mod convert;
 pub mod describe;
@@ -13,6 +15,7 @@ pub mod drain;
 pub mod error;
 pub mod gate;
 pub mod pool;
+pub mod query;
 pub mod routing;
 pub mod versions;
 
@@ -26,8 +29,8 @@ pub use drain::{
 };
 pub use error::{StatusClass, TemporalError, classify};
 pub use gate::{
-    StartGateError, cancel_build_gates, cancel_gates, gate_workflow_id, gate_workflow_id_prefix,
-    start_gates, stop_build_gates, wait_gates,
+    GateKey, StartGateError, cancel_build_gates, cancel_gates, gate_workflow_id,
+    gate_workflow_id_prefix, start_gates, stop_build_gates, wait_gates,
 };
 pub use pool::{ClientPool, PoolKey, PoolOptions, TemporalClient};
 pub use routing::{reset_to_unversioned, set_routing};
@@ -57,7 +60,16 @@ mod tests {
         assert_send(&reset_to_unversioned(client, "", "", ""));
         assert_send(&delete_version(client, "", "", "", false, ""));
         assert_send(&delete_worker_deployment(client, "", "", ""));
-        assert_send(&start_gates(client, "", "", "", "", None, 1, &[]));
+        assert_send(&start_gates(
+            client,
+            "",
+            "",
+            "",
+            "",
+            None,
+            GateKey::Rollout { attempt: 1 },
+            &[],
+        ));
         assert_send(&wait_gates(client, "", Vec::new(), || {}));
         assert_send(&cancel_gates(client, "", &[]));
         assert_send(&cancel_build_gates(client, "", "", ""));

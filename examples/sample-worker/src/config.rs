@@ -2,9 +2,15 @@
 //!
 //! Every problem found here is a configuration error: `main` reports it and exits with code 2.
 
-use std::{env, fmt, fs};
+use std::{
+    env, fmt, fs,
+    net::{Ipv4Addr, SocketAddr},
+    path::PathBuf,
+};
 
 use temporalio_common::worker::VersioningBehavior;
+
+use crate::failure::FailShare;
 
 /// Task queue used when `SAMPLE_TASK_QUEUE` is not set.
 pub const DEFAULT_TASK_QUEUE: &str = "hello-world";
@@ -42,6 +48,15 @@ pub struct TlsConfig {
     pub client_cert: Option<ClientCert>,
 }
 
+/// Where `/metrics` is served and whether a Prometheus file_sd target file announces it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsConfig {
+    /// The listener's address (`SAMPLE_METRICS_ADDR`, else `127.0.0.1:0`: any free port).
+    pub bind: SocketAddr,
+    /// Folder to write `<pod>-<pid>.json` into (`SAMPLE_METRICS_SD_DIR`).
+    pub sd_dir: Option<PathBuf>,
+}
+
 /// Everything the worker needs to know before it connects.
 #[derive(Clone)]
 pub struct Config {
@@ -57,6 +72,10 @@ pub struct Config {
     pub api_key: Option<String>,
     pub fail_gate: bool,
     pub never_poll: bool,
+    /// Share of `HelloWorld` workflows whose `greet` activity fails (`SAMPLE_FAIL_SHARE`).
+    pub fail_share: FailShare,
+    /// `/metrics`, when `SAMPLE_METRICS_ADDR` or `SAMPLE_METRICS_SD_DIR` asks for it.
+    pub metrics: Option<MetricsConfig>,
 }
 
 impl Config {
@@ -162,6 +181,15 @@ impl Config {
 
         let fail_gate = flag(&get, "SAMPLE_FAIL_GATE")?;
         let never_poll = flag(&get, "SAMPLE_NEVER_POLL")?;
+        let fail_share = match get("SAMPLE_FAIL_SHARE") {
+            None => FailShare::NONE,
+            Some(v) => v.parse().map_err(|_| {
+                config_err(format!(
+                    "SAMPLE_FAIL_SHARE must be a whole percentage from 0 to 100, got '{v}'"
+                ))
+            })?,
+        };
+        let metrics = metrics_config(&get)?;
 
         Ok(Self {
             address,
@@ -174,6 +202,8 @@ impl Config {
             api_key,
             fail_gate,
             never_poll,
+            fail_share,
+            metrics,
         })
     }
 
@@ -190,6 +220,29 @@ pub fn env_flag(key: &str) -> Result<bool, ConfigError> {
         &|k: &str| env::var(k).ok().filter(|v| !v.trim().is_empty()),
         key,
     )
+}
+
+/// `SAMPLE_METRICS_ADDR` and `SAMPLE_METRICS_SD_DIR`: no metrics listener unless one is set.
+fn metrics_config(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<MetricsConfig>, ConfigError> {
+    let bind = get("SAMPLE_METRICS_ADDR")
+        .map(|v| {
+            v.parse::<SocketAddr>().map_err(|_| {
+                config_err(format!(
+                    "SAMPLE_METRICS_ADDR must be ip:port (e.g. 127.0.0.1:9464, 0.0.0.0:0), got '{v}'"
+                ))
+            })
+        })
+        .transpose()?;
+    let sd_dir = get("SAMPLE_METRICS_SD_DIR").map(PathBuf::from);
+    if bind.is_none() && sd_dir.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(MetricsConfig {
+        bind: bind.unwrap_or_else(|| SocketAddr::from((Ipv4Addr::LOCALHOST, 0))),
+        sd_dir,
+    }))
 }
 
 fn flag(get: &dyn Fn(&str) -> Option<String>, key: &str) -> Result<bool, ConfigError> {
@@ -255,6 +308,53 @@ mod tests {
         assert_eq!(c.versioning_behavior, VersioningBehavior::Pinned);
         assert!(c.tls.is_none());
         assert_eq!(c.url(), "http://127.0.0.1:7233");
+        assert_eq!(c.fail_share, FailShare::NONE);
+        assert_eq!(c.metrics, None);
+    }
+
+    #[test]
+    fn fail_share_is_a_percentage() {
+        let with = |value: &str| {
+            let mut pairs = BASE.to_vec();
+            pairs.push(("SAMPLE_FAIL_SHARE", value));
+            cfg(&pairs).map(|c| c.fail_share.percent())
+        };
+        assert_eq!(with("30").ok(), Some(30));
+        assert_eq!(with(" 0 ").ok(), Some(0));
+        assert_eq!(with("100").ok(), Some(100));
+        for bad in ["101", "-1", "30%", "0.5", "many"] {
+            let err = with(bad).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains("SAMPLE_FAIL_SHARE"), "{bad}: {err:?}");
+        }
+    }
+
+    #[test]
+    fn metrics_listen_on_a_free_loopback_port_when_only_the_sd_dir_is_set() {
+        let mut pairs = BASE.to_vec();
+        pairs.push(("SAMPLE_METRICS_SD_DIR", "/tmp/targets"));
+        let c = cfg(&pairs).expect("config parses");
+        assert_eq!(
+            c.metrics,
+            Some(MetricsConfig {
+                bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+                sd_dir: Some(PathBuf::from("/tmp/targets")),
+            })
+        );
+
+        let mut pairs = BASE.to_vec();
+        pairs.push(("SAMPLE_METRICS_ADDR", "0.0.0.0:9464"));
+        let c = cfg(&pairs).expect("config parses");
+        assert_eq!(
+            c.metrics,
+            Some(MetricsConfig {
+                bind: SocketAddr::from(([0, 0, 0, 0], 9464)),
+                sd_dir: None,
+            })
+        );
+
+        let mut pairs = BASE.to_vec();
+        pairs.push(("SAMPLE_METRICS_ADDR", "localhost:9464"));
+        assert!(cfg(&pairs).is_err());
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! See README.md for the environment variables and workflow types.
 
 mod config;
+mod failure;
+mod metrics;
 mod workflows;
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
@@ -22,6 +24,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::{
     config::{Config, env_flag},
+    metrics::{GreetingMetrics, Instance},
     workflows::{
         GateFail, GatePass, Greeter, HelloWorld, RolloutGate, Sleeper, Stubborn, Subscription,
     },
@@ -68,6 +71,8 @@ async fn main() -> ExitCode {
         tls = config.tls.is_some(),
         api_key = config.api_key.is_some(),
         fail_gate = config.fail_gate,
+        fail_share = config.fail_share.percent(),
+        metrics = ?config.metrics,
         "starting sample worker"
     );
 
@@ -113,6 +118,23 @@ impl ShutdownSignal {
 
 async fn run(config: Config) -> Result<()> {
     let mut shutdown = ShutdownSignal::install()?;
+    let greeting_metrics = Arc::new(GreetingMetrics::new(&config.build_id));
+    // Held until `run` returns: serving stops and the target file is removed then.
+    let _metrics_server = match &config.metrics {
+        Some(metrics_config) => {
+            let pod = instance_name();
+            let instance = Instance {
+                pod: &pod,
+                deployment: &config.deployment_name,
+                build_id: &config.build_id,
+            };
+            let server =
+                metrics::serve(metrics_config, greeting_metrics.clone(), &instance).await?;
+            info!(address = %server.address, "serving /metrics");
+            Some(server)
+        }
+        None => None,
+    };
 
     if config.never_poll {
         warn!("SAMPLE_NEVER_POLL is set: not connecting to Temporal, idling until SIGTERM/SIGINT");
@@ -135,7 +157,7 @@ async fn run(config: Config) -> Result<()> {
 
     let mut workers = Vec::with_capacity(config.task_queues.len());
     for task_queue in &config.task_queues {
-        let options = worker_options(&config, task_queue)
+        let options = worker_options(&config, task_queue, &greeting_metrics)
             .with_context(|| format!("building worker options for task queue '{task_queue}'"))?;
         let worker = Worker::new(&runtime, client.clone(), options)
             .with_context(|| format!("creating worker for task queue '{task_queue}'"))?;
@@ -163,7 +185,11 @@ async fn connect(config: &Config) -> Result<Client> {
             .build()
     });
     let connection_options = ConnectionOptions::new(url)
-        .identity(format!("sample-worker/{}@{}", config.build_id, hostname()))
+        .identity(format!(
+            "sample-worker/{}@{}",
+            config.build_id,
+            instance_name()
+        ))
         .maybe_tls_options(tls)
         .maybe_api_key(config.api_key.clone())
         .connect_timeout(CONNECT_TIMEOUT)
@@ -178,10 +204,11 @@ async fn connect(config: &Config) -> Result<Client> {
     .context("creating the Temporal client")
 }
 
-fn hostname() -> String {
-    std::env::var("HOSTNAME")
-        .ok()
-        .filter(|h| !h.is_empty())
+/// The pod name (`POD_NAME`, then `HOSTNAME`, as a container sees it), else the host name.
+fn instance_name() -> String {
+    ["POD_NAME", "HOSTNAME"]
+        .into_iter()
+        .find_map(|key| std::env::var(key).ok().filter(|v| !v.trim().is_empty()))
         .or_else(|| {
             std::fs::read_to_string("/etc/hostname")
                 .ok()
@@ -190,7 +217,11 @@ fn hostname() -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
-fn worker_options(config: &Config, task_queue: &str) -> Result<WorkerOptions> {
+fn worker_options(
+    config: &Config,
+    task_queue: &str,
+    metrics: &Arc<GreetingMetrics>,
+) -> Result<WorkerOptions> {
     let version = WorkerDeploymentVersion::builder()
         .deployment_name(config.deployment_name.clone())
         .build_id(config.build_id.clone())
@@ -207,6 +238,8 @@ fn worker_options(config: &Config, task_queue: &str) -> Result<WorkerOptions> {
         .graceful_shutdown_period(Duration::from_secs(10))
         .register_activities(Greeter {
             build_id: config.build_id.clone(),
+            fail_share: config.fail_share,
+            metrics: metrics.clone(),
         })
         .register_workflow::<HelloWorld>()?
         .register_workflow_with_factory::<RolloutGate, _>(move || RolloutGate::new(fail_gate))?

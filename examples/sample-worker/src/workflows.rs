@@ -16,6 +16,11 @@ use temporalio_sdk::{
 };
 use temporalio_workflow::{ContinueAsNewOptions, ContinueAsNewVersioningBehavior};
 
+use crate::{
+    failure::FailShare,
+    metrics::{GreetingMetrics, Outcome},
+};
+
 /// Encoding of JSON payloads (what the `temporal` CLI sends for `--input`).
 const JSON_ENCODING: &[u8] = b"json/plain";
 /// Encoding of a `null` payload.
@@ -62,27 +67,50 @@ fn build_label(ctx: &WorkflowContext<impl Sized>) -> String {
         .map_or_else(|| "unversioned".to_owned(), |v| v.build_id)
 }
 
-/// Activities; the struct carries the worker's build ID.
+/// Activities; the struct carries the worker's build ID, its failure switch and its metrics.
 pub struct Greeter {
     pub build_id: String,
+    /// Share of workflows whose `greet` fails (`SAMPLE_FAIL_SHARE`).
+    pub fail_share: FailShare,
+    /// Counts every `greet` by outcome.
+    pub metrics: Arc<GreetingMetrics>,
 }
 
 #[activities]
 impl Greeter {
-    /// Returns `"Hello, <name>!"`. Logs which build ran it.
+    /// Returns `"Hello, <name>!"`, or fails with a non-retryable `SampleFailure` when the
+    /// calling workflow is one of the failing share. Logs which build ran it.
     #[activity(name = "greet")]
     pub async fn greet(
         self: Arc<Self>,
-        _ctx: ActivityContext,
+        ctx: ActivityContext,
         name: String,
     ) -> Result<String, ActivityError> {
+        let workflow_id = ctx.info().workflow_id.as_deref().unwrap_or_default();
+        if self.fail_share.fails(workflow_id) {
+            self.metrics.record(Outcome::Failed);
+            tracing::info!(build_id = %self.build_id, %workflow_id, "greet activity failing on purpose");
+            return Err(ActivityError::application(
+                ApplicationFailure::builder(format!(
+                    "greet fails for {}% of workflows on build {} (SAMPLE_FAIL_SHARE), \
+                     and {workflow_id} is one of them",
+                    self.fail_share.percent(),
+                    self.build_id
+                ))
+                .type_name("SampleFailure".to_owned())
+                .non_retryable(true)
+                .build(),
+            ));
+        }
+        self.metrics.record(Outcome::Ok);
         tracing::info!(build_id = %self.build_id, %name, "greet activity");
         Ok(format!("Hello, {name}!"))
     }
 }
 
 /// `HelloWorld`: greets the input name (default `World`) through the `greet` activity and returns
-/// `"Hello, <name>! (build <build id>)"`.
+/// `"Hello, <name>! (build <build id>)"`. Fails with the activity's failure when `greet` fails
+/// (`SAMPLE_FAIL_SHARE`).
 #[workflow]
 #[derive(Default)]
 pub struct HelloWorld;

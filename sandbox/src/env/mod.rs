@@ -46,6 +46,16 @@ pub struct SandboxEnv {
     /// Base URL of the controller's `/healthz` and `/readyz` (`http://127.0.0.1:<port>`).
     #[serde(default)]
     pub controller_health_url: Option<String>,
+    /// The `prometheus` binary, when installed (`make tools`); tests start their own with
+    /// [`crate::prometheus::PrometheusOptions::for_sandbox`].
+    #[serde(default)]
+    pub prometheus_bin: Option<PathBuf>,
+    /// Folder where the pods' workers announce their `/metrics` (Prometheus file_sd files).
+    #[serde(default)]
+    pub prometheus_targets_dir: Option<PathBuf>,
+    /// Base URL of the sandbox's Prometheus (`http://127.0.0.1:<port>`), when it runs one.
+    #[serde(default)]
+    pub prometheus_url: Option<String>,
 }
 
 /// The env file could not be read.

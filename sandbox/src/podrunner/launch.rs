@@ -53,6 +53,8 @@ pub struct LaunchSettings<'a> {
     pub images: &'a ImageTable,
     /// Folders binaries are looked up in.
     pub bin_dirs: &'a [PathBuf],
+    /// The metrics SD folder, given to the process as [`super::METRICS_SD_DIR_VAR`].
+    pub metrics_sd_dir: Option<&'a Path>,
 }
 
 /// Everything needed to start the pod's process.
@@ -165,10 +167,7 @@ pub async fn prepare(
     };
     args.extend(container.args.iter().flatten().map(|a| expand(a)));
 
-    let mut process_env: BTreeMap<String, String> = ["PATH", "HOME"]
-        .into_iter()
-        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
-        .collect();
+    let mut process_env = runner_env(place, settings.metrics_sd_dir);
     process_env.extend(container_env.iter().map(|(k, v)| (k.clone(), rewrite(v))));
 
     let cwd = match container
@@ -216,6 +215,23 @@ pub async fn prepare(
         probe_problem,
         log,
     })
+}
+
+/// What the runner gives every process before the container's own environment (which wins):
+/// its `PATH` and `HOME`, `HOSTNAME` = the pod name, and the metrics SD folder if there is one.
+fn runner_env(place: &PodPlace, metrics_sd_dir: Option<&Path>) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = ["PATH", "HOME"]
+        .into_iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .collect();
+    env.insert("HOSTNAME".to_owned(), place.name.clone());
+    if let Some(dir) = metrics_sd_dir {
+        env.insert(
+            super::METRICS_SD_DIR_VAR.to_owned(),
+            dir.display().to_string(),
+        );
+    }
+    env
 }
 
 /// Creates the pod folder, writes its volumes and opens its log with a start marker.
@@ -312,4 +328,41 @@ fn resolve_command(name: &str, bin_dirs: &[PathBuf]) -> Option<PathBuf> {
 fn dirs_text(dirs: &[PathBuf]) -> String {
     let list: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
     format!("[{}]", list.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place() -> PodPlace {
+        PodPlace {
+            namespace: "demo".into(),
+            name: "hello-v1-x7k2p".into(),
+            dir: PathBuf::from("/pods/demo/hello-v1/hello-v1-x7k2p"),
+            log: PathBuf::from("/pods/demo/hello-v1/hello-v1-x7k2p.log"),
+        }
+    }
+
+    #[test]
+    fn every_process_gets_its_pod_name_as_hostname() {
+        let env = runner_env(&place(), None);
+        assert_eq!(
+            env.get("HOSTNAME").map(String::as_str),
+            Some("hello-v1-x7k2p")
+        );
+        assert!(
+            !env.contains_key(super::super::METRICS_SD_DIR_VAR),
+            "{env:?}"
+        );
+    }
+
+    #[test]
+    fn the_metrics_sd_folder_reaches_every_process_when_the_runner_has_one() {
+        let env = runner_env(&place(), Some(Path::new("/state/prometheus/targets")));
+        assert_eq!(
+            env.get(super::super::METRICS_SD_DIR_VAR)
+                .map(String::as_str),
+            Some("/state/prometheus/targets")
+        );
+    }
 }

@@ -18,9 +18,15 @@
 //! - **Environment.** Only the container's `envFrom` and `env` (plain values, `secretKeyRef`,
 //!   `configMapKeyRef` honoring `optional`, `fieldRef` for `metadata.name`,
 //!   `metadata.namespace`, labels, annotations, `status.podIP` = 127.0.0.1), with `$(VAR)`
-//!   expanded like Kubernetes does, plus the runner's `PATH` and `HOME`. Secrets and ConfigMaps
-//!   are read from the API server at each start; a missing required one keeps the pod waiting
-//!   (`CreateContainerConfigError`) and is retried.
+//!   expanded like Kubernetes does, on top of what the runner provides: its own `PATH` and
+//!   `HOME`, `HOSTNAME` = the pod name (as a container sees it), and, when the runner has a
+//!   [`PodRunnerConfig::metrics_sd_dir`], [`METRICS_SD_DIR_VAR`] naming it. Secrets and
+//!   ConfigMaps are read from the API server at each start; a missing required one keeps the pod
+//!   waiting (`CreateContainerConfigError`) and is retried.
+//! - **Metrics discovery.** Every pod runs on loopback, so a worker serving `/metrics` picks a
+//!   free port and announces it to Prometheus in a file_sd file `<metrics_sd_dir>/<pod>-<pid>.json`
+//!   (the sample worker does). It removes the file when it exits cleanly; the runner removes it
+//!   after any exit (a crash or a SIGKILL leaves it behind otherwise).
 //! - **Volumes and path rewriting.** Secret, ConfigMap and emptyDir volumes mounted by the
 //!   container are written under the pod's private folder `<work_dir>/<ns>/<deployment>/<pod>/`,
 //!   at `<podDir><mountPath>` (honoring `items`, `subPath` and file modes). Since the process
@@ -97,6 +103,8 @@ use self::supervisor::Shared;
 
 /// Label of the versioned worker Deployments the controller creates.
 pub const DEPLOYMENT_NAME_LABEL: &str = twc_crds::labels::DEPLOYMENT_NAME;
+/// Environment variable naming the metrics SD folder in every pod (read by the sample worker).
+pub const METRICS_SD_DIR_VAR: &str = "SAMPLE_METRICS_SD_DIR";
 /// How often every Deployment is reconciled and its status recomputed.
 const RESYNC_PERIOD: Duration = Duration::from_secs(1);
 
@@ -109,6 +117,13 @@ pub struct PodRunnerConfig {
     pub bin_dirs: Vec<PathBuf>,
     /// Folder for per-pod working directories, materialized secret volumes and logs.
     pub work_dir: PathBuf,
+    /// Folder of Prometheus file_sd target files, given to every pod as [`METRICS_SD_DIR_VAR`].
+    pub metrics_sd_dir: Option<PathBuf>,
+}
+
+/// The file_sd file a pod's process `pid` writes into the metrics SD folder `dir`.
+pub fn metrics_target_file(dir: &std::path::Path, pod: &str, pid: u32) -> PathBuf {
+    dir.join(format!("{pod}-{pid}.json"))
 }
 
 /// Why the pod runner could not start.
@@ -177,12 +192,21 @@ pub async fn run(
     let work_dir = tokio::fs::canonicalize(&config.work_dir)
         .await
         .map_err(work_dir_error)?;
+    if let Some(dir) = &config.metrics_sd_dir {
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|source| PodRunnerError::WorkDir {
+                path: dir.clone(),
+                source,
+            })?;
+    }
     let spawner = Spawner::start().map_err(PodRunnerError::Spawner)?;
     let (changed_tx, mut changed_rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         client: client.clone(),
         images,
         bin_dirs: config.bin_dirs.clone(),
+        metrics_sd_dir: config.metrics_sd_dir.clone(),
         spawner,
         changed: changed_tx,
     });
@@ -198,6 +222,7 @@ pub async fn run(
         images = %config.images_file.display(),
         bin_dirs = ?config.bin_dirs,
         work_dir = %work_dir.display(),
+        metrics_sd_dir = ?config.metrics_sd_dir,
         "pod runner started"
     );
 
@@ -246,6 +271,7 @@ mod tests {
             images_file: PathBuf::from("images.yaml"),
             bin_dirs: vec![],
             work_dir: PathBuf::from("work"),
+            metrics_sd_dir: None,
         };
         assert_send(run(client, runner_config, async {}));
     }
@@ -258,6 +284,7 @@ mod tests {
             images_file: PathBuf::from("/nonexistent/images.yaml"),
             bin_dirs: vec![],
             work_dir: std::env::temp_dir().join("twc-podrunner-never-created"),
+            metrics_sd_dir: None,
         };
         let result = run(client, runner_config, async {}).await;
         assert!(

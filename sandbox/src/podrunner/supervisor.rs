@@ -170,6 +170,8 @@ pub struct Shared {
     pub images: ImageTable,
     /// Folders binaries are looked up in.
     pub bin_dirs: Vec<PathBuf>,
+    /// Folder of the processes' Prometheus file_sd target files, if any.
+    pub metrics_sd_dir: Option<PathBuf>,
     /// Forks the processes.
     pub spawner: Spawner,
     /// Tells the runner that a pod of a Deployment changed state.
@@ -298,6 +300,7 @@ impl PodTask {
                 client: &self.shared.client,
                 images: &self.shared.images,
                 bin_dirs: &self.shared.bin_dirs,
+                metrics_sd_dir: self.shared.metrics_sd_dir.as_deref(),
             };
             let prepared = tokio::select! {
                 prepared = launch::prepare(&settings, &self.template, &self.place) => prepared,
@@ -323,7 +326,10 @@ impl PodTask {
             };
             last_waiting = None;
             let began = Instant::now();
-            match self.supervise(process, &launch).await {
+            let pid = process.0.id();
+            let outcome = self.supervise(process, &launch).await;
+            self.remove_metrics_target(pid).await;
+            match outcome {
                 Outcome::StopRequested => break,
                 Outcome::Exited(how) => {
                     if began.elapsed() >= BACKOFF_RESET_AFTER {
@@ -347,6 +353,22 @@ impl PodTask {
             warn!(pod = %self.place.name, "cannot remove pod folder {}: {e}", self.place.dir.display());
         }
         self.set(|s| s.phase = Phase::Stopped);
+    }
+
+    /// Removes the file_sd target file of the ended process `pid`, which a process that did not
+    /// exit cleanly leaves behind (Prometheus would keep scraping a dead port).
+    async fn remove_metrics_target(&self, pid: Option<u32>) {
+        let (Some(dir), Some(pid)) = (&self.shared.metrics_sd_dir, pid) else {
+            return;
+        };
+        let file = super::metrics_target_file(dir, &self.place.name, pid);
+        match tokio::fs::remove_file(&file).await {
+            Ok(()) => debug!(pod = %self.place.name, "removed metrics target {}", file.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                warn!(pod = %self.place.name, "cannot remove metrics target {}: {e}", file.display())
+            }
+        }
     }
 
     /// Spawns the prepared process.
@@ -624,6 +646,7 @@ mod tests {
                     client: kube::Client::try_from(config).unwrap(),
                     images,
                     bin_dirs: vec![PathBuf::from("/nonexistent")],
+                    metrics_sd_dir: Some(dir.join("targets")),
                     spawner: Spawner::start().unwrap(),
                     changed: changed_tx,
                 }),
@@ -739,6 +762,42 @@ mod tests {
         assert!(!alive(pid), "process {pid} survived its pod");
         assert_eq!(pod.state().phase, Phase::Stopped);
         assert!(!h.dir.join("dep-abcde").exists(), "pod folder is removed");
+    }
+
+    #[tokio::test]
+    async fn a_killed_process_leaves_no_metrics_target_behind() {
+        let mut h = Harness::new("sdfile");
+        let targets = h.dir.join("targets");
+        std::fs::create_dir_all(&targets).unwrap();
+        // Writes its target file as the sample worker does, then never removes it. (`$$$$` is
+        // the shell's `$$`: the runner expands `$(VAR)` and `$$` like Kubernetes does.)
+        let pod = h.start(
+            "any",
+            &[
+                "sh",
+                "-c",
+                "echo '[]' > \"$SAMPLE_METRICS_SD_DIR/$HOSTNAME-$$$$.json\"; exec sleep 600",
+            ],
+        );
+        let state = h
+            .until(&pod, |s| matches!(s.phase, Phase::Running { .. }))
+            .await;
+        let Phase::Running { pid, .. } = state.phase else {
+            unreachable!()
+        };
+        let file = crate::podrunner::metrics_target_file(&targets, "dep-abcde", pid);
+        let written = crate::wait::wait_until("target file", Duration::from_secs(20), || async {
+            file.exists().then_some(())
+        })
+        .await;
+        assert!(written.is_ok(), "{} never written", file.display());
+        pod.stop();
+        let all = async { while h.tasks.join_next().await.is_some() {} };
+        tokio::time::timeout(Duration::from_secs(20), all)
+            .await
+            .unwrap();
+        assert!(!file.exists(), "{} left behind", file.display());
+        let _ = std::fs::remove_dir_all(&h.dir);
     }
 
     #[tokio::test]

@@ -201,7 +201,7 @@ impl AnalysisMemory {
     /// The refusal in force: a refused check still configured as it was when refused.
     pub fn refusal(&self, view: &AnalysisView) -> Option<String> {
         let refused = self.refused.as_ref()?;
-        view.checks.iter().any(|c| *c == refused.check).then(|| {
+        view.checks.contains(&refused.check).then(|| {
             format!(
                 "spec.rollout.analysis check {} was refused by its provider: {}",
                 refused.check.name, refused.message
