@@ -25,7 +25,8 @@ use temporalio_common::protos::temporal::api::taskqueue::v1::TaskQueue;
 use temporalio_common::protos::temporal::api::workflow::v1::WorkflowExecutionInfo;
 use temporalio_common::protos::temporal::api::workflowservice::v1::{
     DescribeWorkerDeploymentRequest, DescribeWorkerDeploymentVersionRequest,
-    DescribeWorkflowExecutionRequest, RegisterNamespaceRequest, StartWorkflowExecutionRequest,
+    DescribeWorkflowExecutionRequest, ListWorkflowExecutionsRequest, RegisterNamespaceRequest,
+    StartWorkflowExecutionRequest,
 };
 use twc_crds::TemporalWorkerDeployment;
 use twc_sandbox::env::SandboxEnv;
@@ -245,6 +246,17 @@ impl Cluster {
             .ok_or_else(|| anyhow!("no info for worker deployment {deployment_name}"))
     }
 
+    /// The build of `deployment_name`'s Current version in the sandbox's Temporal namespace.
+    pub async fn current_build(&self, deployment_name: &str) -> anyhow::Result<String> {
+        self.describe_deployment(&self.env.temporal_namespace, deployment_name)
+            .await?
+            .routing_config
+            .and_then(|r| r.current_deployment_version)
+            .map(|v| v.build_id)
+            .filter(|b| !b.is_empty())
+            .ok_or_else(|| anyhow!("{deployment_name} has no current version"))
+    }
+
     /// `DescribeWorkerDeploymentVersion`.
     pub async fn describe_version(
         &self,
@@ -298,6 +310,31 @@ impl Cluster {
             .await
             .with_context(|| format!("starting workflow {workflow_id}"))?;
         Ok(())
+    }
+
+    /// Every workflow execution of the sandbox's Temporal namespace that visibility `query`
+    /// selects (`ListWorkflowExecutions`, all pages).
+    pub async fn list_workflows(&self, query: &str) -> anyhow::Result<Vec<WorkflowExecutionInfo>> {
+        let mut executions = Vec::new();
+        let mut next_page_token = Vec::new();
+        loop {
+            let request = ListWorkflowExecutionsRequest {
+                namespace: self.env.temporal_namespace.clone(),
+                page_size: 1000,
+                next_page_token,
+                query: query.to_owned(),
+            };
+            let mut raw = self.temporal.clone();
+            let page = WorkflowService::list_workflow_executions(&mut raw, request.into_request())
+                .await
+                .with_context(|| format!("listing workflows where {query}"))?
+                .into_inner();
+            executions.extend(page.executions);
+            if page.next_page_token.is_empty() {
+                return Ok(executions);
+            }
+            next_page_token = page.next_page_token;
+        }
     }
 
     /// Whether the latest run of `workflow_id` is running, and the build it is pinned to (or

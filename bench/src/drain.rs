@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, bail};
 use futures::{StreamExt, TryStreamExt, stream};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -88,7 +88,7 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
         ))
         .await?;
     wait_ready(cluster, namespace, "dr1-").await?;
-    let v1 = current_build(cluster, &deployment_name).await?;
+    let v1 = cluster.current_build(&deployment_name).await?;
 
     let ids: Vec<String> = (1..=count)
         .map(|i| format!("{namespace}-sub-{i}"))
@@ -217,7 +217,7 @@ async fn wait_current(
 ) -> anyhow::Result<(String, SystemTime)> {
     let deadline = Instant::now() + ROLLOUT_TIMEOUT;
     loop {
-        if let Ok(build) = current_build(cluster, deployment_name).await
+        if let Ok(build) = cluster.current_build(deployment_name).await
             && build != old
         {
             return Ok((build, SystemTime::now()));
@@ -263,15 +263,4 @@ async fn wait_ready(cluster: &Cluster, namespace: &str, prefix: &str) -> anyhow:
         .await
         .with_context(|| format!("rolling out {namespace}/{NAME} build {prefix}*"))?;
     Ok(())
-}
-
-async fn current_build(cluster: &Cluster, deployment_name: &str) -> anyhow::Result<String> {
-    let info = cluster
-        .describe_deployment(&cluster.env.temporal_namespace, deployment_name)
-        .await?;
-    info.routing_config
-        .and_then(|r| r.current_deployment_version)
-        .map(|v| v.build_id)
-        .filter(|b| !b.is_empty())
-        .ok_or_else(|| anyhow!("{deployment_name} has no current version"))
 }

@@ -197,7 +197,7 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
             },
         )
         .await?;
-        let build_id = current_build(cluster, &deployment_name).await?;
+        let build_id = cluster.current_build(&deployment_name).await?;
         let version = cluster
             .describe_version(&cluster.env.temporal_namespace, &deployment_name, &build_id)
             .await?;
@@ -271,15 +271,4 @@ async fn wait_ready(
         .get(name)
         .copied()
         .ok_or_else(|| anyhow!("{name} not Ready"))
-}
-
-async fn current_build(cluster: &Cluster, deployment_name: &str) -> anyhow::Result<String> {
-    let info = cluster
-        .describe_deployment(&cluster.env.temporal_namespace, deployment_name)
-        .await?;
-    info.routing_config
-        .and_then(|r| r.current_deployment_version)
-        .map(|v| v.build_id)
-        .filter(|b| !b.is_empty())
-        .ok_or_else(|| anyhow!("{deployment_name} has no current version"))
 }

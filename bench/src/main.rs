@@ -11,13 +11,19 @@
 //!   controller memory and CPU, workflow history sizes;
 //! - `idle`: the fleet grown to its idle size and left alone: reads, API requests, CPU, RSS;
 //! - `drain`: a retired version with many open pinned workflows drained on purpose
-//!   (`spec.sunset.drain.signalAfter`): `signalAfter` → the version Drained in Temporal.
+//!   (`spec.sunset.drain.signalAfter`): `signalAfter` → the version Drained in Temporal;
+//! - `analysis`: canary analysis stopping a bad build under load: its first failing workflow →
+//!   routing restored (the ramp cleared in Temporal), and → `AnalysisFailed` on the TWD.
 //!
 //! Settings (environment): `BENCH_SCENARIOS` (comma-separated, default all), `BENCH_ROLLOUTS`
 //! (30), `BENCH_STEP_ROLLOUTS` (3), `BENCH_BURST_TWDS` (100), `BENCH_IDLE_TWDS` (200),
-//! `BENCH_IDLE_SECONDS` (300), `BENCH_DRAIN_WORKFLOWS` (200), `BENCH_JSON` (benchmarks/results.json), `BENCH_MARKDOWN`
-//! (BENCHMARKS.md), `BENCH_SERVERS` (server versions, for the report).
+//! `BENCH_IDLE_SECONDS` (300), `BENCH_DRAIN_WORKFLOWS` (200), `BENCH_ANALYSIS_INTERVAL` (the
+//! check's interval in whole seconds, `5` or `5s`; 5), `BENCH_ANALYSIS_RATE` (HelloWorld
+//! workflows started per second during the analysis; 10), `BENCH_JSON`
+//! (benchmarks/results.json), `BENCH_MARKDOWN` (BENCHMARKS.md), `BENCH_SERVERS` (server
+//! versions, for the report).
 
+mod analysis;
 mod cluster;
 mod drain;
 mod fleet;
@@ -38,6 +44,9 @@ use anyhow::Context;
 use crate::cluster::Cluster;
 use crate::report::{Results, RunContext};
 
+/// Every scenario, in the order they run.
+const SCENARIOS: [&str; 6] = ["latency", "steps", "burst", "idle", "drain", "analysis"];
+
 /// What to run, from the environment.
 struct Options {
     scenarios: Vec<String>,
@@ -47,6 +56,8 @@ struct Options {
     idle_twds: usize,
     idle_window: Duration,
     drain_workflows: usize,
+    analysis_interval: Duration,
+    analysis_rate: f64,
     json: PathBuf,
     markdown: PathBuf,
 }
@@ -63,17 +74,40 @@ impl Options {
             }
         };
         let scenarios = std::env::var("BENCH_SCENARIOS")
-            .unwrap_or_else(|_| "latency,steps,burst,idle,drain".into())
+            .unwrap_or_else(|_| SCENARIOS.join(","))
             .split(',')
             .map(|s| s.trim().to_owned())
             .filter(|s| !s.is_empty())
             .collect::<Vec<_>>();
         for s in &scenarios {
             anyhow::ensure!(
-                ["latency", "steps", "burst", "idle", "drain"].contains(&s.as_str()),
-                "BENCH_SCENARIOS: unknown scenario {s:?} (latency, steps, burst, idle, drain)"
+                SCENARIOS.contains(&s.as_str()),
+                "BENCH_SCENARIOS: unknown scenario {s:?} ({})",
+                SCENARIOS.join(", ")
             );
         }
+        let analysis_interval = match std::env::var("BENCH_ANALYSIS_INTERVAL") {
+            Ok(v) => v
+                .trim()
+                .trim_end_matches('s')
+                .parse::<u64>()
+                .ok()
+                .filter(|s| *s >= 1)
+                .map(Duration::from_secs)
+                .with_context(|| {
+                    format!("BENCH_ANALYSIS_INTERVAL={v:?} is not a whole number of seconds ≥ 1")
+                })?,
+            Err(_) => Duration::from_secs(5),
+        };
+        let analysis_rate = match std::env::var("BENCH_ANALYSIS_RATE") {
+            Ok(v) => v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|r| r.is_finite() && *r > 0.0)
+                .with_context(|| format!("BENCH_ANALYSIS_RATE={v:?} is not a positive number"))?,
+            Err(_) => 10.0,
+        };
         Ok(Self {
             scenarios,
             rollouts: number("BENCH_ROLLOUTS", 30)?,
@@ -82,6 +116,8 @@ impl Options {
             idle_twds: number("BENCH_IDLE_TWDS", 200)?,
             idle_window: Duration::from_secs(number("BENCH_IDLE_SECONDS", 300)? as u64),
             drain_workflows: number("BENCH_DRAIN_WORKFLOWS", 200)?,
+            analysis_interval,
+            analysis_rate,
             json: std::env::var("BENCH_JSON")
                 .unwrap_or_else(|_| "benchmarks/results.json".into())
                 .into(),
@@ -125,6 +161,7 @@ async fn run() -> anyhow::Result<()> {
         burst: None,
         idle: None,
         drain: None,
+        analysis: None,
     };
     if options.runs("latency") {
         tracing::info!(
@@ -169,6 +206,24 @@ async fn run() -> anyhow::Result<()> {
         );
         let ns = format!("bench-drain-{run}");
         results.drain = Some(drain::run(&cluster, &ns, options.drain_workflows).await?);
+        save(&mut results, &options)?;
+    }
+    if options.runs("analysis") {
+        tracing::info!(
+            interval = ?options.analysis_interval,
+            rate = options.analysis_rate,
+            "analysis: canary analysis stopping a bad build"
+        );
+        let ns = format!("bench-analysis-{run}");
+        results.analysis = Some(
+            analysis::run(
+                &cluster,
+                &ns,
+                options.analysis_interval,
+                options.analysis_rate,
+            )
+            .await?,
+        );
         save(&mut results, &options)?;
     }
     println!("{}", results.table());

@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::analysis::{Analysis, Clock};
 use crate::drain::Drain;
 use crate::fleet::{Burst, Idle};
 use crate::latency::Latency;
@@ -53,6 +54,8 @@ pub struct Results {
     pub idle: Option<Idle>,
     /// Draining a retired version on purpose.
     pub drain: Option<Drain>,
+    /// Canary analysis stopping a bad build.
+    pub analysis: Option<Analysis>,
 }
 
 impl Results {
@@ -76,10 +79,23 @@ impl Results {
         let _ = writeln!(out, "Measured {} with `{}`.\n", c.date, c.command);
         let _ = writeln!(
             out,
-            "Machine: {} ({} logical CPUs), {:.1} GiB, Linux {}, {}; {}. Release build.\n",
-            c.cpu, c.cpus, c.memory_gib, c.kernel, c.rustc, c.servers
+            "Machine: {} ({} logical CPUs), {:.1} GiB, Linux {}, {}; {}. {} build.\n",
+            c.cpu,
+            c.cpus,
+            c.memory_gib,
+            c.kernel,
+            c.rustc,
+            c.servers,
+            // `make bench` builds everything in release; a hand-run debug build says so.
+            if cfg!(debug_assertions) {
+                "Debug"
+            } else {
+                "Release"
+            }
         );
         out.push_str("| Figure | Target | Median | p95 | Samples |\n|---|---|---|---|---|\n");
+        // Paragraphs about single runs, written after the table.
+        let mut notes = Vec::new();
         let mut row = |figure: &str, target: &str, s: Option<&Summary>, unit: Unit| {
             let (median, p95, n) = s.map_or(("–".into(), "–".into(), "0".into()), |s| {
                 (unit.show(s.median), unit.show(s.p95), s.n.to_string())
@@ -280,16 +296,66 @@ impl Results {
                 one(d.signal_to_all_moved_s).as_ref(),
                 Unit::S,
             );
-            let _ = writeln!(
-                out,
-                "\nDrain: one run (n = 1), `signalAfter: {:.0}s`. The `signalAfter` moment is the \
+            notes.push(format!(
+                "Drain: one run (n = 1), `signalAfter: {:.0}s`. The `signalAfter` moment is the \
                  old version's retirement, taken as the moment the benchmark saw the new version \
                  Current in Temporal (polled every 250 ms), plus `signalAfter`; Drained is the first \
                  `DescribeWorkerDeploymentVersion` reporting it (Temporal's own timestamp: {}).",
                 d.signal_after_s,
                 d.signal_to_drained_server_s
                     .map_or_else(|| "none".to_owned(), |s| format!("{s:.1} s")),
+            ));
+        }
+        if let Some(a) = &self.analysis {
+            let one = |v: f64| Summary::of(&[v]);
+            let setting = format!(
+                "check every {:.0} s, {:.0} workflows/s",
+                a.interval_s, a.rate_per_s
             );
+            row(
+                &format!(
+                    "Analysis, {setting}: bad build's first failing workflow → routing restored (ramp cleared)"
+                ),
+                "–",
+                one(a.first_failure_to_routing_restored_s).as_ref(),
+                Unit::S,
+            );
+            row(
+                &format!("Analysis, {setting}: bad build's ramp set → routing restored"),
+                "–",
+                one(a.ramp_to_routing_restored_s).as_ref(),
+                Unit::S,
+            );
+            row(
+                &format!(
+                    "Analysis, {setting}: bad build's first failing workflow → `AnalysisFailed` seen on the TWD"
+                ),
+                "–",
+                one(a.first_failure_to_condition_s).as_ref(),
+                Unit::S,
+            );
+            let restored = match a.routing_restored_clock {
+                Clock::Server => "Temporal's `rampingVersionChangedTime` once no version ramps",
+                Clock::Benchmark => {
+                    "the first `DescribeWorkerDeployment` without a ramp (polled every 250 ms; \
+                     Temporal gave no timestamp of the change)"
+                }
+            };
+            notes.push(format!(
+                "Analysis: one run (n = 1), {} % of the bad build's HelloWorld workflows failing, one \
+                 50 % step, Temporal check `maxIncreaseOverCurrent: 5`, `minSamples: 10`. The first \
+                 failing workflow is the earliest close time of the bad build's failed workflows in \
+                 visibility ({} in all); routing restored is {restored}. The check measured a \
+                 failure share of {} after {} measurement(s).",
+                a.bad_fail_share_pct,
+                a.failed_workflows,
+                a.measured_failure_pct
+                    .map_or_else(|| "unknown".to_owned(), |p| format!("{p:.1} %")),
+                a.measurements,
+            ));
+        }
+        for note in notes {
+            let _ = writeln!(out, "\n{note}");
         }
         out
     }
