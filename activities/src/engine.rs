@@ -17,11 +17,11 @@ use temporalio_sdk::activities::{ActivityContext, ActivityError};
 use twc_crds::TemporalWorkerDeployment;
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 use twc_workflows::contract::{
-    AnalysisRequest, AnalysisResult, BuildRequest, CleanupBlock, CleanupOutcome,
-    CreateDeploymentOutcome, DeleteVersionOutcome, DeleteVersionRequest, DeploymentRequest,
-    DrainOutcome, DrainRequest, EventRequest, GateOutcome, GateRequest, Measurement, PinnedCount,
-    PinnedRequest, PollerWaitOutcome, RoutingOutcome, RoutingRequest, ScaleRequest, StatusRequest,
-    WaitForPollersRequest,
+    AnalysisRequest, AnalysisResult, BacklogReport, BacklogRequest, BuildRequest, CleanupBlock,
+    CleanupOutcome, CreateDeploymentOutcome, DeleteVersionOutcome, DeleteVersionRequest,
+    DeploymentRequest, DrainOutcome, DrainRequest, EventRequest, GateOutcome, GateRequest,
+    Measurement, PinnedCount, PinnedRequest, PollerWaitOutcome, RoutingOutcome, RoutingRequest,
+    ScaleRequest, StatusRequest, WaitForPollersRequest,
 };
 use twc_workflows::model::{
     BlockReason, Blocked, CheckProvider, CheckView, Observation, SpecView, TemporalState, TwdRef,
@@ -1135,6 +1135,39 @@ impl EngineActivities {
                 "analysis measured"
             );
             Ok(AnalysisResult { measurements })
+        })
+        .await
+    }
+
+    /// Reads each requested version's task-queue statistics (backlog, its age, add and dispatch
+    /// rates), one entry per build in order, versions read concurrently. A version that cannot
+    /// be read carries its error (`unknown to Temporal` when Temporal does not know it), never
+    /// fails the activity; a TWD that is gone or whose Temporal cannot be reached fails without
+    /// retry.
+    #[activity(name = "read_backlog")]
+    pub async fn read_backlog(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        request: BacklogRequest,
+    ) -> Result<BacklogReport, ActivityError> {
+        with_heartbeats(&ctx, async {
+            let resolved = self.resolve_or_fail(&request.twd, "BacklogTwdGone").await?;
+            let versions = temporal::read_backlog(
+                &resolved.temporal,
+                &resolved.spec.temporal_namespace,
+                &request.twd.key(),
+                &request.build_ids,
+            )
+            .await;
+            tracing::debug!(
+                twd = %request.twd.key(),
+                backlogs = ?versions
+                    .iter()
+                    .map(|v| (v.build_id.as_str(), v.backlog, v.error.as_deref()))
+                    .collect::<Vec<_>>(),
+                "backlog read"
+            );
+            Ok(BacklogReport { versions })
         })
         .await
     }

@@ -49,10 +49,11 @@ use twc_activities::{
     temporal::{
         ClientPool, DrainError, DrainStep, GateKey, PoolOptions, TaskQueueKind, TemporalClient,
         analysis::{self, Limits, TemporalCheck, WorkflowFilter},
+        backlog::UNKNOWN_TO_TEMPORAL,
         cancel_build_gates, cancel_gates, count_pinned, delete_version, delete_worker_deployment,
         describe_worker_deployment, drain_version,
         error::is_manager_identity_conflict,
-        gate_workflow_id, reset_to_unversioned,
+        gate_workflow_id, read_backlog, reset_to_unversioned,
         routing::{METADATA_CONTROLLER, METADATA_CONTROLLER_VERSION},
         set_routing, start_gates, stop_build_gates, version_task_queues, wait_gates,
     },
@@ -61,7 +62,7 @@ use twc_crds::worker_deployment::VersionState;
 use twc_workflows::{
     contract::{
         DeleteVersionOutcome, DrainAction, GateRun, Measurement, PinnedCount, RoutingChange,
-        RoutingOutcome, StepGateRef, Verdict,
+        RoutingOutcome, StepGateRef, Verdict, VersionBacklog,
     },
     model::{BlockReason, TemporalState},
 };
@@ -165,6 +166,27 @@ impl Ctx {
         let pid = proc.child.id().context("the worker exited at once")?;
         self.procs.lock().await.push(proc);
         Ok(pid)
+    }
+
+    /// Stops a worker this test started (SIGTERM, the SDK's graceful shutdown) and waits until
+    /// its process exited, so nothing of it polls any more.
+    async fn stop_worker(&self, pid: u32) -> Result<()> {
+        let mut proc = {
+            let mut procs = self.procs.lock().await;
+            let index = procs
+                .iter()
+                .position(|p| p.child.id() == Some(pid))
+                .with_context(|| format!("no running process {pid} of this test"))?;
+            procs.remove(index)
+        };
+        signal_process(pid, "-TERM").await?;
+        // On timeout the process is killed as `proc` drops.
+        let status = tokio::time::timeout(WAIT, proc.child.wait())
+            .await
+            .with_context(|| format!("{} did not stop within {WAIT:?}", proc.name))?
+            .with_context(|| format!("waiting for {} to stop", proc.name))?;
+        eprintln!("{} stopped: {status}", proc.name);
+        Ok(())
     }
 
     async fn describe(&self, deployment: &str) -> Result<TemporalState> {
@@ -314,13 +336,14 @@ async fn temporal_operations_against_a_dev_server() {
 
     let outcome = tokio::time::timeout(TEST_DEADLINE, async {
         wait_for_server(&mut server, &ctx.pool, &ctx.config).await?;
-        let (a, b, c, d, e, f) = tokio::join!(
+        let (a, b, c, d, e, f, g) = tokio::join!(
             scenario_routing_gates_deletion(&ctx),
             scenario_manager_identity(&ctx),
             scenario_missing_things(&ctx),
             scenario_rate_limited(&ctx),
             scenario_drain(&ctx),
             scenario_analysis(&ctx),
+            scenario_backlog(&ctx),
         );
         let failures: Vec<String> = [
             ("routing/gates/deletion", a),
@@ -329,6 +352,7 @@ async fn temporal_operations_against_a_dev_server() {
             ("rate limited", d),
             ("drain", e),
             ("analysis", f),
+            ("backlog", g),
         ]
         .into_iter()
         .filter_map(|(name, r)| r.err().map(|e| format!("{name}: {e:#}")))
@@ -1909,6 +1933,111 @@ async fn scenario_analysis(ctx: &Ctx) -> Result<()> {
     let outcome = frozen.await;
     signal_process(v2_worker, "-CONT").await?;
     outcome
+}
+
+/// Backlog of a version: workflows routed to a version none of whose workers polls wait in its
+/// workflow task queue, and `read_backlog` reports them (count and age) until a worker of the
+/// version drains them; a version Temporal does not know is reported as unknown, not idle.
+async fn scenario_backlog(ctx: &Ctx) -> Result<()> {
+    const WORKFLOWS: u64 = 5;
+    let client = ctx.client().await?;
+    let dep = ctx.deployment("backlog");
+    // A task queue of its own: the other scenarios route `hello-world` as they please.
+    let queue = format!("backlog-{}", ctx.suffix);
+    let id = |n: u64| format!("backlog-{n}-{}", ctx.suffix);
+    let builds = strings(&["v1", "never-seen"]);
+    let read = || async {
+        let versions = read_backlog(&client, NAMESPACE, &dep, &builds).await;
+        ensure!(
+            versions
+                .iter()
+                .map(|v| v.build_id.as_str())
+                .eq(["v1", "never-seen"]),
+            "one entry per requested build, in order: {versions:?}"
+        );
+        ensure!(
+            versions[1].error.as_deref() == Some(UNKNOWN_TO_TEMPORAL) && versions[1].backlog == 0,
+            "{:?}",
+            versions[1]
+        );
+        let v1 = versions[0].clone();
+        ensure!(v1.error.is_none(), "{v1:?}");
+        Ok(v1)
+    };
+    let workflow_queue = |v: &VersionBacklog| {
+        v.task_queues
+            .iter()
+            .find(|q| q.name == queue && q.kind == "workflow")
+            .cloned()
+    };
+
+    // v1 registers with its workflow task queue, becomes Current, and its only worker stops.
+    let worker = ctx.start_worker_on(&dep, "v1", &queue).await?;
+    ctx.registered(&dep, "v1").await?;
+    eventually("v1's workflow task queue", WAIT, || async {
+        let queues = version_task_queues(&client, NAMESPACE, &dep, "v1")
+            .await
+            .map_err(|b| anyhow!("{}", b.message))?
+            .unwrap_or_default();
+        Ok(queues
+            .contains(&(queue.clone(), TaskQueueKind::Workflow))
+            .then_some(()))
+    })
+    .await?;
+    set_current(&client, &dep, "v1").await?;
+    let idle = read().await?;
+    eprintln!("backlog of v1 before the workflows: {idle:?}");
+    ensure!(idle.backlog == 0, "{idle:?}");
+    ctx.stop_worker(worker).await?;
+
+    // Workflows routed to v1 wait in its workflow task queue.
+    let started_at = Instant::now();
+    let mut runs = Vec::new();
+    for n in 1..=WORKFLOWS {
+        runs.push(start_workflow(&client, &queue, "HelloWorld", &id(n), None).await?);
+    }
+    let waiting = eventually(
+        &format!("a backlog of {WORKFLOWS} on v1's workflow task queue"),
+        WAIT,
+        || async {
+            let v1 = read().await?;
+            let reported =
+                workflow_queue(&v1).is_some_and(|q| q.backlog >= WORKFLOWS && q.backlog_age_ms > 0);
+            Ok(reported.then_some(v1))
+        },
+    )
+    .await?;
+    eprintln!(
+        "backlog of v1 reported {:?} after the first start: {waiting:?}",
+        started_at.elapsed()
+    );
+    ensure!(
+        waiting.backlog >= WORKFLOWS && waiting.backlog_age_ms > 0,
+        "{waiting:?}"
+    );
+
+    // A worker of v1 drains it.
+    let drain_started = Instant::now();
+    ctx.start_worker_on(&dep, "v1", &queue).await?;
+    for run in &runs {
+        closed_on(&client, run, "v1").await?;
+    }
+    let closed_after = drain_started.elapsed();
+    let drained = eventually("v1's backlog to drain", WAIT, || async {
+        let v1 = read().await?;
+        Ok((v1.backlog == 0).then_some(v1))
+    })
+    .await?;
+    eprintln!(
+        "backlog of v1 reported 0 {:?} after its worker started (its workflows closed after \
+         {closed_after:?}): {drained:?}",
+        drain_started.elapsed()
+    );
+    ensure!(
+        drained.task_queues.iter().all(|q| q.backlog == 0),
+        "{drained:?}"
+    );
+    Ok(())
 }
 
 /// Waits until a workflow task of the run completed on `build_id`.

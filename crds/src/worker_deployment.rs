@@ -36,7 +36,13 @@ pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"
     printcolumn(name = "Ramp %", type_ = "number", json_path = ".status.targetVersion.rampPercentage"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.rollout.phase"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
     validation = Rule::new("size(self.metadata.name) <= 63").message("name cannot be more than 63 characters"),
+    validation = Rule::new("!has(self.spec.autoscaling) || !has(self.spec.replicas)").message("spec.replicas and spec.autoscaling cannot both be set: autoscaling decides the replicas of every version"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TemporalWorkerDeploymentSpec {
@@ -60,6 +66,10 @@ pub struct TemporalWorkerDeploymentSpec {
     /// How versions that lost their traffic are retired.
     #[serde(default)]
     pub sunset: SunsetSpec,
+    /// Scales each version's Deployment from its own backlog in Temporal, by role (Current,
+    /// Ramping, Draining). Exclusive with `replicas`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalingSpec>,
 }
 
 fn default_progress_deadline_seconds() -> i32 {
@@ -384,6 +394,97 @@ fn default_delete_delay() -> String {
     "24h".to_owned()
 }
 
+/// Default scale-up stabilization window.
+pub const DEFAULT_SCALE_UP_WINDOW: &str = "15s";
+/// Default scale-down stabilization window.
+pub const DEFAULT_SCALE_DOWN_WINDOW: &str = "2m";
+
+/// Backlog-driven replicas. The Current and Ramping versions share one total, from their
+/// combined backlog, between `minReplicas` and `maxReplicas`; the Ramping version holds its ramp's
+/// share of it (rounded up, at least one). A Draining version is scaled from its own backlog
+/// between `draining.minReplicas` and `draining.maxReplicas`, so a pinned workflow that wakes up
+/// on a version scaled to zero gets a worker.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.minReplicas <= self.maxReplicas")
+        .message("minReplicas must not be above maxReplicas"),
+    validation = Rule::new("has(self.backlogPerReplica) != has(self.backlogAgeSeconds)")
+        .message("set exactly one target: backlogPerReplica or backlogAgeSeconds"),
+)]
+pub struct AutoscalingSpec {
+    /// Fewest replicas of the Current and Ramping versions together.
+    #[serde(default = "default_min_replicas")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub min_replicas: i32,
+    /// Most replicas of the Current and Ramping versions together.
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_replicas: i32,
+    /// Target: waiting tasks per replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub backlog_per_replica: Option<i32>,
+    /// Target: age of the oldest waiting task, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86_400))]
+    pub backlog_age_seconds: Option<i32>,
+    /// A higher replica count is applied only once every recommendation during this window
+    /// asked for at least it (`0s`: at once).
+    #[serde(default = "default_scale_up_window")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = duration_format("scaleUpWindow"))]
+    pub scale_up_window: String,
+    /// A lower replica count is applied only once no recommendation during this window asked
+    /// for more.
+    #[serde(default = "default_scale_down_window")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = duration_format("scaleDownWindow"))]
+    pub scale_down_window: String,
+    /// Bounds of each Draining version.
+    #[serde(default)]
+    pub draining: DrainingScaling,
+}
+
+fn default_min_replicas() -> i32 {
+    1
+}
+
+fn default_scale_up_window() -> String {
+    DEFAULT_SCALE_UP_WINDOW.to_owned()
+}
+
+fn default_scale_down_window() -> String {
+    DEFAULT_SCALE_DOWN_WINDOW.to_owned()
+}
+
+/// Replicas of a Draining version (out of routing, pinned workflows still open).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.minReplicas <= self.maxReplicas")
+        .message("draining.minReplicas must not be above draining.maxReplicas"),
+)]
+pub struct DrainingScaling {
+    /// Fewest replicas; `0` lets an idle Draining version scale to zero (it is revived when
+    /// work for it appears).
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 1000))]
+    pub min_replicas: i32,
+    /// Most replicas.
+    #[serde(default = "default_min_replicas")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_replicas: i32,
+}
+
+impl Default for DrainingScaling {
+    fn default() -> Self {
+        Self {
+            min_replicas: 0,
+            max_replicas: 1,
+        }
+    }
+}
+
 /// Signal name of the drain policy when `signalName` is not set; workers listen for it.
 pub const DEFAULT_DRAIN_SIGNAL: &str = "twc-drain";
 /// Operations per second of each drain batch when `rate` is not set.
@@ -548,6 +649,12 @@ pub struct TemporalWorkerDeploymentStatus {
     /// The rollout workflow driving this resource, for jumping to the Temporal Web UI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutStatus>,
+    /// Pods of the target and Current versions (the `/scale` subresource's status replicas).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// Label selector of every pod of this worker, all versions (for `/scale`: HPA, KEDA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
 }
 
 /// Lifecycle state of a version, from Temporal's point of view.
@@ -779,6 +886,7 @@ pub mod test_support {
                 analysis: None,
             },
             sunset: SunsetSpec::default(),
+            autoscaling: None,
         }
     }
 }

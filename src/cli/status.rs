@@ -56,11 +56,16 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
 }
 
 /// Everything `status` shows.
+/// `Scaled` events shown under Autoscaling.
+const SCALED_SHOWN: usize = 3;
+
 struct Snapshot {
     twd: TemporalWorkerDeployment,
     twd_ref: TwdRef,
     engine: Result<(EngineView, Vec<RolloutRow>), String>,
     events: Vec<Event>,
+    /// The latest `Scaled` events (autoscaling), newest first.
+    scaled: Vec<Event>,
     engine_namespace: String,
     ui_url: Option<String>,
     now_ms: i64,
@@ -88,12 +93,19 @@ async fn status(args: &StatusArgs) -> anyhow::Result<String> {
         Err(e) => Err(format!("{e:#}")),
     };
     let mut events = twd_events(&kube, &twd_ref).await?;
+    let scaled: Vec<Event> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Scaled"))
+        .take(SCALED_SHOWN)
+        .cloned()
+        .collect();
     events.truncate(args.events);
     let snapshot = Snapshot {
         twd,
         twd_ref,
         engine,
         events,
+        scaled,
         engine_namespace: engine_args.namespace().to_owned(),
         ui_url: args
             .ui_url
@@ -290,6 +302,38 @@ fn render(s: &Snapshot) -> String {
                 .join("; ")
         };
         field(&mut out, "Gate", &text);
+    }
+    if let Some(policy) = &spec.autoscaling {
+        let _ = writeln!(out, "\nAutoscaling (spec.autoscaling)");
+        let target = match (policy.backlog_per_replica, policy.backlog_age_seconds) {
+            (Some(per), _) => format!("{per} waiting tasks per replica"),
+            (None, Some(age)) => format!("oldest waiting task {age}s"),
+            (None, None) => "-".to_owned(),
+        };
+        field(
+            &mut out,
+            "Policy",
+            &format!(
+                "{}..{} replicas (Current + Ramping), target {target}, windows up {} / down {}, Draining {}..{}",
+                policy.min_replicas,
+                policy.max_replicas,
+                policy.scale_up_window,
+                policy.scale_down_window,
+                policy.draining.min_replicas,
+                policy.draining.max_replicas
+            ),
+        );
+        if s.scaled.is_empty() {
+            field(&mut out, "Last change", "none yet");
+        }
+        for event in &s.scaled {
+            let at = ago(s.now_ms, event_time(event));
+            field(
+                &mut out,
+                "Scaled",
+                &format!("{at}: {}", event.message.as_deref().unwrap_or_default()),
+            );
+        }
     }
     if !rollout.analysis.is_empty() {
         let _ = writeln!(out, "\nAnalysis (spec.rollout.analysis)");

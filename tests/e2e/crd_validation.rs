@@ -50,6 +50,16 @@ fn drain(policy: Value) -> Box<dyn Fn(&mut Value)> {
     Box::new(move |m| m["spec"]["sunset"]["drain"] = policy.clone())
 }
 
+/// Sets `spec.autoscaling` of a worker manifest (without `replicas`).
+fn autoscaling(policy: Value) -> Box<dyn Fn(&mut Value)> {
+    Box::new(move |m| {
+        if let Some(spec) = m["spec"].as_object_mut() {
+            spec.remove("replicas");
+        }
+        m["spec"]["autoscaling"] = policy.clone();
+    })
+}
+
 /// Sets `spec.rollout.analysis` of a worker manifest.
 fn analysis(analysis: Value) -> Box<dyn Fn(&mut Value)> {
     Box::new(move |m| m["spec"]["rollout"]["analysis"] = analysis.clone())
@@ -308,6 +318,33 @@ async fn invalid_manifests_are_rejected_with_a_clear_message() {
                 })
             }),
             "analysis needs the Progressive strategy",
+        ),
+        (
+            "autoscaling min above max",
+            worker(&ns, "a"),
+            autoscaling(json!({ "minReplicas": 5, "maxReplicas": 2, "backlogPerReplica": 10 })),
+            "minReplicas must not be above maxReplicas",
+        ),
+        (
+            "autoscaling zero target",
+            worker(&ns, "a"),
+            autoscaling(json!({ "maxReplicas": 2, "backlogPerReplica": 0 })),
+            "should be greater than or equal to 1",
+        ),
+        (
+            "autoscaling without a target",
+            worker(&ns, "a"),
+            autoscaling(json!({ "maxReplicas": 2 })),
+            "set exactly one target: backlogPerReplica or backlogAgeSeconds",
+        ),
+        (
+            "autoscaling with replicas",
+            worker(&ns, "a"),
+            Box::new(|m| {
+                m["spec"]["replicas"] = json!(2);
+                m["spec"]["autoscaling"] = json!({ "maxReplicas": 2, "backlogPerReplica": 5 });
+            }),
+            "spec.replicas and spec.autoscaling cannot both be set",
         ),
         (
             "both mTLS and API key",

@@ -4,6 +4,7 @@
 mod harness;
 
 mod analysis;
+mod autoscaling;
 mod chaos;
 mod controls;
 mod crd_validation;

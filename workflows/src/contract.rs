@@ -122,6 +122,13 @@ activity!(
     RunAnalysis, "run_analysis", AnalysisRequest => AnalysisResult
 );
 
+activity!(
+    /// Reads each listed version's task-queue statistics from Temporal
+    /// (`DescribeWorkerDeploymentVersion` with task-queue stats): backlog, its age, add and
+    /// dispatch rates, summed over the version's task queues. One read per version.
+    ReadBacklog, "read_backlog", BacklogRequest => BacklogReport
+);
+
 /// A build of a TWD.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BuildRequest {
@@ -537,4 +544,56 @@ impl Verdict {
             Self::Invalid => "Invalid",
         }
     }
+}
+
+/// Input of `read_backlog`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BacklogRequest {
+    /// The TWD.
+    pub twd: TwdRef,
+    /// The versions to read.
+    pub build_ids: Vec<String>,
+}
+
+/// Result of `read_backlog`: one entry per requested build, in order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BacklogReport {
+    /// The versions' statistics.
+    pub versions: Vec<VersionBacklog>,
+}
+
+/// Task-queue statistics of one version, over all its task queues.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VersionBacklog {
+    /// Build ID.
+    pub build_id: String,
+    /// Tasks waiting in the version's task queues (sum).
+    pub backlog: u64,
+    /// Age of the oldest waiting task, milliseconds (largest over the queues).
+    pub backlog_age_ms: i64,
+    /// Tasks added per second (sum, Temporal's 30 s average).
+    pub add_rate: f64,
+    /// Tasks dispatched per second (sum).
+    pub dispatch_rate: f64,
+    /// Per task queue, for the history.
+    pub task_queues: Vec<QueueBacklog>,
+    /// Why the version could not be read (it then counts as unknown, not as idle).
+    pub error: Option<String>,
+}
+
+/// Statistics of one task queue of a version.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueBacklog {
+    /// Task queue name.
+    pub name: String,
+    /// `workflow` or `activity`.
+    pub kind: String,
+    /// Waiting tasks.
+    pub backlog: u64,
+    /// Age of the oldest, milliseconds.
+    pub backlog_age_ms: i64,
+    /// Added per second.
+    pub add_rate: f64,
+    /// Dispatched per second.
+    pub dispatch_rate: f64,
 }

@@ -84,6 +84,37 @@ pub struct SpecView {
     /// existed, and when neither is configured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub analysis: Option<AnalysisView>,
+    /// `spec.autoscaling` (absent in histories from before it existed, and when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalePolicy>,
+}
+
+/// Backlog-driven replicas (`spec.autoscaling`), windows in milliseconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AutoscalePolicy {
+    /// Fewest replicas of Current and Ramping together.
+    pub min_replicas: u32,
+    /// Most replicas of Current and Ramping together.
+    pub max_replicas: u32,
+    /// What a replica is expected to handle.
+    pub target: BacklogTarget,
+    /// Scale-up stabilization window.
+    pub up_window_ms: i64,
+    /// Scale-down stabilization window.
+    pub down_window_ms: i64,
+    /// Fewest replicas of a Draining version.
+    pub draining_min: u32,
+    /// Most replicas of a Draining version.
+    pub draining_max: u32,
+}
+
+/// The autoscaling target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BacklogTarget {
+    /// Waiting tasks per replica.
+    PerReplica(u64),
+    /// Age of the oldest waiting task, milliseconds.
+    AgeMs(i64),
 }
 
 /// Canary analysis of a Progressive rollout: checks measured during each step, and gate

@@ -21,16 +21,17 @@ use temporalio_sdk::{
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 
 use crate::contract::{
-    CleanupBlock, CleanupDeleted, CleanupOutcome, CountPinned, DeleteDeployment, DeleteVersion,
-    DeleteVersionOutcome, DeleteVersionRequest, DeploymentRequest, DrainAction, DrainRequest,
-    DrainVersion, EmitEvent, EnsureFinalizers, EventKind, EventRequest, Observe, PinnedRequest,
-    ReassertResources, ReleaseWithoutTemporal, ScaleDeployment, ScaleRequest, StatusRequest,
-    WriteStatus,
+    BacklogRequest, CleanupBlock, CleanupDeleted, CleanupOutcome, CountPinned, DeleteDeployment,
+    DeleteVersion, DeleteVersionOutcome, DeleteVersionRequest, DeploymentRequest, DrainAction,
+    DrainRequest, DrainVersion, EmitEvent, EnsureFinalizers, EventKind, EventRequest, Observe,
+    PinnedRequest, ReadBacklog, ReassertResources, ReleaseWithoutTemporal, ScaleDeployment,
+    ScaleRequest, StatusRequest, WriteStatus,
 };
 use crate::control::{self, ControlEffect, ControlState};
 use crate::model::{
     ControlAction, DrainPolicy, Observation, RolloutProgress, RolloutReport, TwdRef, UnixMillis,
 };
+use crate::plan::autoscale::{self, AutoscaleMemory};
 use crate::plan::drain::{DrainStep, PinnedSnapshot};
 use crate::plan::sunset::{SunsetAction, SunsetMemory};
 use crate::plan::{conditions, status, sunset};
@@ -42,6 +43,12 @@ use crate::support::{drain_options, history_full, now_millis, run_activity, shor
 /// Patch: reports of a rollout other than the one in flight are ignored (histories recorded
 /// before it let a superseded rollout's last report replace the active one's).
 const PATCH_IGNORE_SUPERSEDED_REPORTS: &str = "ignore-superseded-reports";
+/// Patch: `spec.autoscaling` scales each version from its backlog (histories before it have no
+/// autoscaling in their spec and never reach it).
+const PATCH_AUTOSCALING: &str = "autoscaling";
+/// Patch: status carries `replicas` and `selector` for the `/scale` subresource (a change of
+/// pods is a status write; histories before it did not write for that).
+const PATCH_SCALE_STATUS: &str = "scale-status";
 /// Patch: a signal that arrives while a turn runs ends the next wait at once.
 const PATCH_SIGNALS_DURING_A_TURN: &str = "signals-during-a-turn";
 /// Patch: a rollout that reported `Superseded` while the last spec signal still names its build
@@ -133,6 +140,9 @@ pub struct CarriedTwd {
     /// Progress of the deletion path.
     #[serde(default)]
     pub cleanup: CleanupProgress,
+    /// Autoscaler recommendations and pacing (`spec.autoscaling`).
+    #[serde(default)]
+    pub autoscale: AutoscaleMemory,
 }
 
 /// Where the deletion path stands (carried over a continue-as-new).
@@ -191,6 +201,8 @@ pub struct TwdWorkflow {
     reasserted_at: Option<UnixMillis>,
     /// A spec signal arrived since then (the spec or something around it changed).
     spec_signalled: bool,
+    /// Autoscaler recommendations and pacing.
+    autoscale: AutoscaleMemory,
 }
 
 #[workflow_methods]
@@ -207,6 +219,7 @@ impl TwdWorkflow {
             controls: Vec::new(),
             poked: false,
             cleanup: CleanupProgress::default(),
+            autoscale: AutoscaleMemory::default(),
         });
         Self {
             input,
@@ -223,6 +236,7 @@ impl TwdWorkflow {
             cleanup: carried.cleanup,
             reasserted_at: None,
             spec_signalled: false,
+            autoscale: carried.autoscale,
         }
     }
 
@@ -289,10 +303,14 @@ impl TwdWorkflow {
                             Duration::ZERO
                         } else {
                             write_status(ctx, &twd, &observation, spec.generation).await;
-                            retire_versions(ctx, &twd, &observation)
+                            let retire = retire_versions(ctx, &twd, &observation)
                                 .await
                                 .unwrap_or(resync)
-                                .min(resync)
+                                .min(resync);
+                            match autoscale(ctx, &twd, &observation).await {
+                                Some(scale) => retire.min(scale),
+                                None => retire,
+                            }
                         }
                     }
                     Err(_) => Duration::from_secs(30),
@@ -411,10 +429,69 @@ fn continue_as_new(ctx: &mut WorkflowContext<TwdWorkflow>) -> WorkflowResult<()>
             controls: s.controls.clone(),
             poked: s.poked,
             cleanup: s.cleanup.clone(),
+            autoscale: s.autoscale.clone(),
         }),
     });
     ctx.continue_as_new(input, Default::default())?;
     Ok(())
+}
+
+/// Scales the versions from their backlogs under `spec.autoscaling` when a read is due: one
+/// `read_backlog` (its result is the record of what was seen), a `scale_deployment` per change
+/// with a Normal `Scaled` event giving the numbers. Returns when to look again (None without
+/// autoscaling).
+async fn autoscale(
+    ctx: &mut WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+    observation: &Observation,
+) -> Option<Duration> {
+    let policy = observation.spec.as_ref()?.autoscaling.clone()?;
+    if !ctx.patched(PATCH_AUTOSCALING) {
+        return None;
+    }
+    let wait = |at: UnixMillis, now: UnixMillis| {
+        Duration::from_millis(u64::try_from(at - now).unwrap_or(0).max(1))
+    };
+    let now = now_millis(ctx);
+    let memory = ctx.state(|s| s.autoscale.clone());
+    if !autoscale::due(&memory, now) {
+        return memory.next_read_at.map(|at| wait(at, now));
+    }
+    let versions = autoscale::scaled_versions(observation);
+    if versions.is_empty() {
+        let next = now.saturating_add(autoscale::IDLE_READ_MS);
+        ctx.state_mut(|s| s.autoscale.next_read_at = Some(next));
+        return Some(wait(next, now));
+    }
+    let request = BacklogRequest {
+        twd: twd.clone(),
+        build_ids: versions.iter().map(|v| v.build_id.clone()).collect(),
+    };
+    let Ok(report) = run_activity(ctx, ReadBacklog, request, "read backlog", short_options()).await
+    else {
+        let next = now.saturating_add(autoscale::BUSY_READ_MS);
+        ctx.state_mut(|s| s.autoscale.next_read_at = Some(next));
+        return Some(wait(next, now));
+    };
+    let now = now_millis(ctx);
+    let plan = autoscale::plan(&policy, &versions, &report.versions, &memory, now);
+    let next = plan.memory.next_read_at.unwrap_or(now);
+    ctx.state_mut(|s| s.autoscale = plan.memory.clone());
+    for change in plan.changes {
+        let request = ScaleRequest {
+            namespace: twd.namespace.clone(),
+            name: change.deployment.clone(),
+            replicas: change.to,
+        };
+        let summary = format!("scale {} to {}", change.build_id, change.to);
+        if run_activity(ctx, ScaleDeployment, request, &summary, short_options())
+            .await
+            .is_ok()
+        {
+            event(ctx, twd, EventKind::Normal, "Scaled", change.message).await;
+        }
+    }
+    Some(wait(next, now))
 }
 
 /// Re-asserts finalizers, connection settings and (under `unsafeCustomBuildID`) the pod
@@ -746,7 +823,10 @@ async fn write_status(
     let report = ctx.state(|s| s.last_report.clone());
     let projected = status::project(observation, report.as_ref(), generation, now);
     let sunset = ctx.state(|s| s.sunset.clone());
-    let projected = status::with_drain(projected, observation, &sunset, now);
+    let mut projected = status::with_drain(projected, observation, &sunset, now);
+    if ctx.patched(PATCH_SCALE_STATUS) {
+        projected = status::with_scale(projected, observation, &twd.name);
+    }
     let unchanged = ctx.state(|s| {
         s.last_status
             .as_ref()

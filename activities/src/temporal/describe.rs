@@ -16,7 +16,7 @@ use temporalio_common::protos::temporal::api::{
     },
     workflowservice::v1::{
         DescribeWorkerDeploymentRequest, DescribeWorkerDeploymentResponse,
-        DescribeWorkerDeploymentVersionRequest,
+        DescribeWorkerDeploymentVersionRequest, DescribeWorkerDeploymentVersionResponse,
     },
 };
 use tracing::debug;
@@ -38,6 +38,17 @@ pub enum TaskQueueKind {
     Activity,
     /// Nexus tasks.
     Nexus,
+}
+
+impl TaskQueueKind {
+    /// Lowercase name (`workflow`, `activity`, `nexus`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Workflow => "workflow",
+            Self::Activity => "activity",
+            Self::Nexus => "nexus",
+        }
+    }
 }
 
 /// Temporal's view of a worker deployment. NotFound is not an error: it gives
@@ -183,7 +194,7 @@ pub(crate) fn is_busy_deployment(err: &TemporalError) -> bool {
 /// [`BUSY_PATIENCE`]. Right after a routing change the server refuses reads of the deployment
 /// for a moment; reporting that as a blocked rollout would make the TWD's conditions flap, and
 /// long back-off steps would delay the read well past the end of the busy period.
-async fn with_busy_retries<T, F, Fut>(
+pub(crate) async fn with_busy_retries<T, F, Fut>(
     deployment_name: &str,
     mut call: F,
 ) -> Result<T, TemporalError>
@@ -280,35 +291,54 @@ async fn describe_version_once(
     deployment_name: &str,
     build_id: &str,
 ) -> Result<Option<DescribedVersion>, TemporalError> {
+    let response =
+        describe_version_response(client, namespace, deployment_name, build_id, false).await?;
+    Ok(response.map(|r| described_from_response(&r)))
+}
+
+/// One `DescribeWorkerDeploymentVersion`, paid from the namespace's read budget; `None` when
+/// Temporal does not know the version (or its deployment). With `report_task_queue_stats` the
+/// server adds each task queue's statistics.
+pub(crate) async fn describe_version_response(
+    client: &TemporalClient,
+    namespace: &str,
+    deployment_name: &str,
+    build_id: &str,
+    report_task_queue_stats: bool,
+) -> Result<Option<DescribeWorkerDeploymentVersionResponse>, TemporalError> {
     client.acquire_read().await;
     let request = read_request(DescribeWorkerDeploymentVersionRequest {
         namespace: namespace.to_owned(),
         deployment_version: Some(version_ref(deployment_name, build_id)),
-        report_task_queue_stats: false,
+        report_task_queue_stats,
         ..Default::default()
     });
     let mut raw = client.raw().clone();
-    let response = match client
+    match client
         .observe(
             "DescribeWorkerDeploymentVersion",
             WorkflowService::describe_worker_deployment_version(&mut raw, request),
         )
         .await
     {
-        Ok(response) => response.into_inner(),
+        Ok(response) => Ok(Some(response.into_inner())),
         Err(status) => {
             let err = client.rpc_error(
                 "DescribeWorkerDeploymentVersion",
                 format!("{deployment_name}:{build_id}"),
                 &status,
             );
-            return if err.class() == StatusClass::NotFound {
+            if err.class() == StatusClass::NotFound {
                 Ok(None)
             } else {
                 Err(err)
-            };
+            }
         }
-    };
+    }
+}
+
+/// What the engine uses of a version's description.
+fn described_from_response(response: &DescribeWorkerDeploymentVersionResponse) -> DescribedVersion {
     let mut queues: Vec<(String, TaskQueueKind)> = response
         .version_task_queues
         .iter()
@@ -329,14 +359,15 @@ async fn describe_version_once(
         .worker_deployment_version_info
         .as_ref()
         .and_then(|info| info.drainage_info.as_ref());
-    Ok(Some(DescribedVersion {
+    DescribedVersion {
         task_queues: queues,
         drainage: drainage_info.and_then(|d| VersionDrainageStatus::try_from(d.status).ok()),
         drained_since: drainage_info.and_then(|d| millis(d.last_changed_time.as_ref())),
-    }))
+    }
 }
 
-fn task_queue_kind(raw: i32) -> Option<TaskQueueKind> {
+/// The kind of a task queue type; `None` when unspecified (or unknown to this build).
+pub(crate) fn task_queue_kind(raw: i32) -> Option<TaskQueueKind> {
     match TaskQueueType::try_from(raw).ok()? {
         TaskQueueType::Workflow => Some(TaskQueueKind::Workflow),
         TaskQueueType::Activity => Some(TaskQueueKind::Activity),

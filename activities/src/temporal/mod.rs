@@ -1,13 +1,14 @@
 //! Operations on the workers' Temporal (the one a TemporalConnection points at), as plain async
 //! functions for the activities: a client pool, reading a worker deployment, routing changes,
-//! version deletion, gate workflows, draining retired versions and the visibility counts of
-//! canary analysis.
+//! version deletion, gate workflows, draining retired versions, the visibility counts of
+//! canary analysis and the task-queue backlogs of autoscaling.
 //!
 //! Every call sets the request's `namespace` itself; worker-deployment reads are paid from a
 //! per-namespace token bucket ([`budget`]); rejected credentials evict the client from its pool.
 //! Writes never send `allow_no_pollers = true`.
 
 pub mod analysis;
+pub mod backlog;
 pub mod budget;
 mod convert;
 pub mod describe;
@@ -19,6 +20,7 @@ pub mod query;
 pub mod routing;
 pub mod versions;
 
+pub use backlog::read_backlog;
 pub use budget::TokenBucket;
 pub use describe::{
     TaskQueueKind, describe_worker_deployment, fetch_version_task_queues, version_task_queues,
@@ -49,6 +51,7 @@ mod tests {
         assert_send(&pool.get(config));
         assert_send(&describe_worker_deployment(client, "", ""));
         assert_send(&version_task_queues(client, "", "", ""));
+        assert_send(&read_backlog(client, "", "", &[]));
         assert_send(&set_routing(
             client,
             "",

@@ -71,6 +71,11 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     pub api_key: Option<String>,
     pub fail_gate: bool,
+    /// Activities run at once per worker (`SAMPLE_ACTIVITY_SLOTS`, default 100).
+    pub activity_slots: usize,
+    /// How long `greet` takes (`SAMPLE_GREET_DELAY_MS`, default 0): with few slots, load builds
+    /// a backlog (for autoscaling tests).
+    pub greet_delay_ms: u64,
     pub never_poll: bool,
     /// Share of `HelloWorld` workflows whose `greet` activity fails (`SAMPLE_FAIL_SHARE`).
     pub fail_share: FailShare,
@@ -180,6 +185,28 @@ impl Config {
         });
 
         let fail_gate = flag(&get, "SAMPLE_FAIL_GATE")?;
+        let activity_slots = match get("SAMPLE_ACTIVITY_SLOTS") {
+            None => 100,
+            Some(v) => match v.parse::<usize>() {
+                Ok(n) if (1..=10_000).contains(&n) => n,
+                _ => {
+                    return Err(config_err(format!(
+                        "SAMPLE_ACTIVITY_SLOTS must be a whole number from 1 to 10000, got '{v}'"
+                    )));
+                }
+            },
+        };
+        let greet_delay_ms = match get("SAMPLE_GREET_DELAY_MS") {
+            None => 0,
+            Some(v) => match v.parse::<u64>() {
+                Ok(n) if n <= 600_000 => n,
+                _ => {
+                    return Err(config_err(format!(
+                        "SAMPLE_GREET_DELAY_MS must be milliseconds from 0 to 600000, got '{v}'"
+                    )));
+                }
+            },
+        };
         let never_poll = flag(&get, "SAMPLE_NEVER_POLL")?;
         let fail_share = match get("SAMPLE_FAIL_SHARE") {
             None => FailShare::NONE,
@@ -201,6 +228,8 @@ impl Config {
             tls,
             api_key,
             fail_gate,
+            activity_slots,
+            greet_delay_ms,
             never_poll,
             fail_share,
             metrics,

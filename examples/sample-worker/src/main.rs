@@ -14,6 +14,7 @@ use temporalio_client::{
     Client, ClientOptions, ClientTlsOptions, Connection, ConnectionOptions, TlsOptions, Url,
 };
 use temporalio_common::worker::{WorkerDeploymentOptions, WorkerDeploymentVersion};
+use temporalio_sdk::runtime::worker_tuner::{FixedSizeSlotSupplier, TunerHolder};
 use temporalio_sdk::{Runtime, Worker, WorkerOptions};
 use tokio::{
     signal::unix::{SignalKind, signal},
@@ -236,10 +237,12 @@ fn worker_options(
     let options = WorkerOptions::new(task_queue)
         .deployment_options(deployment)
         .graceful_shutdown_period(Duration::from_secs(10))
+        .tuner(activity_slots(config.activity_slots))
         .register_activities(Greeter {
             build_id: config.build_id.clone(),
             fail_share: config.fail_share,
             metrics: metrics.clone(),
+            delay: Duration::from_millis(config.greet_delay_ms),
         })
         .register_workflow::<HelloWorld>()?
         .register_workflow_with_factory::<RolloutGate, _>(move || RolloutGate::new(fail_gate))?
@@ -250,6 +253,16 @@ fn worker_options(
         .register_workflow::<Stubborn>()?
         .build();
     Ok(options)
+}
+
+/// The SDK's default slots (100 of each kind), with `activities` activity slots.
+fn activity_slots(activities: usize) -> TunerHolder {
+    TunerHolder::builder()
+        .workflow_task_slot_supplier(FixedSizeSlotSupplier::new(100))
+        .activity_task_slot_supplier(FixedSizeSlotSupplier::new(activities))
+        .local_activity_task_slot_supplier(FixedSizeSlotSupplier::new(100))
+        .nexus_task_slot_supplier(FixedSizeSlotSupplier::new(100))
+        .build()
 }
 
 /// Runs every worker until a shutdown signal arrives or one of them stops, then shuts all of them

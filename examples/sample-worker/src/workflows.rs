@@ -74,6 +74,8 @@ pub struct Greeter {
     pub fail_share: FailShare,
     /// Counts every `greet` by outcome.
     pub metrics: Arc<GreetingMetrics>,
+    /// How long each `greet` takes (`SAMPLE_GREET_DELAY_MS`).
+    pub delay: Duration,
 }
 
 #[activities]
@@ -86,6 +88,9 @@ impl Greeter {
         ctx: ActivityContext,
         name: String,
     ) -> Result<String, ActivityError> {
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
         let workflow_id = ctx.info().workflow_id.as_deref().unwrap_or_default();
         if self.fail_share.fails(workflow_id) {
             self.metrics.record(Outcome::Failed);

@@ -39,6 +39,7 @@ pub fn spec(strategy: RolloutStrategy) -> SpecView {
         invalid: Vec::new(),
         drain: None,
         analysis: None,
+        autoscaling: None,
     }
 }
 

@@ -2,6 +2,7 @@
 //! happen next. No I/O, no clocks (`now` is passed in), no randomness; table-tested.
 
 pub mod analysis;
+pub mod autoscale;
 pub mod conditions;
 pub mod drain;
 pub mod rollout;

@@ -13,11 +13,14 @@ use twc_crds::build_id::compute_build_id;
 use twc_crds::duration::parse_duration;
 use twc_crds::naming::versioned_deployment_name;
 use twc_crds::worker_deployment::{
-    AnalysisSpec, DrainSpec, GateSpec, MAX_DRAIN_RATE, PROMQL_PLACEHOLDERS, RolloutStep,
-    RolloutStrategy,
+    AnalysisSpec, AutoscalingSpec, DrainSpec, GateSpec, MAX_DRAIN_RATE, PROMQL_PLACEHOLDERS,
+    RolloutStep, RolloutStrategy,
 };
 
-use crate::model::{AnalysisView, CheckProvider, CheckView, DrainPolicy, SpecView, StepView};
+use crate::model::{
+    AnalysisView, AutoscalePolicy, BacklogTarget, CheckProvider, CheckView, DrainPolicy, SpecView,
+    StepView,
+};
 
 /// `spec.sunset.scaledownDelay` used when the stored value cannot be parsed (the CRD default).
 const FALLBACK_SCALEDOWN_DELAY_MS: i64 = 60 * 60 * 1000;
@@ -79,6 +82,16 @@ pub fn spec_view(twd: &TemporalWorkerDeployment) -> SpecView {
         &mut invalid,
     );
 
+    let autoscaling = spec
+        .autoscaling
+        .as_ref()
+        .map(|a| autoscale_policy(a, &mut invalid));
+    if autoscaling.is_some() && spec.replicas.is_some() {
+        invalid.push(
+            "spec.replicas and spec.autoscaling cannot both be set: autoscaling decides the replicas of every version".to_owned(),
+        );
+    }
+
     if spec.progress_deadline_seconds < 1 {
         invalid.push(format!(
             "spec.progressDeadlineSeconds: must be at least 1, got {}",
@@ -107,6 +120,55 @@ pub fn spec_view(twd: &TemporalWorkerDeployment) -> SpecView {
         invalid,
         drain,
         analysis,
+        autoscaling,
+    }
+}
+
+/// Converts `spec.autoscaling`; problems are reported and replaced by safe values.
+fn autoscale_policy(a: &AutoscalingSpec, invalid: &mut Vec<String>) -> AutoscalePolicy {
+    let count = |field: &str, value: i32, low: i32, invalid: &mut Vec<String>| {
+        if value < low {
+            invalid.push(format!(
+                "spec.autoscaling.{field}: must be at least {low}, got {value}"
+            ));
+        }
+        u32::try_from(value.max(low)).unwrap_or(1)
+    };
+    let min_replicas = count("minReplicas", a.min_replicas, 1, invalid);
+    let max_replicas = count("maxReplicas", a.max_replicas, 1, invalid);
+    if min_replicas > max_replicas {
+        invalid.push(format!(
+            "spec.autoscaling: minReplicas ({min_replicas}) must not be above maxReplicas ({max_replicas})"
+        ));
+    }
+    let draining_min = count("draining.minReplicas", a.draining.min_replicas, 0, invalid);
+    let draining_max = count("draining.maxReplicas", a.draining.max_replicas, 1, invalid);
+    if draining_min > draining_max {
+        invalid.push(format!(
+            "spec.autoscaling.draining: minReplicas ({draining_min}) must not be above maxReplicas ({draining_max})"
+        ));
+    }
+    let target = match (a.backlog_per_replica, a.backlog_age_seconds) {
+        (Some(per), None) if per >= 1 => BacklogTarget::PerReplica(u64::try_from(per).unwrap_or(1)),
+        (None, Some(age)) if age >= 1 => BacklogTarget::AgeMs(i64::from(age) * 1000),
+        _ => {
+            invalid.push(
+                "spec.autoscaling: set exactly one target, backlogPerReplica or backlogAgeSeconds, at least 1".to_owned(),
+            );
+            BacklogTarget::PerReplica(1)
+        }
+    };
+    let window = |field: &str, text: &str, invalid: &mut Vec<String>| {
+        duration_ms(&format!("spec.autoscaling.{field}"), text, invalid).unwrap_or(0)
+    };
+    AutoscalePolicy {
+        min_replicas,
+        max_replicas: max_replicas.max(min_replicas),
+        target,
+        up_window_ms: window("scaleUpWindow", &a.scale_up_window, invalid),
+        down_window_ms: window("scaleDownWindow", &a.scale_down_window, invalid),
+        draining_min,
+        draining_max: draining_max.max(draining_min),
     }
 }
 

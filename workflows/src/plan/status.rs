@@ -287,6 +287,37 @@ fn rollout_status(
     }
 }
 
+/// `status` with what the `/scale` subresource reads: the pods of the target and Current
+/// versions (`replicas`) and a label selector of every pod of the worker (`selector`).
+pub fn with_scale(
+    mut status: TemporalWorkerDeploymentStatus,
+    observation: &Observation,
+    twd_name: &str,
+) -> TemporalWorkerDeploymentStatus {
+    let Some(spec) = observation.spec.as_ref() else {
+        return status;
+    };
+    let current = observation
+        .temporal
+        .as_ref()
+        .ok()
+        .and_then(|t| t.current_build_id.as_deref());
+    let pods: i32 = observation
+        .deployments
+        .iter()
+        .filter(|d| !d.deleting)
+        .filter(|d| d.build_id == spec.target_build_id || Some(d.build_id.as_str()) == current)
+        .map(|d| d.status_replicas)
+        .sum();
+    status.replicas = Some(pods);
+    status.selector = Some(format!(
+        "{}={}",
+        twc_crds::labels::DEPLOYMENT_NAME,
+        twc_crds::naming::deployment_name_label(twd_name)
+    ));
+    status
+}
+
 /// `status` with the drain of each deprecated version (SPEC §11): its open pinned workflows as
 /// last counted, the oldest one's start, the steps done and the next step with its time.
 pub fn with_drain(
