@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use twc_sandbox::load::{LoadConfig, LoadGenerator};
 
+use crate::chaos::cluster::Private;
 use crate::harness::cli::kubectl;
 use crate::harness::controls::{Via, holds_for, kubectl_twc, send, wait_event};
 use crate::harness::twd::{apply, connection, deployments, target_build, wait_ready, worker};
@@ -335,4 +336,100 @@ async fn without_replicas_or_autoscaling_a_hand_scaled_deployment_keeps_its_repl
         }
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_controller_killed_during_a_scale_up_ends_at_the_expected_replicas_without_oscillating() {
+    let mut private = Private::start("autoscale-kill").await;
+    let ns = private.cluster.namespace("autoscale-kill").await;
+    let tq = format!("autoscale-{ns}");
+    let autoscaling = json!({
+        "minReplicas": 1, "maxReplicas": 3, "backlogPerReplica": 3,
+        "scaleUpWindow": "2s", "scaleDownWindow": "10m"
+    });
+    private
+        .cluster
+        .apply(&private.cluster.connection(&ns, "dev"))
+        .await;
+    private
+        .cluster
+        .apply(&scaled_worker(
+            &ns,
+            "v1",
+            &tq,
+            json!({ "strategy": "AllAtOnce" }),
+            autoscaling,
+        ))
+        .await;
+    private
+        .cluster
+        .wait_ready(&ns, "hello", "v1", ROLLOUT)
+        .await;
+    let config = LoadConfig {
+        namespace: private.cluster.env.temporal_namespace.clone(),
+        task_queue: tq.clone(),
+        id_prefix: format!("{ns}-load-"),
+        ..LoadConfig::new(private.cluster.env.temporal_address.clone(), 6.0)
+    };
+    let _load = match LoadGenerator::start(config).await {
+        Ok(generator) => generator,
+        Err(e) => panic!("starting the load generator: {e}"),
+    };
+    let client = private.cluster.client.clone();
+    // Killed as soon as the scale-up has begun.
+    private
+        .cluster
+        .wait("the scale-up begun", SCALING, || async {
+            match replicas(&client, &ns, "v1").await? {
+                Some(r) if r > 1 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    assert!(
+        private.sandbox.kill_controller().await.is_some(),
+        "the controller was running"
+    );
+    assert!(
+        private.sandbox.restart_dead_controller().is_some(),
+        "the controller restarts"
+    );
+    private
+        .cluster
+        .wait("v1 at its maximum after the restart", SCALING, || async {
+            match replicas(&client, &ns, "v1").await? {
+                Some(3) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    // No oscillation: it stays at the maximum while the load lasts.
+    holds_for(
+        "three replicas under load",
+        Duration::from_secs(10),
+        || async {
+            match replicas(&client, &ns, "v1").await? {
+                Some(3) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let api: kube::Api<k8s_openapi::api::core::v1::Event> =
+        kube::Api::namespaced(client.clone(), &ns);
+    let scaled: Vec<String> = api
+        .list(&kube::api::ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Scaled"))
+        .filter_map(|e| e.message)
+        .collect();
+    assert!(
+        scaled
+            .iter()
+            .all(|m| !m.contains("from 3 to") && !m.contains("from 2 to 1")),
+        "never scaled back down: {scaled:?}"
+    );
 }
