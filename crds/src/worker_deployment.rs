@@ -46,9 +46,16 @@ pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TemporalWorkerDeploymentSpec {
-    /// Pods per active version (target and current). Unset: left to an autoscaler.
+    /// Pods per active version (target and current), or with `replicasMode: Shared` the total
+    /// of the Current and Ramping versions. Unset: left to an autoscaler. The `/scale`
+    /// subresource (`kubectl scale`, HPA, KEDA) sets it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
+    /// `PerVersion` (default, as the Go controller): every active version runs `replicas`
+    /// pods. `Shared`: `replicas` is one total that the Current and Ramping versions share by
+    /// ramp (for an HPA or KEDA driving `/scale`).
+    #[serde(default, skip_serializing_if = "ReplicasMode::is_per_version")]
+    pub replicas_mode: ReplicasMode,
     /// Pod template of the worker; each distinct template is a new version (build ID).
     pub template: PodTemplateSpec,
     /// Seconds a new pod must be ready before it counts as available.
@@ -70,6 +77,23 @@ pub struct TemporalWorkerDeploymentSpec {
     /// Ramping, Draining). Exclusive with `replicas`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<AutoscalingSpec>,
+}
+
+/// What `spec.replicas` counts.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReplicasMode {
+    /// Pods of each active version.
+    #[default]
+    PerVersion,
+    /// One total shared by the Current and Ramping versions, split by ramp.
+    Shared,
+}
+
+impl ReplicasMode {
+    /// Whether this is the default (not written out).
+    pub fn is_per_version(&self) -> bool {
+        *self == Self::PerVersion
+    }
 }
 
 fn default_progress_deadline_seconds() -> i32 {
@@ -859,6 +883,7 @@ pub mod test_support {
     pub fn spec_with_image(image: &str) -> TemporalWorkerDeploymentSpec {
         TemporalWorkerDeploymentSpec {
             replicas: Some(1),
+            replicas_mode: ReplicasMode::PerVersion,
             template: PodTemplateSpec {
                 metadata: None,
                 spec: Some(PodSpec {

@@ -433,3 +433,33 @@ async fn a_controller_killed_during_a_scale_up_ends_at_the_expected_replicas_wit
         "never scaled back down: {scaled:?}"
     );
 }
+
+#[tokio::test]
+async fn kubectl_scale_of_a_shared_total_is_split_by_role() {
+    let client = kube_client().await;
+    let ns = test_namespace(&client, "scale-shared").await;
+    let rollout = json!({ "strategy": "Progressive",
+        "steps": [ { "rampPercentage": 20, "pauseDuration": "1h" } ] });
+    let shared = |tag: &str| {
+        let mut manifest = worker(&ns, "hello", tag, rollout.clone());
+        manifest["spec"]["replicasMode"] = json!("Shared");
+        manifest
+    };
+    apply(&connection(&ns)).await;
+    apply(&shared("v1")).await;
+    wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    apply(&shared("v2")).await;
+    wait_for("v2 ramping", ROLLOUT, || async {
+        let twd = crate::harness::twd::get_twd(&client, &ns, "hello").await?;
+        let ramp = twd.status.as_ref().and_then(|s| s.target_version.as_ref()).and_then(|t| t.ramp_percentage);
+        if ramp == Some(20.0) { Ok(()) } else { Err(format!("ramp {ramp:?}")) }
+    })
+    .await;
+    // The total as an HPA would set it, through /scale: 20 % of 6 rounded up for v2.
+    let scaled = kubectl(&["scale", "twd/hello", "-n", &ns, "--replicas=6"], None).await;
+    assert!(scaled.success, "{}", scaled.stderr);
+    wait_replicas(&client, &ns, "v2", 2).await;
+    wait_replicas(&client, &ns, "v1", 4).await;
+    send(Via::Cli, "promote", &ns, "hello").await;
+    wait_replicas(&client, &ns, "v2", 6).await;
+}

@@ -106,6 +106,10 @@ pub struct AutoscalePolicy {
     pub draining_min: u32,
     /// Most replicas of a Draining version.
     pub draining_max: u32,
+    /// `replicasMode: Shared`: a fixed total (`spec.replicas`) split by role, without reading
+    /// backlogs; Draining versions are left alone.
+    #[serde(default)]
+    pub shared_total: bool,
 }
 
 /// The autoscaling target.

@@ -21,11 +21,11 @@ use temporalio_sdk::{
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 
 use crate::contract::{
-    BacklogRequest, CleanupBlock, CleanupDeleted, CleanupOutcome, CountPinned, DeleteDeployment,
-    DeleteVersion, DeleteVersionOutcome, DeleteVersionRequest, DeploymentRequest, DrainAction,
-    DrainRequest, DrainVersion, EmitEvent, EnsureFinalizers, EventKind, EventRequest, Observe,
-    PinnedRequest, ReadBacklog, ReassertResources, ReleaseWithoutTemporal, ScaleDeployment,
-    ScaleRequest, StatusRequest, WriteStatus,
+    BacklogReport, BacklogRequest, CleanupBlock, CleanupDeleted, CleanupOutcome, CountPinned,
+    DeleteDeployment, DeleteVersion, DeleteVersionOutcome, DeleteVersionRequest, DeploymentRequest,
+    DrainAction, DrainRequest, DrainVersion, EmitEvent, EnsureFinalizers, EventKind, EventRequest,
+    Observe, PinnedRequest, ReadBacklog, ReassertResources, ReleaseWithoutTemporal,
+    ScaleDeployment, ScaleRequest, StatusRequest, WriteStatus,
 };
 use crate::control::{self, ControlEffect, ControlState};
 use crate::model::{
@@ -454,7 +454,8 @@ async fn autoscale(
     };
     let now = now_millis(ctx);
     let memory = ctx.state(|s| s.autoscale.clone());
-    if !autoscale::due(&memory, now) {
+    // A shared fixed total reads nothing: planned every turn, so a `/scale` change applies at once.
+    if !policy.shared_total && !autoscale::due(&memory, now) {
         return memory.next_read_at.map(|at| wait(at, now));
     }
     let versions = autoscale::scaled_versions(observation);
@@ -463,15 +464,22 @@ async fn autoscale(
         ctx.state_mut(|s| s.autoscale.next_read_at = Some(next));
         return Some(wait(next, now));
     }
-    let request = BacklogRequest {
-        twd: twd.clone(),
-        build_ids: versions.iter().map(|v| v.build_id.clone()).collect(),
-    };
-    let Ok(report) = run_activity(ctx, ReadBacklog, request, "read backlog", short_options()).await
-    else {
-        let next = now.saturating_add(autoscale::BUSY_READ_MS);
-        ctx.state_mut(|s| s.autoscale.next_read_at = Some(next));
-        return Some(wait(next, now));
+    let report = if policy.shared_total {
+        // A fixed total (`replicasMode: Shared`): nothing to read.
+        BacklogReport::default()
+    } else {
+        let request = BacklogRequest {
+            twd: twd.clone(),
+            build_ids: versions.iter().map(|v| v.build_id.clone()).collect(),
+        };
+        let Ok(report) =
+            run_activity(ctx, ReadBacklog, request, "read backlog", short_options()).await
+        else {
+            let next = now.saturating_add(autoscale::BUSY_READ_MS);
+            ctx.state_mut(|s| s.autoscale.next_read_at = Some(next));
+            return Some(wait(next, now));
+        };
+        report
     };
     let now = now_millis(ctx);
     let plan = autoscale::plan(&policy, &versions, &report.versions, &memory, now);

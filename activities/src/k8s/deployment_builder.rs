@@ -11,6 +11,8 @@ use twc_crds::{
     BuildId, TemporalConnectionSpec, TemporalWorkerDeployment, build_id, labels, naming,
 };
 
+use twc_crds::worker_deployment::ReplicasMode;
+
 use super::injection::{self, ServerCa, WorkerIdentity};
 
 /// The versioned Deployment of `build_id`: deterministic name, selector labels, a controller
@@ -61,7 +63,11 @@ pub fn build_deployment(
             ..Default::default()
         },
         spec: Some(DeploymentSpec {
-            replicas: twd.spec.replicas,
+            // A shared total is split once the version is routed; until then one pod registers it.
+            replicas: match twd.spec.replicas_mode {
+                ReplicasMode::Shared if twd.spec.replicas.is_some() => Some(1),
+                _ => twd.spec.replicas,
+            },
             min_ready_seconds: Some(twd.spec.min_ready_seconds),
             progress_deadline_seconds: Some(twd.spec.progress_deadline_seconds),
             selector: LabelSelector {
@@ -223,6 +229,17 @@ mod tests {
             .spec
             .expect("spec");
         assert_eq!(spec.replicas, None);
+        let mut shared = twd();
+        shared.spec.replicas = Some(6);
+        shared.spec.replicas_mode = ReplicasMode::Shared;
+        let spec = build_deployment(&shared, &connection(), &build(), ServerCa::SystemRoots)
+            .spec
+            .expect("spec");
+        assert_eq!(
+            spec.replicas,
+            Some(1),
+            "a shared total is split after routing"
+        );
     }
 
     #[test]

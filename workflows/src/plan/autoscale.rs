@@ -240,9 +240,10 @@ pub fn plan(
         .iter()
         .filter(|v| matches!(v.role, Role::Current | Role::Ramping(_)))
         .collect();
-    let readable = active
-        .iter()
-        .all(|v| backlog_of(&v.build_id).is_some_and(|b| b.error.is_none()));
+    let readable = policy.shared_total
+        || active
+            .iter()
+            .all(|v| backlog_of(&v.build_id).is_some_and(|b| b.error.is_none()));
     if !active.is_empty() && readable {
         let in_force: u32 = active.iter().map(|v| replicas_of(v)).sum();
         let mut combined = VersionBacklog::default();
@@ -250,8 +251,12 @@ pub fn plan(
             combined.backlog += b.backlog;
             combined.backlog_age_ms = combined.backlog_age_ms.max(b.backlog_age_ms);
         }
-        let desired = wanted(policy.target, &combined, in_force)
-            .clamp(policy.min_replicas, policy.max_replicas);
+        let desired = if policy.shared_total {
+            policy.max_replicas
+        } else {
+            wanted(policy.target, &combined, in_force)
+                .clamp(policy.min_replicas, policy.max_replicas)
+        };
         let applied_before = in_force.clamp(policy.min_replicas, policy.max_replicas);
         let total = series(&mut memory, ACTIVE, applied_before, now).stabilize(
             desired,
@@ -268,28 +273,36 @@ pub fn plan(
             let share = (f64::from(total) * f64::from(pct) / 100.0).ceil() as u32;
             share.clamp(1, total.saturating_sub(1).max(1))
         });
-        let why = format!(
-            "backlog {} (oldest {}s) on the Current and Ramping versions, {}; total {total} of {}..{}",
-            combined.backlog,
-            combined.backlog_age_ms / 1000,
-            target_text(policy.target),
-            policy.min_replicas,
-            policy.max_replicas
-        );
+        let why = if policy.shared_total {
+            format!(
+                "spec.replicas {total} shared by the Current and Ramping versions (replicasMode Shared)"
+            )
+        } else {
+            format!(
+                "backlog {} (oldest {}s) on the Current and Ramping versions, {}; total {total} of {}..{}",
+                combined.backlog,
+                combined.backlog_age_ms / 1000,
+                target_text(policy.target),
+                policy.min_replicas,
+                policy.max_replicas
+            )
+        };
         for v in &active {
             let to = match v.role {
-                Role::Ramping(pct) => {
-                    let _ = pct;
-                    ramp_share
-                }
+                // A total of zero (scaled to zero through `/scale`) stops every version.
+                _ if total == 0 => 0,
+                Role::Ramping(_) => ramp_share,
                 _ => total.saturating_sub(ramp_share).max(1),
             };
             push_change(&mut changes, v, to, &why);
         }
     }
 
-    // Each Draining version: its own backlog.
-    for v in versions.iter().filter(|v| v.role == Role::Draining) {
+    // Each Draining version: its own backlog (left alone with a shared fixed total).
+    let draining = versions
+        .iter()
+        .filter(|v| v.role == Role::Draining && !policy.shared_total);
+    for v in draining {
         let Some(backlog) = backlog_of(&v.build_id).filter(|b| b.error.is_none()) else {
             continue;
         };
@@ -369,6 +382,7 @@ mod tests {
             down_window_ms: 30 * SEC,
             draining_min: 0,
             draining_max: 2,
+            shared_total: false,
         }
     }
 
@@ -626,6 +640,46 @@ mod tests {
         );
         assert_eq!(busy.memory.next_read_at, Some(BUSY_READ_MS));
         assert!(due(&busy.memory, BUSY_READ_MS) && !due(&busy.memory, BUSY_READ_MS - 1));
+    }
+
+    #[test]
+    fn a_shared_total_is_split_by_ramp_without_backlogs() {
+        let policy = AutoscalePolicy {
+            min_replicas: 6,
+            max_replicas: 6,
+            up_window_ms: 0,
+            down_window_ms: 0,
+            draining_min: 0,
+            draining_max: 0,
+            shared_total: true,
+            ..policy()
+        };
+        let versions = [
+            version("v1", Role::Current, 6),
+            version("v2", Role::Ramping(20.0), 6),
+            version("v0", Role::Draining, 3),
+        ];
+        let plan = plan(&policy, &versions, &[], &AutoscaleMemory::default(), 0);
+        // 20 % of 6 rounded up is 2; the Draining version keeps its pods.
+        assert_eq!(
+            targets(&plan),
+            vec![("v1".to_owned(), 4), ("v2".to_owned(), 2)]
+        );
+        assert!(
+            plan.changes[0].message.contains("replicasMode Shared"),
+            "{}",
+            plan.changes[0].message
+        );
+        let zero = AutoscalePolicy {
+            min_replicas: 0,
+            max_replicas: 0,
+            ..policy
+        };
+        let stopped = super::plan(&zero, &versions[..2], &[], &AutoscaleMemory::default(), 0);
+        assert_eq!(
+            targets(&stopped),
+            vec![("v1".to_owned(), 0), ("v2".to_owned(), 0)]
+        );
     }
 
     #[test]

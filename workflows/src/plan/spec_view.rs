@@ -14,7 +14,7 @@ use twc_crds::duration::parse_duration;
 use twc_crds::naming::versioned_deployment_name;
 use twc_crds::worker_deployment::{
     AnalysisSpec, AutoscalingSpec, DrainSpec, GateSpec, MAX_DRAIN_RATE, PROMQL_PLACEHOLDERS,
-    RolloutStep, RolloutStrategy,
+    ReplicasMode, RolloutStep, RolloutStrategy,
 };
 
 use crate::model::{
@@ -82,7 +82,7 @@ pub fn spec_view(twd: &TemporalWorkerDeployment) -> SpecView {
         &mut invalid,
     );
 
-    let autoscaling = spec
+    let mut autoscaling = spec
         .autoscaling
         .as_ref()
         .map(|a| autoscale_policy(a, &mut invalid));
@@ -90,6 +90,25 @@ pub fn spec_view(twd: &TemporalWorkerDeployment) -> SpecView {
         invalid.push(
             "spec.replicas and spec.autoscaling cannot both be set: autoscaling decides the replicas of every version".to_owned(),
         );
+    }
+    // `Shared`: the total is split by role as autoscaling does, from a fixed count.
+    let mut replicas = spec.replicas;
+    if spec.replicas_mode == ReplicasMode::Shared
+        && autoscaling.is_none()
+        && let Some(total) = spec.replicas
+    {
+        let total = u32::try_from(total.max(0)).unwrap_or(0);
+        autoscaling = Some(AutoscalePolicy {
+            min_replicas: total,
+            max_replicas: total,
+            target: BacklogTarget::PerReplica(1),
+            up_window_ms: 0,
+            down_window_ms: 0,
+            draining_min: 0,
+            draining_max: 0,
+            shared_total: true,
+        });
+        replicas = None;
     }
 
     if spec.progress_deadline_seconds < 1 {
@@ -112,7 +131,7 @@ pub fn spec_view(twd: &TemporalWorkerDeployment) -> SpecView {
         paused: spec.rollout.paused,
         rollback_window_ms,
         progress_deadline_ms: i64::from(spec.progress_deadline_seconds.max(0)).saturating_mul(1000),
-        replicas: spec.replicas,
+        replicas,
         scaledown_delay_ms,
         delete_delay_ms,
         connection_name: spec.worker_options.connection_ref.name.clone(),
@@ -169,6 +188,7 @@ fn autoscale_policy(a: &AutoscalingSpec, invalid: &mut Vec<String>) -> Autoscale
         down_window_ms: window("scaleDownWindow", &a.scale_down_window, invalid),
         draining_min,
         draining_max: draining_max.max(draining_min),
+        shared_total: false,
     }
 }
 
