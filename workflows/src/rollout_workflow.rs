@@ -773,61 +773,45 @@ async fn run_gate(
         step: None,
     };
     let summary = format!("gate {workflow_type} (attempt {attempt})");
-    let options = with_summary(waiting_options(MAX_ACTIVITY_WAIT), &summary);
-    let running = ctx.execute_activity(RunGate, request, options);
-    let outcome = unless_signalled(ctx, running)
-        .await
-        .map(|outcome| outcome.map_err(|e| activity_failed("run_gate", &e)));
-    match outcome {
-        None => {}
-        Some(Err(blocked)) => on_failure(ctx, blocked).await,
-        Some(Ok(crate::contract::GateOutcome {
-            blocked: Some(blocked),
-            ..
-        })) => {
-            report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
-            wait_for_change(ctx, BLOCKED_RECHECK).await;
+    let Some(outcome) = await_gate(ctx, request, &summary).await else {
+        return;
+    };
+    let finished = !outcome.runs.is_empty() && outcome.runs.iter().all(|r| r.status != "Running");
+    ctx.state_mut(|s| s.gate_runs = outcome.runs.clone());
+    if outcome.passed {
+        ctx.state_mut(|s| s.memory.gate = GateState::Passed);
+        event(
+            ctx,
+            twd,
+            EventKind::Normal,
+            "GatePassed",
+            format!("Gate {workflow_type} passed on build {build_id}"),
+        )
+        .await;
+    } else if finished {
+        let failed: Vec<String> = outcome
+            .runs
+            .iter()
+            .filter(|r| r.status != "Completed")
+            .map(|r| format!("{} on {}: {}", r.workflow_id, r.task_queue, r.status))
+            .collect();
+        let timed_out = outcome.runs.iter().any(|r| r.status == "TimedOut");
+        if timed_out && ctx.patched(PATCH_GATE_TIMEOUT_IS_DEADLINE) {
+            // Stopped at the decision that follows, with its own Warning event.
+            let message = failed.join("; ");
+            ctx.state_mut(|s| s.memory.gate = GateState::TimedOut { message });
+            return;
         }
-        Some(Ok(outcome)) => {
-            let finished =
-                !outcome.runs.is_empty() && outcome.runs.iter().all(|r| r.status != "Running");
-            ctx.state_mut(|s| s.gate_runs = outcome.runs.clone());
-            if outcome.passed {
-                ctx.state_mut(|s| s.memory.gate = GateState::Passed);
-                event(
-                    ctx,
-                    twd,
-                    EventKind::Normal,
-                    "GatePassed",
-                    format!("Gate {workflow_type} passed on build {build_id}"),
-                )
-                .await;
-            } else if finished {
-                let failed: Vec<String> = outcome
-                    .runs
-                    .iter()
-                    .filter(|r| r.status != "Completed")
-                    .map(|r| format!("{} on {}: {}", r.workflow_id, r.task_queue, r.status))
-                    .collect();
-                let timed_out = outcome.runs.iter().any(|r| r.status == "TimedOut");
-                if timed_out && ctx.patched(PATCH_GATE_TIMEOUT_IS_DEADLINE) {
-                    // Stopped at the decision that follows, with its own Warning event.
-                    let message = failed.join("; ");
-                    ctx.state_mut(|s| s.memory.gate = GateState::TimedOut { message });
-                    return;
-                }
-                let message = format!(
-                    "Gate {workflow_type} failed on build {build_id}: {}",
-                    failed.join("; ")
-                );
-                ctx.state_mut(|s| {
-                    s.memory.gate = GateState::Failed {
-                        message: message.clone(),
-                    }
-                });
-                event(ctx, twd, EventKind::Warning, "GateFailed", message).await;
+        let message = format!(
+            "Gate {workflow_type} failed on build {build_id}: {}",
+            failed.join("; ")
+        );
+        ctx.state_mut(|s| {
+            s.memory.gate = GateState::Failed {
+                message: message.clone(),
             }
-        }
+        });
+        event(ctx, twd, EventKind::Warning, "GateFailed", message).await;
     }
 }
 
@@ -924,53 +908,37 @@ async fn run_step_gate(
         }),
     };
     let summary = format!("gate {workflow_type} of step {}", step + 1);
-    let options = with_summary(waiting_options(MAX_ACTIVITY_WAIT), &summary);
-    let running = ctx.execute_activity(RunGate, request, options);
-    let outcome = unless_signalled(ctx, running)
-        .await
-        .map(|outcome| outcome.map_err(|e| activity_failed("run_gate", &e)));
-    match outcome {
-        None => {}
-        Some(Err(blocked)) => on_failure(ctx, blocked).await,
-        Some(Ok(crate::contract::GateOutcome {
-            blocked: Some(blocked),
-            ..
-        })) => {
-            report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
-            wait_for_change(ctx, BLOCKED_RECHECK).await;
-        }
-        Some(Ok(outcome)) => {
-            let finished =
-                !outcome.runs.is_empty() && outcome.runs.iter().all(|r| r.status != "Running");
-            if outcome.passed {
-                ctx.state_mut(|s| s.memory.analysis.record_gate(StepGate::Passed));
-                event(
-                    ctx,
-                    twd,
-                    EventKind::Normal,
-                    "StepGatePassed",
-                    format!(
-                        "Gate {workflow_type} of step {} passed on build {build_id}",
-                        step + 1
-                    ),
+    let Some(outcome) = await_gate(ctx, request, &summary).await else {
+        return;
+    };
+    let finished = !outcome.runs.is_empty() && outcome.runs.iter().all(|r| r.status != "Running");
+    if outcome.passed {
+        ctx.state_mut(|s| s.memory.analysis.record_gate(StepGate::Passed));
+        event(
+            ctx,
+            twd,
+            EventKind::Normal,
+            "StepGatePassed",
+            format!(
+                "Gate {workflow_type} of step {} passed on build {build_id}",
+                step + 1
+            ),
+        )
+        .await;
+    } else if finished {
+        let failed: Vec<String> = outcome
+            .runs
+            .iter()
+            .filter(|r| r.status != "Completed")
+            .map(|r| {
+                format!(
+                    "{} {} on {}: {}",
+                    workflow_type, r.workflow_id, r.task_queue, r.status
                 )
-                .await;
-            } else if finished {
-                let failed: Vec<String> = outcome
-                    .runs
-                    .iter()
-                    .filter(|r| r.status != "Completed")
-                    .map(|r| {
-                        format!(
-                            "{} {} on {}: {}",
-                            workflow_type, r.workflow_id, r.task_queue, r.status
-                        )
-                    })
-                    .collect();
-                let message = failed.join("; ");
-                ctx.state_mut(|s| s.memory.analysis.record_gate(StepGate::Failed { message }));
-            }
-        }
+            })
+            .collect();
+        let message = failed.join("; ");
+        ctx.state_mut(|s| s.memory.analysis.record_gate(StepGate::Failed { message }));
     }
 }
 
@@ -999,6 +967,36 @@ fn gate_types(observation: &Observation) -> Vec<String> {
         }
     }
     types
+}
+
+/// Runs `run_gate` unless a signal interrupts it; a failure or a blocked gate is reported here.
+/// Returns the runs' outcome when the activity answered with one.
+async fn await_gate(
+    ctx: &mut WorkflowContext<RolloutWorkflow>,
+    request: GateRequest,
+    summary: &str,
+) -> Option<crate::contract::GateOutcome> {
+    let options = with_summary(waiting_options(MAX_ACTIVITY_WAIT), summary);
+    let running = ctx.execute_activity(RunGate, request, options);
+    let outcome = unless_signalled(ctx, running)
+        .await
+        .map(|outcome| outcome.map_err(|e| activity_failed("run_gate", &e)));
+    match outcome {
+        None => None,
+        Some(Err(blocked)) => {
+            on_failure(ctx, blocked).await;
+            None
+        }
+        Some(Ok(crate::contract::GateOutcome {
+            blocked: Some(blocked),
+            ..
+        })) => {
+            report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
+            wait_for_change(ctx, BLOCKED_RECHECK).await;
+            None
+        }
+        Some(Ok(outcome)) => Some(outcome),
+    }
 }
 
 /// Performs a routing change; true when applied.
