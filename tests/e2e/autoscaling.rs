@@ -451,8 +451,16 @@ async fn kubectl_scale_of_a_shared_total_is_split_by_role() {
     apply(&shared("v2")).await;
     wait_for("v2 ramping", ROLLOUT, || async {
         let twd = crate::harness::twd::get_twd(&client, &ns, "hello").await?;
-        let ramp = twd.status.as_ref().and_then(|s| s.target_version.as_ref()).and_then(|t| t.ramp_percentage);
-        if ramp == Some(20.0) { Ok(()) } else { Err(format!("ramp {ramp:?}")) }
+        let ramp = twd
+            .status
+            .as_ref()
+            .and_then(|s| s.target_version.as_ref())
+            .and_then(|t| t.ramp_percentage);
+        if ramp == Some(20.0) {
+            Ok(())
+        } else {
+            Err(format!("ramp {ramp:?}"))
+        }
     })
     .await;
     // The total as an HPA would set it, through /scale: 20 % of 6 rounded up for v2.
