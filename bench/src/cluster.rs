@@ -21,11 +21,14 @@ use temporalio_common::protos::temporal::api::deployment::v1::{
     WorkerDeploymentInfo, WorkerDeploymentVersion, WorkerDeploymentVersionInfo,
 };
 use temporalio_common::protos::temporal::api::enums::v1::WorkflowExecutionStatus;
+use temporalio_common::protos::temporal::api::history::v1::HistoryEvent;
 use temporalio_common::protos::temporal::api::taskqueue::v1::TaskQueue;
 use temporalio_common::protos::temporal::api::workflow::v1::WorkflowExecutionInfo;
+use temporalio_common::protos::temporal::api::workflowservice::v1::describe_worker_deployment_version_response::VersionTaskQueue;
 use temporalio_common::protos::temporal::api::workflowservice::v1::{
     DescribeWorkerDeploymentRequest, DescribeWorkerDeploymentVersionRequest,
-    DescribeWorkflowExecutionRequest, ListWorkflowExecutionsRequest, RegisterNamespaceRequest,
+    DescribeWorkerDeploymentVersionResponse, DescribeWorkflowExecutionRequest,
+    GetWorkflowExecutionHistoryRequest, ListWorkflowExecutionsRequest, RegisterNamespaceRequest,
     StartWorkflowExecutionRequest,
 };
 use twc_crds::TemporalWorkerDeployment;
@@ -264,12 +267,45 @@ impl Cluster {
         deployment_name: &str,
         build_id: &str,
     ) -> anyhow::Result<WorkerDeploymentVersionInfo> {
+        self.describe_version_response(temporal_namespace, deployment_name, build_id, false)
+            .await?
+            .worker_deployment_version_info
+            .ok_or_else(|| anyhow!("no info for version {deployment_name}:{build_id}"))
+    }
+
+    /// The task queues of version `build_id` of `deployment_name` in the sandbox's Temporal
+    /// namespace with their statistics (`DescribeWorkerDeploymentVersion` with
+    /// `report_task_queue_stats`, as the controller reads backlogs).
+    pub async fn version_task_queues(
+        &self,
+        deployment_name: &str,
+        build_id: &str,
+    ) -> anyhow::Result<Vec<VersionTaskQueue>> {
+        Ok(self
+            .describe_version_response(
+                &self.env.temporal_namespace,
+                deployment_name,
+                build_id,
+                true,
+            )
+            .await?
+            .version_task_queues)
+    }
+
+    async fn describe_version_response(
+        &self,
+        temporal_namespace: &str,
+        deployment_name: &str,
+        build_id: &str,
+        report_task_queue_stats: bool,
+    ) -> anyhow::Result<DescribeWorkerDeploymentVersionResponse> {
         let request = DescribeWorkerDeploymentVersionRequest {
             namespace: temporal_namespace.to_owned(),
             deployment_version: Some(WorkerDeploymentVersion {
                 deployment_name: deployment_name.to_owned(),
                 build_id: build_id.to_owned(),
             }),
+            report_task_queue_stats,
             ..Default::default()
         };
         let mut raw = self.temporal.clone();
@@ -277,10 +313,7 @@ impl Cluster {
             WorkflowService::describe_worker_deployment_version(&mut raw, request.into_request())
                 .await
                 .with_context(|| format!("describing version {deployment_name}:{build_id}"))?;
-        response
-            .into_inner()
-            .worker_deployment_version_info
-            .ok_or_else(|| anyhow!("no info for version {deployment_name}:{build_id}"))
+        Ok(response.into_inner())
     }
 
     /// Starts workflow `workflow_id` of type `workflow_type` on `task_queue`, without input (as
@@ -353,6 +386,55 @@ impl Cluster {
     /// Events in the history of the latest run of `workflow_id`.
     pub async fn history_length(&self, workflow_id: &str) -> anyhow::Result<i64> {
         Ok(self.describe_latest(workflow_id).await?.history_length)
+    }
+
+    /// The history of every run of `workflow_id` in the sandbox's Temporal namespace (the
+    /// runs visibility lists and the latest run), one list of events per run.
+    pub async fn histories(&self, workflow_id: &str) -> anyhow::Result<Vec<Vec<HistoryEvent>>> {
+        let latest = self.describe_latest(workflow_id).await?;
+        let listed = self
+            .list_workflows(&format!("WorkflowId = '{workflow_id}'"))
+            .await?;
+        let mut run_ids: BTreeSet<String> = listed
+            .into_iter()
+            .chain([latest])
+            .filter_map(|info| info.execution.map(|e| e.run_id))
+            .collect();
+        run_ids.retain(|r| !r.is_empty());
+        let mut histories = Vec::with_capacity(run_ids.len());
+        for run_id in run_ids {
+            histories.push(self.history(workflow_id, &run_id).await?);
+        }
+        Ok(histories)
+    }
+
+    /// Every event of run `run_id` of `workflow_id` (`GetWorkflowExecutionHistory`, all pages).
+    async fn history(&self, workflow_id: &str, run_id: &str) -> anyhow::Result<Vec<HistoryEvent>> {
+        let mut events = Vec::new();
+        let mut next_page_token = Vec::new();
+        loop {
+            let request = GetWorkflowExecutionHistoryRequest {
+                namespace: self.env.temporal_namespace.clone(),
+                execution: Some(WorkflowExecution {
+                    workflow_id: workflow_id.to_owned(),
+                    run_id: run_id.to_owned(),
+                }),
+                next_page_token,
+                skip_archival: true,
+                ..Default::default()
+            };
+            let mut raw = self.temporal.clone();
+            let page =
+                WorkflowService::get_workflow_execution_history(&mut raw, request.into_request())
+                    .await
+                    .with_context(|| format!("reading the history of {workflow_id} run {run_id}"))?
+                    .into_inner();
+            events.extend(page.history.map(|h| h.events).unwrap_or_default());
+            if page.next_page_token.is_empty() {
+                return Ok(events);
+            }
+            next_page_token = page.next_page_token;
+        }
     }
 
     /// `DescribeWorkflowExecution` of the latest run of `workflow_id`.

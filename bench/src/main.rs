@@ -13,17 +13,22 @@
 //! - `drain`: a retired version with many open pinned workflows drained on purpose
 //!   (`spec.sunset.drain.signalAfter`): `signalAfter` → the version Drained in Temporal;
 //! - `analysis`: canary analysis stopping a bad build under load: its first failing workflow →
-//!   routing restored (the ramp cleared in Temporal), and → `AnalysisFailed` on the TWD.
+//!   routing restored (the ramp cleared in Temporal), and → `AnalysisFailed` on the TWD;
+//! - `autoscaling`: backlog-based autoscaling under load: a backlog appearing on an idle version
+//!   → its Deployment's first new replica requested, and the controller's backlog reads per
+//!   version per minute when idle and when busy.
 //!
 //! Settings (environment): `BENCH_SCENARIOS` (comma-separated, default all), `BENCH_ROLLOUTS`
 //! (30), `BENCH_STEP_ROLLOUTS` (3), `BENCH_BURST_TWDS` (100), `BENCH_IDLE_TWDS` (200),
 //! `BENCH_IDLE_SECONDS` (300), `BENCH_DRAIN_WORKFLOWS` (200), `BENCH_ANALYSIS_INTERVAL` (the
 //! check's interval in whole seconds, `5` or `5s`; 5), `BENCH_ANALYSIS_RATE` (HelloWorld
-//! workflows started per second during the analysis; 10), `BENCH_JSON`
-//! (benchmarks/results.json), `BENCH_MARKDOWN` (BENCHMARKS.md), `BENCH_SERVERS` (server
-//! versions, for the report).
+//! workflows started per second during the analysis; 10), `BENCH_AUTOSCALE_ROUNDS` (scale-ups
+//! timed; 5), `BENCH_AUTOSCALE_IDLE_SECONDS` (the window without load in which backlog reads are
+//! counted; 120), `BENCH_JSON` (benchmarks/results.json), `BENCH_MARKDOWN` (BENCHMARKS.md),
+//! `BENCH_SERVERS` (server versions, for the report).
 
 mod analysis;
+mod autoscaling;
 mod cluster;
 mod drain;
 mod fleet;
@@ -45,7 +50,15 @@ use crate::cluster::Cluster;
 use crate::report::{Results, RunContext};
 
 /// Every scenario, in the order they run.
-const SCENARIOS: [&str; 6] = ["latency", "steps", "burst", "idle", "drain", "analysis"];
+const SCENARIOS: [&str; 7] = [
+    "latency",
+    "steps",
+    "burst",
+    "idle",
+    "drain",
+    "analysis",
+    "autoscaling",
+];
 
 /// What to run, from the environment.
 struct Options {
@@ -58,6 +71,8 @@ struct Options {
     drain_workflows: usize,
     analysis_interval: Duration,
     analysis_rate: f64,
+    autoscale_rounds: usize,
+    autoscale_idle_window: Duration,
     json: PathBuf,
     markdown: PathBuf,
 }
@@ -108,6 +123,16 @@ impl Options {
                 .with_context(|| format!("BENCH_ANALYSIS_RATE={v:?} is not a positive number"))?,
             Err(_) => 10.0,
         };
+        let autoscale_rounds = number("BENCH_AUTOSCALE_ROUNDS", 5)?;
+        anyhow::ensure!(
+            autoscale_rounds >= 1,
+            "BENCH_AUTOSCALE_ROUNDS must be at least 1"
+        );
+        let autoscale_idle_seconds = number("BENCH_AUTOSCALE_IDLE_SECONDS", 120)?;
+        anyhow::ensure!(
+            autoscale_idle_seconds >= 1,
+            "BENCH_AUTOSCALE_IDLE_SECONDS must be at least 1"
+        );
         Ok(Self {
             scenarios,
             rollouts: number("BENCH_ROLLOUTS", 30)?,
@@ -118,6 +143,8 @@ impl Options {
             drain_workflows: number("BENCH_DRAIN_WORKFLOWS", 200)?,
             analysis_interval,
             analysis_rate,
+            autoscale_rounds,
+            autoscale_idle_window: Duration::from_secs(autoscale_idle_seconds as u64),
             json: std::env::var("BENCH_JSON")
                 .unwrap_or_else(|_| "benchmarks/results.json".into())
                 .into(),
@@ -162,6 +189,7 @@ async fn run() -> anyhow::Result<()> {
         idle: None,
         drain: None,
         analysis: None,
+        autoscaling: None,
     };
     if options.runs("latency") {
         tracing::info!(
@@ -221,6 +249,24 @@ async fn run() -> anyhow::Result<()> {
                 &ns,
                 options.analysis_interval,
                 options.analysis_rate,
+            )
+            .await?,
+        );
+        save(&mut results, &options)?;
+    }
+    if options.runs("autoscaling") {
+        tracing::info!(
+            rounds = options.autoscale_rounds,
+            idle_window = ?options.autoscale_idle_window,
+            "autoscaling: scaling a worker from its backlog"
+        );
+        let ns = format!("bench-autoscaling-{run}");
+        results.autoscaling = Some(
+            autoscaling::run(
+                &cluster,
+                &ns,
+                options.autoscale_rounds,
+                options.autoscale_idle_window,
             )
             .await?,
         );

@@ -7,6 +7,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::analysis::{Analysis, Clock};
+use crate::autoscaling::Autoscaling;
 use crate::drain::Drain;
 use crate::fleet::{Burst, Idle};
 use crate::latency::Latency;
@@ -56,6 +57,8 @@ pub struct Results {
     pub drain: Option<Drain>,
     /// Canary analysis stopping a bad build.
     pub analysis: Option<Analysis>,
+    /// Autoscaling from Temporal's backlog.
+    pub autoscaling: Option<Autoscaling>,
 }
 
 impl Results {
@@ -352,6 +355,104 @@ impl Results {
                 a.measured_failure_pct
                     .map_or_else(|| "unknown".to_owned(), |p| format!("{p:.1} %")),
                 a.measurements,
+            ));
+        }
+        if let Some(a) = &self.autoscaling {
+            let one = |v: f64| Summary::of(&[v]);
+            let setting = format!(
+                "{:.0} workflows/s on {}..{} replicas",
+                a.rate_per_s, a.min_replicas, a.max_replicas
+            );
+            row(
+                &format!(
+                    "Autoscaling, {setting}: backlog first seen → first new replica requested (`spec.replicas`)"
+                ),
+                "–",
+                a.backlog_seen_to_scale_up_s.as_ref(),
+                Unit::S,
+            );
+            row(
+                &format!(
+                    "Autoscaling, {setting}: backlog start (first seen − Temporal's backlog age) → first new replica requested"
+                ),
+                "–",
+                a.backlog_start_to_scale_up_s.as_ref(),
+                Unit::S,
+            );
+            row(
+                "Autoscaling: the controller's scaling `read_backlog` → new replica requested",
+                "–",
+                a.scaling_read_to_scale_up_ms.as_ref(),
+                Unit::Ms,
+            );
+            row(
+                "Autoscaling, idle: Temporal backlog reads per version per minute",
+                "–",
+                one(a.idle.reads_per_version_per_min).as_ref(),
+                Unit::PerMin,
+            );
+            row(
+                &format!(
+                    "Autoscaling, busy ({:.0} workflows/s): Temporal backlog reads per version per minute",
+                    a.rate_per_s
+                ),
+                "–",
+                one(a.busy.reads_per_version_per_min).as_ref(),
+                Unit::PerMin,
+            );
+            let range = |s: Option<&Summary>, unit: Unit| {
+                s.map_or_else(
+                    || "–".to_owned(),
+                    |s| format!("{}–{}", unit.show(s.min), unit.show(s.max)),
+                )
+            };
+            let missed = a
+                .rounds
+                .iter()
+                .filter(|r| !r.earlier_read_backlogs.is_empty())
+                .count();
+            notes.push(format!(
+                "Autoscaling: {} rounds, `backlogPerReplica: {}`, `scaleUpWindow: 0s`, \
+                 `scaleDownWindow: {:.0}s`; each round starts the load at another moment of the \
+                 controller's idle read period (midpoints of {} equal slices of it, counted from \
+                 its last `read_backlog`). The controller reads backlogs every {:.0} s when idle \
+                 and every {:.0} s while a version has a backlog or a change is held, and Temporal \
+                 caches task-queue statistics for ~5 s for every caller \
+                 (`matching.TaskQueueInfoByBuildIdTTL`, the benchmark's own reads included), so \
+                 the figure is bounded by one idle read period plus the cache (~{:.0} s). \
+                 Measured: load started → backlog first seen {}; the scaling read → new replica \
+                 requested {}; rounds in which a read after the load did not scale: {missed} of \
+                 {} (such a read saw no backlog yet, or a statistic cached before the backlog, \
+                 and kept the idle cadence). The backlog start is the first sighting minus \
+                 Temporal's age of the oldest waiting task, which comes from the same cache: \
+                 it is still up to ~5 s late, so both figures are lower bounds of the time from \
+                 the first waiting task. Reads per version per minute are taken over whole read \
+                 periods (the window's first read to its last); the counts: {} `read_backlog` \
+                 activities ({} version reads) in {:.0} s without load ({:.1}/min over the whole \
+                 window, cut at its edges), {} ({} version reads, {} scale changes) in {:.0} s \
+                 under load ({:.1}/min); the controller's `DescribeWorkerDeploymentVersion` \
+                 calls (its `/metrics`, every TWD it serves) {:.1}/min and {:.1}/min.",
+                a.rounds.len(),
+                a.backlog_per_replica,
+                a.scale_down_window_s,
+                a.rounds.len(),
+                a.idle_read_interval_s,
+                a.busy_read_interval_s,
+                a.idle_read_interval_s + 5.0,
+                range(a.load_to_backlog_seen_s.as_ref(), Unit::S),
+                range(a.scaling_read_to_scale_up_ms.as_ref(), Unit::Ms),
+                a.rounds.len(),
+                a.idle.read_activities,
+                a.idle.version_reads,
+                a.idle.window_s,
+                a.idle.window_reads_per_version_per_min,
+                a.busy.read_activities,
+                a.busy.version_reads,
+                a.busy.scale_changes,
+                a.busy.window_s,
+                a.busy.window_reads_per_version_per_min,
+                a.idle.controller_version_reads_per_min,
+                a.busy.controller_version_reads_per_min,
             ));
         }
         for note in notes {
