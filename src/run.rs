@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::signal::unix::{SignalKind, signal};
 use twc_activities::engine::EngineActivities;
+use twc_activities::k8s::ClusterAccess;
 use twc_activities::metrics::Metrics;
 use twc_worker::{connect_engine, run_engine_worker_reporting};
 
@@ -56,6 +57,12 @@ pub struct RunArgs {
     /// forms; the same address as the metrics serves all three on one port.
     #[arg(long, env = "TWC_HEALTH_BIND_ADDRESS", default_value = "0.0.0.0:8081")]
     health_bind_address: BindAddress,
+    /// OTLP/gRPC endpoint to export rollout and activity spans to, e.g.
+    /// `http://127.0.0.1:4317` (default: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, else
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`; neither set: no tracing). `OTEL_SERVICE_NAME` (default
+    /// `twc`) and `OTEL_TRACES_SAMPLER(_ARG)` apply.
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
 }
 
 fn parse_resync(input: &str) -> Result<std::time::Duration, String> {
@@ -77,6 +84,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 
 async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     let mut config = args.engine.config(&args.task_queue, &args.identity);
+    let trace_export = match telemetry::traces::endpoint(args.otlp_endpoint.as_deref()) {
+        Some(endpoint) => {
+            let (traces, export) = telemetry::traces::start(&endpoint)?;
+            tracing::info!(%endpoint, "exporting spans over OTLP");
+            config.traces = Some(traces);
+            Some(export)
+        }
+        None => None,
+    };
     config.max_cached_workflows = args.max_cached_workflows;
     let watch_namespaces: Vec<String> = args
         .watch_namespaces
@@ -103,6 +119,12 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(address = %config.address, namespace = %config.namespace, task_queue = %config.task_queue,
         identity = %config.identity, watch = ?watch_namespaces, "controller starting");
 
+    // Restricted to namespaces, the controller has no cluster-wide RBAC: no ClusterConnections.
+    let cluster_access = if watch_namespaces.is_empty() {
+        ClusterAccess::Granted
+    } else {
+        ClusterAccess::Restricted
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let watcher_config = WatcherConfig {
         namespaces: watch_namespaces,
@@ -113,6 +135,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
             .unwrap_or(u32::MAX)
             .max(1),
         metrics: Arc::clone(&metrics),
+        traces: config.traces.clone(),
     };
     let mut stop_watcher = stop_rx.clone();
     let watcher_health = Arc::clone(&health);
@@ -130,7 +153,8 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         )
         .await;
     });
-    let activities = EngineActivities::new(kube, config.identity.clone(), Arc::clone(&metrics));
+    let activities = EngineActivities::new(kube, config.identity.clone(), Arc::clone(&metrics))
+        .with_cluster_access(cluster_access);
     let mut stop_worker = stop_rx;
     let worker_health = Arc::clone(&health);
     let worker = async {
@@ -158,6 +182,9 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     };
     let _ = stop_tx.send(true);
     let _ = watcher.await;
+    if let Some(export) = trace_export {
+        export.shutdown().await;
+    }
     result
 }
 

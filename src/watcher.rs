@@ -1,6 +1,6 @@
 //! The light Kubernetes watcher: turns TemporalWorkerDeployment changes into signals on each
-//! TWD's workflow (signal-with-start), and TemporalConnection changes into nudges of the TWDs
-//! that use them. It decides nothing; duplicate signals are harmless (the workflow ignores
+//! TWD's workflow (signal-with-start), and TemporalConnection and ClusterConnection changes into
+//! nudges of the TWDs that use them (ClusterConnections only when every namespace is watched). It decides nothing; duplicate signals are harmless (the workflow ignores
 //! generations it has seen and at most resyncs).
 //!
 //! It also carries the kubectl-only control path: a `temporal.io/rollout-action` annotation on a
@@ -23,8 +23,10 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use temporalio_client::errors::WorkflowInteractionError;
 use temporalio_client::{Client, WorkflowSignalOptions, WorkflowStartOptions};
+use twc_activities::k8s::connection::cluster_connection_unsupported;
 use twc_activities::metrics::Metrics;
-use twc_crds::{TemporalConnection, TemporalWorkerDeployment};
+use twc_crds::worker_deployment::ConnectionKind;
+use twc_crds::{ClusterConnection, TemporalConnection, TemporalWorkerDeployment};
 use twc_workflows::contract::EventKind;
 use twc_workflows::control::{self, ROLLOUT_ACTION_ANNOTATION};
 use twc_workflows::model::{ControlAction, TwdRef};
@@ -45,6 +47,8 @@ pub struct WatcherConfig {
     pub resync_seconds: u32,
     /// Where signals and per-TWD gauges are recorded.
     pub metrics: Arc<Metrics>,
+    /// Where spec signals are recorded as spans, if tracing is on.
+    pub traces: Option<twc_worker::traces::Traces>,
 }
 
 /// Last signal sent per TWD, to skip status-only updates.
@@ -84,6 +88,8 @@ pub async fn run(
 ) {
     let twds = merged_stream::<TemporalWorkerDeployment>(&kube, &config.namespaces);
     let connections = merged_stream::<TemporalConnection>(&kube, &config.namespaces);
+    let mut cluster_connections = cluster_connection_stream(&kube, &config.namespaces);
+    let mut cluster_generations: HashMap<String, (i64, bool)> = HashMap::new();
     tokio::pin!(shutdown);
     let mut twds = twds;
     let mut connections = connections;
@@ -124,6 +130,24 @@ pub async fn run(
                     }
                 }
                 Err(e) => tracing::warn!("watching TemporalConnections: {e}"),
+            },
+            Some(event) = cluster_connections.next() => match event {
+                Ok(Watched::Applied(_, connection)) => {
+                    // Spec changes, first sight and deletion (which the users' turns release).
+                    let name = connection.metadata.name.clone().unwrap_or_default();
+                    let seen = (
+                        connection.metadata.generation.unwrap_or_default(),
+                        connection.metadata.deletion_timestamp.is_some(),
+                    );
+                    if cluster_generations.insert(name.clone(), seen) != Some(seen) {
+                        nudge_cluster_users(&kube, &engine, &config, &mut state.sent, &name).await;
+                    }
+                }
+                Ok(Watched::Deleted(_, connection)) => {
+                    cluster_generations.remove(&connection.metadata.name.clone().unwrap_or_default());
+                }
+                Ok(Watched::Listing(_) | Watched::Listed(_)) => {}
+                Err(e) => tracing::warn!("watching ClusterConnections: {e}"),
             },
             _ = retry.tick() => {
                 for twd in std::mem::take(&mut failed) {
@@ -280,6 +304,30 @@ where
     futures::stream::select_all(streams).boxed()
 }
 
+/// ClusterConnections, watched when every namespace is (a controller restricted to namespaces
+/// may not read them: never ready). Not part of readiness: a ClusterConnection CRD installed
+/// after the controller is picked up by the watch's retries.
+fn cluster_connection_stream(
+    kube: &kube::Client,
+    namespaces: &[String],
+) -> futures::stream::BoxStream<'static, Result<Watched<ClusterConnection>, watcher::Error>> {
+    if !namespaces.is_empty() {
+        return futures::stream::pending().boxed();
+    }
+    let api: Api<ClusterConnection> = Api::all(kube.clone());
+    watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map(|event| {
+            event.map(|event| match event {
+                Event::Apply(o) | Event::InitApply(o) => Watched::Applied(0, o),
+                Event::Delete(o) => Watched::Deleted(0, o),
+                Event::Init => Watched::Listing(0),
+                Event::InitDone => Watched::Listed(0),
+            })
+        })
+        .boxed()
+}
+
 /// Signals a TWD's workflow if its generation or deletion state is new (or `force`).
 /// Returns false when the signal could not be delivered (retried later).
 async fn signal_twd(
@@ -315,7 +363,8 @@ async fn signal_twd(
     };
     let options =
         WorkflowStartOptions::new(config.task_queue.clone(), twd_ref.twd_workflow_id()).build();
-    match engine
+    let sent_at = std::time::SystemTime::now();
+    let result = engine
         .signal_with_start_workflow(
             TwdWorkflow::run,
             input,
@@ -323,8 +372,27 @@ async fn signal_twd(
             signal.clone(),
             options,
         )
-        .await
-    {
+        .await;
+    if let Some(traces) = &config.traces {
+        use crate::run::telemetry::traces::{SpecSignal as Span, record_spec_signal};
+        let result = match &result {
+            Ok(handle) => Ok(handle.run_id()),
+            Err(e) => Err(e.to_string()),
+        };
+        let (twd, build_id, start) = (&twd_ref, signal.build_id.as_str(), sent_at);
+        record_spec_signal(
+            traces,
+            Span {
+                twd,
+                generation,
+                build_id,
+                deleting,
+                start,
+                result,
+            },
+        );
+    }
+    match result {
         Ok(_) => {
             tracing::info!(twd = %twd_ref.key(), generation, build_id = %signal.build_id, deleting, "signalled TWD workflow");
             sent.insert(key, (uid, generation, deleting));
@@ -367,10 +435,37 @@ async fn nudge_users(
             return;
         }
     };
+    for twd in list.items.iter().filter(|t| {
+        let reference = &t.spec.worker_options.connection_ref;
+        reference.kind == ConnectionKind::TemporalConnection && reference.name == name
+    }) {
+        signal_twd(engine, config, sent, twd, true).await;
+    }
+}
+
+/// A ClusterConnection changed (created, fixed, rotated, being deleted): nudge every TWD, of
+/// any namespace, that references it (found with a field selector on `connectionRef.name`).
+async fn nudge_cluster_users(
+    kube: &kube::Client,
+    engine: &Client,
+    config: &WatcherConfig,
+    sent: &mut Sent,
+    name: &str,
+) {
+    let api: Api<TemporalWorkerDeployment> = Api::all(kube.clone());
+    let selected = kube::api::ListParams::default()
+        .fields(&format!("spec.workerOptions.connectionRef.name={name}"));
+    let list = match api.list(&selected).await {
+        Ok(list) => list,
+        Err(e) => {
+            tracing::warn!(connection = %name, "listing TWDs after a ClusterConnection change: {e}");
+            return;
+        }
+    };
     for twd in list
         .items
         .iter()
-        .filter(|t| t.spec.worker_options.connection_ref.name == name)
+        .filter(|t| t.spec.worker_options.connection_ref.kind == ConnectionKind::ClusterConnection)
     {
         signal_twd(engine, config, sent, twd, true).await;
     }
@@ -385,8 +480,12 @@ async fn handle_twd(
     state: &mut TwdSignals,
     twd: &TemporalWorkerDeployment,
 ) -> bool {
+    let fresh = is_fresh(&state.sent, twd);
     if !signal_twd(engine, config, &mut state.sent, twd, false).await {
         return false;
+    }
+    if fresh {
+        warn_unsupported_connection(kube, config, twd).await;
     }
     match take_rollout_action(kube, &mut state.actions, twd).await {
         Taken::Nothing => true,
@@ -398,6 +497,46 @@ async fn handle_twd(
             true
         }
     }
+}
+
+/// Whether the TWD's generation or deletion state has not been signalled yet.
+fn is_fresh(sent: &Sent, twd: &TemporalWorkerDeployment) -> bool {
+    let key = (
+        twd.metadata.namespace.clone().unwrap_or_default(),
+        twd.metadata.name.clone().unwrap_or_default(),
+    );
+    let seen = (
+        twd.metadata.uid.clone().unwrap_or_default(),
+        twd.metadata.generation.unwrap_or_default(),
+        twd.metadata.deletion_timestamp.is_some(),
+    );
+    sent.get(&key) != Some(&seen)
+}
+
+/// A Warning event `ClusterConnectionUnsupported` on a TWD that references a ClusterConnection
+/// while this controller is restricted to namespaces (its workflow shows the same reason in the
+/// conditions); once per generation seen by this replica.
+async fn warn_unsupported_connection(
+    kube: &kube::Client,
+    config: &WatcherConfig,
+    twd: &TemporalWorkerDeployment,
+) {
+    let reference = &twd.spec.worker_options.connection_ref;
+    let (Some(namespace), Some(name)) = (&twd.metadata.namespace, &twd.metadata.name) else {
+        return;
+    };
+    if config.namespaces.is_empty()
+        || reference.kind != ConnectionKind::ClusterConnection
+        || twd.metadata.deletion_timestamp.is_some()
+    {
+        return;
+    }
+    let message = cluster_connection_unsupported(namespace, &reference.name);
+    let twd_ref = TwdRef {
+        namespace: namespace.clone(),
+        name: name.clone(),
+    };
+    warn_event(kube, &twd_ref, "ClusterConnectionUnsupported", &message).await;
 }
 
 /// What this replica does about a TWD's rollout-action annotation.
@@ -602,13 +741,16 @@ mod tests {
         }
     }
 
+    /// The `twc_versions` sample lines, sorted (a family's series render in no set order).
     fn series(metrics: &Metrics) -> Vec<String> {
-        metrics
+        let mut series: Vec<String> = metrics
             .render()
             .lines()
             .filter(|l| l.starts_with("twc_versions{"))
             .map(str::to_owned)
-            .collect()
+            .collect();
+        series.sort();
+        series
     }
 
     #[test]

@@ -47,6 +47,11 @@ pub struct ConnectionConfig {
     pub temporal_namespace: String,
     /// Credentials.
     pub auth: ConnectionAuth,
+    /// PEM CA bundle from `spec.tls.caSecretRef` (wins over the mutual-TLS Secret's `ca.crt`).
+    pub server_ca_pem: Option<Vec<u8>>,
+    /// Whether the mutual-TLS Secret given to worker pods carries `ca.crt` (pods are pointed at
+    /// it).
+    pub worker_ca_in_secret: bool,
     /// Changes whenever any of the above changes (spec fields + Secret resourceVersion), so
     /// the client pool rebuilds clients on rotation. Contains no secret material.
     pub cache_key: String,

@@ -15,7 +15,7 @@ use tokio::time::MissedTickBehavior;
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 use twc_crds::TemporalWorkerDeployment;
-use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
+use twc_crds::worker_deployment::{ConnectionReference, TemporalWorkerDeploymentStatus};
 use twc_workflows::contract::{
     AnalysisRequest, AnalysisResult, BacklogReport, BacklogRequest, BuildRequest, CleanupBlock,
     CleanupOutcome, CreateDeploymentOutcome, DeleteVersionOutcome, DeleteVersionRequest,
@@ -28,6 +28,7 @@ use twc_workflows::model::{
 };
 use twc_workflows::plan::spec_view::spec_view;
 
+use crate::k8s::connection::{ClusterAccess, connection_object};
 use crate::k8s::{self, ResolveError};
 use crate::metrics::{self, Metrics};
 use crate::prometheus::{self, PrometheusClient};
@@ -61,8 +62,11 @@ pub struct EngineActivities {
     prometheus: PrometheusClient,
     identity: String,
     metrics: Arc<Metrics>,
-    /// Last Ready state written per TemporalConnection, to avoid rewriting it on every observe.
-    connection_states: Mutex<HashMap<(String, String), (bool, String)>>,
+    /// Last Ready state written per connection (by its name for messages), to avoid rewriting
+    /// it on every observe.
+    connection_states: Mutex<HashMap<String, (bool, String)>>,
+    /// Whether ClusterConnections may be used (not when restricted to namespaces).
+    cluster_access: ClusterAccess,
 }
 
 /// A TWD resolved for work against its Temporal.
@@ -87,7 +91,15 @@ impl EngineActivities {
             identity,
             metrics,
             connection_states: Mutex::new(HashMap::new()),
+            cluster_access: ClusterAccess::Granted,
         }
+    }
+
+    /// The same activities with `access` to cluster-scoped objects: [`ClusterAccess::Restricted`]
+    /// for a controller restricted to namespaces, whose TWDs may then not use ClusterConnections.
+    pub fn with_cluster_access(mut self, access: ClusterAccess) -> Self {
+        self.cluster_access = access;
+        self
     }
 
     /// The TWD, its spec view and a client of its Temporal; `Ok(None)` when the TWD is gone.
@@ -101,10 +113,12 @@ impl EngineActivities {
             return Ok(None);
         };
         let spec = spec_view(&resource);
+        let reference = &resource.spec.worker_options.connection_ref;
         let config = match k8s::resolve_connection(
             &self.kube,
+            self.cluster_access,
             &twd.namespace,
-            &spec.connection_name,
+            reference,
             &spec.temporal_namespace,
         )
         .await
@@ -112,7 +126,7 @@ impl EngineActivities {
             Ok((_, config)) => config,
             Err(ResolveError::Transient(e)) => return Err(retryable(e)),
             Err(ResolveError::Blocked(blocked)) => {
-                self.note_connection(&twd.namespace, &spec.connection_name, Err(&blocked))
+                self.note_connection(&twd.namespace, reference, Err(&blocked))
                     .await;
                 return Ok(Some(Err(blocked)));
             }
@@ -124,18 +138,25 @@ impl EngineActivities {
                 temporal,
             }))),
             Err(blocked) => {
-                self.note_connection(&twd.namespace, &spec.connection_name, Err(&blocked))
+                let reference = &resource.spec.worker_options.connection_ref;
+                self.note_connection(&twd.namespace, reference, Err(&blocked))
                     .await;
                 Ok(Some(Err(blocked)))
             }
         }
     }
 
-    /// Records the connection's Ready condition when it changed since the last write. Only what
-    /// is about the connection itself is written (`Connected`, `AuthSecretInvalid`,
-    /// `TemporalClientCreationFailed`): a missing connection has no status, and other reasons
-    /// concern the TWD.
-    async fn note_connection(&self, namespace: &str, name: &str, state: Result<(), &Blocked>) {
+    /// Records the Ready condition of the connection `reference` names for a TWD in `namespace`
+    /// when it changed since the last write. Only what is about the connection itself is written
+    /// (`Connected`, `AuthSecretInvalid`, `TemporalClientCreationFailed`): a missing connection
+    /// has no status, and other reasons concern the TWD. A ClusterConnection shows the last
+    /// resolution, from whichever namespace (its Secrets are each namespace's own).
+    async fn note_connection(
+        &self,
+        namespace: &str,
+        reference: &ConnectionReference,
+        state: Result<(), &Blocked>,
+    ) {
         let about_connection = |b: &Blocked| {
             matches!(
                 b.reason,
@@ -153,7 +174,7 @@ impl EngineActivities {
             ),
             Err(b) => (false, b.reason.as_str().to_owned(), b.message.clone()),
         };
-        let key = (namespace.to_owned(), name.to_owned());
+        let key = connection_object(namespace, reference).to_string();
         let changed = match self.connection_states.lock() {
             Ok(states) => states.get(&key) != Some(&(ready, reason.clone())),
             Err(_) => true,
@@ -161,8 +182,10 @@ impl EngineActivities {
         if !changed {
             return;
         }
-        match k8s::write_connection_status(&self.kube, namespace, name, ready, &reason, &message)
-            .await
+        match k8s::write_connection_status(
+            &self.kube, namespace, reference, ready, &reason, &message,
+        )
+        .await
         {
             Ok(_) => {
                 if let Ok(mut states) = self.connection_states.lock() {
@@ -170,7 +193,7 @@ impl EngineActivities {
                 }
             }
             Err(e) => {
-                tracing::warn!(%namespace, connection = %name, "writing connection status: {e}")
+                tracing::warn!(%namespace, connection = %key, "writing connection status: {e}")
             }
         }
     }
@@ -209,12 +232,13 @@ impl EngineActivities {
         let Some(resource) = k8s::get_twd(&self.kube, twd).await.map_err(retryable)? else {
             return Ok(CleanupOutcome::Done);
         };
-        let connection_name = spec_view(&resource).connection_name;
+        let reference = &resource.spec.worker_options.connection_ref;
+        let connection_name = connection_object(&twd.namespace, reference).to_string();
         let connection_deleting =
-            k8s::find_connection(&self.kube, &twd.namespace, &connection_name)
+            k8s::find_connection(&self.kube, self.cluster_access, &twd.namespace, reference)
                 .await
                 .map_err(retryable)?
-                .is_some_and(|c| c.metadata.deletion_timestamp.is_some());
+                .is_some_and(|c| c.is_deleting());
         let block = if connection_deleting {
             CleanupBlock::NamespaceDeleting
         } else {
@@ -358,7 +382,8 @@ impl EngineActivities {
                     )
                     .await;
                     if state.is_ok() {
-                        self.note_connection(&twd.namespace, &r.spec.connection_name, Ok(()))
+                        let reference = &r.resource.spec.worker_options.connection_ref;
+                        self.note_connection(&twd.namespace, reference, Ok(()))
                             .await;
                     }
                     (
@@ -402,7 +427,7 @@ impl EngineActivities {
         twd: TwdRef,
     ) -> Result<(), ActivityError> {
         with_heartbeats(&ctx, async {
-            k8s::ensure_finalizers(&self.kube, &twd)
+            k8s::ensure_finalizers(&self.kube, self.cluster_access, &twd)
                 .await
                 .map_err(retryable)
         })
@@ -417,8 +442,13 @@ impl EngineActivities {
         request: BuildRequest,
     ) -> Result<CreateDeploymentOutcome, ActivityError> {
         with_heartbeats(&ctx, async {
-            match k8s::create_versioned_deployment(&self.kube, &request.twd, &request.build_id)
-                .await
+            match k8s::create_versioned_deployment(
+                &self.kube,
+                self.cluster_access,
+                &request.twd,
+                &request.build_id,
+            )
+            .await
             {
                 Ok(outcome) => Ok(outcome),
                 Err(e) => match e.blocked() {
@@ -960,7 +990,7 @@ impl EngineActivities {
                 });
             }
             // 4. Let the TWD (and, if unused, its connection) go.
-            k8s::release_finalizers(&self.kube, &twd)
+            k8s::release_finalizers(&self.kube, self.cluster_access, &twd)
                 .await
                 .map_err(retryable)?;
             Ok(CleanupOutcome::Done)
@@ -992,10 +1022,14 @@ impl EngineActivities {
                     twd.key()
                 ));
             }
-            let connection =
-                k8s::find_connection(&self.kube, &twd.namespace, &spec.connection_name)
-                    .await
-                    .map_err(retryable)?;
+            let connection = k8s::find_connection(
+                &self.kube,
+                self.cluster_access,
+                &twd.namespace,
+                &resource.spec.worker_options.connection_ref,
+            )
+            .await
+            .map_err(retryable)?;
             let mut deleted = 0;
             for deployment in k8s::list_versioned_deployments(&self.kube, &twd, &spec.uid)
                 .await
@@ -1012,11 +1046,11 @@ impl EngineActivities {
             let left = LeftInTemporal {
                 deployment_name: twd.key(),
                 temporal_namespace: spec.temporal_namespace.clone(),
-                address: connection.map(|c| c.spec.host_port),
+                address: connection.map(|c| c.spec().host_port.clone()),
                 versions: known_versions(resource.status.as_ref()),
                 identity: self.identity.clone(),
             };
-            k8s::release_finalizers(&self.kube, &twd)
+            k8s::release_finalizers(&self.kube, self.cluster_access, &twd)
                 .await
                 .map_err(retryable)?;
             let message = format!(
@@ -1039,7 +1073,7 @@ impl EngineActivities {
         twd: TwdRef,
     ) -> Result<twc_workflows::contract::ReassertOutcome, ActivityError> {
         with_heartbeats(&ctx, async {
-            k8s::reassert_resources(&self.kube, &twd)
+            k8s::reassert_resources(&self.kube, self.cluster_access, &twd)
                 .await
                 .map_err(retryable)
         })
@@ -1173,17 +1207,17 @@ impl EngineActivities {
     }
 }
 
-/// What the deletion path waits for when the TWD's connection (`ConnectionGone`) or its Secret
-/// (`SecretGone`, `cause` says which and why) is missing or unusable, and what the user can
-/// do; with `NamespaceDeleting` neither will come back.
+/// What the deletion path waits for when the TWD's connection (`connection`, e.g.
+/// `TemporalConnection demo/dev`) is missing (`ConnectionGone`) or its Secret (`SecretGone`,
+/// `cause` says which and why) is missing or unusable, and what the user can do; with
+/// `NamespaceDeleting` neither will come back.
 fn cleanup_blocked_message(
     twd: &TwdRef,
-    connection_name: &str,
+    connection: &str,
     cause: &str,
     block: CleanupBlock,
 ) -> String {
     let deployment = twd.key();
-    let connection = format!("TemporalConnection {}/{connection_name}", twd.namespace);
     let otherwise = format!(
         "otherwise the TemporalWorkerDeployment is released without that cleanup and worker \
          deployment {deployment} stays in Temporal"
@@ -1456,7 +1490,8 @@ mod tests {
             ),
         ];
         for (block, cause, expected) in cases {
-            let message = cleanup_blocked_message(&twd(), "cloud", cause, block);
+            let message =
+                cleanup_blocked_message(&twd(), "TemporalConnection demo/cloud", cause, block);
             for part in expected {
                 assert!(message.contains(part), "{block:?}: {part:?} in {message}");
             }

@@ -298,6 +298,8 @@ fn plaintext_config(address: &str) -> ConnectionConfig {
         temporal_namespace: NAMESPACE.to_owned(),
         auth: ConnectionAuth::None,
         cache_key: format!("test/{address}"),
+        server_ca_pem: None,
+        worker_ca_in_secret: false,
     }
 }
 

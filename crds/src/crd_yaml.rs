@@ -4,7 +4,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use schemars::{Schema, SchemaGenerator, json_schema};
 
-use crate::{TemporalConnection, TemporalWorkerDeployment};
+use crate::{ClusterConnection, TemporalConnection, TemporalWorkerDeployment};
 
 /// Schema of a free-form JSON object (any keys; the API server keeps whatever it is given).
 /// Typed as an object so CEL rules can see it and non-objects are rejected at admission.
@@ -33,7 +33,7 @@ pub enum CrdRenderError {
     },
 }
 
-/// Both CRDs, ready to apply.
+/// Every CRD, ready to apply.
 pub fn crd_manifests() -> Vec<CrdManifest> {
     let mut twd = TemporalWorkerDeployment::crd();
     strip_pod_template_descriptions(&mut twd);
@@ -45,6 +45,10 @@ pub fn crd_manifests() -> Vec<CrdManifest> {
         CrdManifest {
             file_name: "temporal.io_temporalconnections.yaml",
             crd: TemporalConnection::crd(),
+        },
+        CrdManifest {
+            file_name: "temporal.io_clusterconnections.yaml",
+            crd: ClusterConnection::crd(),
         },
     ]
 }

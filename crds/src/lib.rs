@@ -1,5 +1,5 @@
-//! The controller's API: the `TemporalWorkerDeployment` and `TemporalConnection` custom resources
-//! (group `temporal.io`, version `v1alpha1`), the rules that turn a pod template into a build ID
+//! The controller's API: the `TemporalWorkerDeployment`, `TemporalConnection` and cluster-scoped
+//! `ClusterConnection` custom resources (group `temporal.io`, version `v1alpha1`), the rules that turn a pod template into a build ID
 //! and a Deployment name, and the generated CRD manifests.
 //!
 //! The Rust types here are the source of truth; `crds/*.yaml` is generated from them
@@ -14,7 +14,9 @@ pub mod naming;
 pub mod worker_deployment;
 
 pub use build_id::BuildId;
-pub use connection::{TemporalConnection, TemporalConnectionSpec};
+pub use connection::{
+    ClusterConnection, ClusterConnectionSpec, TemporalConnection, TemporalConnectionSpec,
+};
 pub use worker_deployment::{TemporalWorkerDeployment, TemporalWorkerDeploymentSpec};
 
 /// API group of both resources.

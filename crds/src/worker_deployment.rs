@@ -36,6 +36,7 @@ pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"
     printcolumn(name = "Ramp %", type_ = "number", json_path = ".status.targetVersion.rampPercentage"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.rollout.phase"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    selectable = ".spec.workerOptions.connectionRef.name",
     scale(
         spec_replicas_path = ".spec.replicas",
         status_replicas_path = ".status.replicas",
@@ -104,7 +105,8 @@ fn default_progress_deadline_seconds() -> i32 {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerOptions {
-    /// The TemporalConnection (same namespace) the workers use.
+    /// The connection the workers use: a TemporalConnection in the same namespace, or a
+    /// ClusterConnection (`kind: ClusterConnection`).
     pub connection_ref: ConnectionReference,
     /// Temporal namespace the workers poll.
     #[schemars(length(min = 1))]
@@ -122,12 +124,58 @@ pub struct WorkerOptions {
     pub unsafe_custom_build_id: Option<String>,
 }
 
-/// Name of a TemporalConnection in the same namespace.
+/// The connection the workers use: a TemporalConnection in the same namespace (the default),
+/// or a cluster-scoped ClusterConnection.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ConnectionReference {
-    /// Name of the TemporalConnection.
+    /// Name of the connection.
     #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
     pub name: String,
+    /// `TemporalConnection` (default: in the TWD's namespace) or `ClusterConnection`
+    /// (cluster-scoped; its Secrets are read in the TWD's namespace).
+    #[serde(default, skip_serializing_if = "ConnectionKind::is_namespaced")]
+    pub kind: ConnectionKind,
+}
+
+impl ConnectionReference {
+    /// A reference to the TemporalConnection `name` in the TWD's namespace.
+    pub fn namespaced(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            kind: ConnectionKind::TemporalConnection,
+        }
+    }
+}
+
+/// Kind of the connection a TWD references.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ConnectionKind {
+    /// A `TemporalConnection` in the TWD's namespace.
+    #[default]
+    TemporalConnection,
+    /// A cluster-scoped `ClusterConnection`.
+    ClusterConnection,
+}
+
+impl ConnectionKind {
+    /// Whether this is the default, namespaced kind (not written out).
+    pub fn is_namespaced(&self) -> bool {
+        *self == Self::TemporalConnection
+    }
+
+    /// The kind's name, as in `kind:`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TemporalConnection => "TemporalConnection",
+            Self::ClusterConnection => "ClusterConnection",
+        }
+    }
+}
+
+impl std::fmt::Display for ConnectionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Rollout strategy of new versions.
@@ -898,7 +946,7 @@ pub mod test_support {
             min_ready_seconds: 0,
             progress_deadline_seconds: 600,
             worker_options: WorkerOptions {
-                connection_ref: ConnectionReference { name: "dev".into() },
+                connection_ref: ConnectionReference::namespaced("dev"),
                 temporal_namespace: "default".into(),
                 unsafe_custom_build_id: None,
             },

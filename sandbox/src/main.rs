@@ -38,6 +38,14 @@ struct Common {
     /// `/metrics` of every worker the pod runner runs each second.
     #[arg(long)]
     prometheus: bool,
+    /// Also start Jaeger (`<tools-dir>/bin/jaeger-all-in-one`, from `make jaeger`) and have the
+    /// controller export its rollout and activity spans there over OTLP.
+    #[arg(long)]
+    tracing: bool,
+    /// Also start the production-like Temporal (the real server on PostgreSQL, mutual TLS, JWT
+    /// authorization; `make temporal-server postgres`) and run the controller's engine on it.
+    #[arg(long)]
+    production_temporal: bool,
 }
 
 #[derive(Subcommand)]
@@ -278,6 +286,18 @@ async fn start_prometheus_if_asked(sandbox: Sandbox, common: &Common) -> anyhow:
         sandbox.stop().await;
         return Err(e.context("starting Prometheus (--prometheus)"));
     }
+    if common.tracing
+        && let Err(e) = sandbox.start_tracing().await
+    {
+        sandbox.stop().await;
+        return Err(e.context("starting Jaeger (--tracing)"));
+    }
+    if common.production_temporal
+        && let Err(e) = sandbox.start_production_temporal(true).await
+    {
+        sandbox.stop().await;
+        return Err(e.context("starting the production-like Temporal (--production-temporal)"));
+    }
     Ok(sandbox)
 }
 
@@ -316,6 +336,9 @@ async fn exec(common: Common, command: Vec<String>) -> anyhow::Result<ExitCode> 
         .env("KUBECONFIG", &sandbox.env.kubeconfig);
     if let Some(url) = &sandbox.env.prometheus_url {
         child.env(PROMETHEUS_URL_VAR, url);
+    }
+    if let Some(url) = &sandbox.env.tracing_query_url {
+        child.env(twc_sandbox::tracing_backend::TRACING_QUERY_URL_VAR, url);
     }
     let child = child.status();
     tokio::pin!(child);
@@ -419,6 +442,7 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
         controller      : {controller}\n\
         metrics, probes : {metrics}, {health}/healthz, {health}/readyz\n\
         Prometheus      : {prometheus}\n\
+        Traces (Jaeger) : {traces}\n\
         \n\
         Try:\n\
         \x20 export KUBECONFIG={kc}\n\
@@ -436,6 +460,7 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
         \x20 # traffic for canary analysis, and its failure ratio per build (with --prometheus):\n\
         \x20 {bin}/twc-sandbox load --address {addr} --rate 5 --duration 5m\n\
         \x20 curl -s {prometheus_api}/api/v1/query --data-urlencode 'query=sum by (build_id) (rate(sample_greetings_total{{outcome=\"failed\"}}[1m])) / sum by (build_id) (rate(sample_greetings_total[1m]))'\n\
+        {production}\
         \n\
         Ctrl-C stops everything.\n",
         ui = env.temporal_ui_url.as_deref().unwrap_or("(disabled)"),
@@ -460,5 +485,51 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
             .as_deref()
             .unwrap_or("http://<prometheus>"),
         bin = env.bin_dir.display(),
+        production = production_banner(env),
+        traces = env.tracing_query_url.as_deref().map_or_else(
+            || "not running (start it with --tracing; `make jaeger` builds it)".to_owned(),
+            |url| format!(
+                "{url}/api/traces?service=twc (query API; the Jaeger UI's assets are not in \
+                 its Go module, so {url}/ is a placeholder page); controller exports to {}",
+                env.otlp_endpoint.as_deref().unwrap_or("-")
+            ),
+        ),
     );
+}
+
+/// The banner's lines about the production-like Temporal, when it runs.
+fn production_banner(env: &twc_sandbox::env::SandboxEnv) -> String {
+    let Some(p) = &env.production_temporal else {
+        return String::new();
+    };
+    let tls = format!(
+        "--address {} --tls-ca-path {} --tls-server-name {}",
+        p.address,
+        p.ca_path.display(),
+        p.server_name
+    );
+    format!(
+        "\n\
+        Production-like Temporal (PostgreSQL, mutual TLS, JWT; log {log}):\n\
+        \x20 address {addr}, server name {name}, CA {ca}{engine}\n\
+        \x20 # mutual TLS: permissions from the certificate's OU (this one: system:admin)\n\
+        \x20 {temporal} operator namespace describe -n default {tls} --tls-cert-path {admin_cert} --tls-key-path {admin_key}\n\
+        \x20 # API key (JWT; {keys}/*.jwt) with a certificate that grants nothing by itself\n\
+        \x20 {temporal} workflow list -n default {tls} --tls-cert-path {client_cert} --tls-key-path {client_key} --api-key \"$(cat {keys}/default-read.jwt)\"\n",
+        log = p.log.display(),
+        addr = p.address,
+        name = p.server_name,
+        ca = p.ca_path.display(),
+        engine = if p.engine {
+            "; the controller's engine runs here"
+        } else {
+            ""
+        },
+        temporal = env.temporal_cli.display(),
+        admin_cert = p.admin_cert_path.display(),
+        admin_key = p.admin_key_path.display(),
+        client_cert = p.client_cert_path.display(),
+        client_key = p.client_key_path.display(),
+        keys = p.api_keys_dir.display(),
+    )
 }

@@ -7,13 +7,15 @@ use std::time::Duration;
 use tokio::process::Command;
 
 use crate::apiserver::{self, ApiServer};
-use crate::env::{ENV_FILE_NAME, SandboxEnv};
+use crate::env::{ENV_FILE_NAME, ProductionTemporalEnv, SandboxEnv};
 use crate::podrunner::PodRunnerConfig;
 use crate::podrunner::thread::PodRunnerThread;
 use crate::ports::free_port;
 use crate::process::{Supervised, spawn_logged, tail};
+use crate::production::{ProductionTemporal, ProductionTemporalOptions};
 use crate::prometheus::{self, Prometheus, PrometheusOptions};
 use crate::temporal::{self, TemporalOptions, TemporalServer};
+use crate::tracing_backend::{self, Jaeger};
 
 /// How a server or the controller is stopped by a restart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +62,10 @@ pub struct Sandbox {
     pod_runner: PodRunnerThread,
     /// Prometheus, once [`Self::start_prometheus`] started it.
     prometheus: Option<Prometheus>,
+    /// Jaeger, once [`Self::start_tracing`] started it.
+    jaeger: Option<Jaeger>,
+    /// The production-like Temporal, once [`Self::start_production_temporal`] started it.
+    production: Option<ProductionTemporal>,
     state_dir: PathBuf,
     tools_dir: PathBuf,
 }
@@ -137,6 +143,10 @@ impl Sandbox {
             prometheus_bin: Some(prometheus::binary(&options.tools_dir)).filter(|b| b.exists()),
             prometheus_targets_dir: Some(targets_dir),
             prometheus_url: None,
+            jaeger_bin: Some(tracing_backend::binary(&options.tools_dir)).filter(|b| b.exists()),
+            tracing_query_url: None,
+            otlp_endpoint: None,
+            production_temporal: None,
         };
         let controller = if options.controller {
             Some(start_controller(&mut env, &[])?)
@@ -156,6 +166,8 @@ impl Sandbox {
             controller_env: Vec::new(),
             pod_runner,
             prometheus: None,
+            jaeger: None,
+            production: None,
             state_dir: options.state_dir.clone(),
             tools_dir: options.tools_dir.clone(),
         })
@@ -177,11 +189,78 @@ impl Sandbox {
         Ok(url)
     }
 
+    /// Starts Jaeger (`<tools>/bin/jaeger-all-in-one`), restarts the controller exporting its
+    /// spans there (`OTEL_EXPORTER_OTLP_ENDPOINT`, batches every second), records the query API
+    /// URL in the env file and returns it; it stops with the sandbox. Returns the URL of the
+    /// running one when called again.
+    pub async fn start_tracing(&mut self) -> anyhow::Result<String> {
+        if let Some(running) = &self.jaeger {
+            return Ok(running.query_url.clone());
+        }
+        let binary = tracing_backend::binary(&self.tools_dir);
+        let running = Jaeger::start(&binary, &self.env.logs_dir.join("jaeger.log")).await?;
+        let (query_url, endpoint) = (running.query_url.clone(), running.otlp_endpoint.clone());
+        self.jaeger = Some(running);
+        self.env.tracing_query_url = Some(query_url.clone());
+        self.env.otlp_endpoint = Some(endpoint.clone());
+        let mut vars: Vec<(String, String)> = self
+            .controller_env
+            .iter()
+            .filter(|(k, _)| k != "OTEL_EXPORTER_OTLP_ENDPOINT" && k != "OTEL_BSP_SCHEDULE_DELAY")
+            .cloned()
+            .collect();
+        vars.push(("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), endpoint));
+        vars.push(("OTEL_BSP_SCHEDULE_DELAY".to_owned(), "1000".to_owned()));
+        let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        self.restart_controller_with_env(&vars).await?;
+        write_env_file(&self.state_dir, &self.env)?;
+        Ok(query_url)
+    }
+
+    /// Starts the production-like Temporal ([`crate::production`]: PostgreSQL, mutual TLS,
+    /// JWT) in `<state>/production-temporal`, writes client certificates and API keys there,
+    /// records it in the env file and returns it; it stops with the sandbox. With `engine`, the
+    /// controller's engine moves there: the controller restarts connecting over mutual TLS
+    /// with a certificate granting `default:write`. Returns the running one when called again.
+    pub async fn start_production_temporal(
+        &mut self,
+        engine: bool,
+    ) -> anyhow::Result<&ProductionTemporal> {
+        if self.production.is_none() {
+            let mut options = ProductionTemporalOptions::new(
+                self.state_dir.join("production-temporal"),
+                &self.tools_dir,
+            );
+            options.fast_drainage = self.temporal_options.fast_drainage;
+            let server = ProductionTemporal::start(&options).await?;
+            self.env.production_temporal = Some(production_env(&server, engine)?);
+            self.production = Some(server);
+            if engine && let Some(controller) = self.controller.as_mut() {
+                controller.stop(Duration::from_secs(10)).await;
+                self.controller = Some(start_controller(&mut self.env, &self.controller_env)?);
+            }
+            write_env_file(&self.state_dir, &self.env)?;
+        }
+        self.production
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("the production-like Temporal is not running"))
+    }
+
+    /// The production-like Temporal, when [`Self::start_production_temporal`] started it: for
+    /// more client certificates and API keys.
+    pub fn production_temporal(&self) -> Option<&ProductionTemporal> {
+        self.production.as_ref()
+    }
+
     /// The name and exit status of a server that died, if any.
     pub fn dead_process(&mut self) -> Option<(String, String)> {
+        if let Some(dead) = self.production.as_mut().and_then(|p| p.dead_process()) {
+            return Some(dead);
+        }
         [&mut self.temporal.process, &mut self.apiserver.process]
             .into_iter()
             .chain(self.prometheus.as_mut().map(|p| &mut p.process))
+            .chain(self.jaeger.as_mut().map(|j| &mut j.process))
             .find_map(|p| p.exited().map(|status| (p.name.clone(), status)))
             .or_else(|| {
                 self.pod_runner
@@ -303,6 +382,12 @@ impl Sandbox {
     /// Last lines of every server log, for failure reports.
     pub fn log_tails(&self, lines: usize) -> String {
         let mut logs: Vec<&Path> = vec![&self.temporal.process.log, &self.apiserver.process.log];
+        if let Some(jaeger) = &self.jaeger {
+            logs.push(&jaeger.process.log);
+        }
+        if let Some(production) = &self.production {
+            logs.extend([production.log.as_path(), production.postgres_log.as_path()]);
+        }
         if let Some(prometheus) = &self.prometheus {
             logs.push(&prometheus.process.log);
         }
@@ -337,10 +422,22 @@ impl Sandbox {
                 prometheus.stop().await;
             }
         };
+        let jaeger = async {
+            if let Some(jaeger) = self.jaeger.as_mut() {
+                jaeger.stop().await;
+            }
+        };
+        let production = async {
+            if let Some(production) = self.production.take() {
+                production.stop().await;
+            }
+        };
         tokio::join!(
             self.temporal.process.stop(grace),
             self.apiserver.process.stop(grace),
             prometheus,
+            jaeger,
+            production,
         );
     }
 }
@@ -429,13 +526,76 @@ fn spawn_controller(
         .arg(format!("--health-bind-address=127.0.0.1:{}", ports.health))
         .env("KUBECONFIG", &env.kubeconfig)
         .env("TWC_ENGINE_ADDRESS", &env.temporal_address)
-        .env("TWC_ENGINE_NAMESPACE", &env.temporal_namespace)
+        .env("TWC_ENGINE_NAMESPACE", &env.temporal_namespace);
+    if let Some(production) = env.production_temporal.as_ref().filter(|p| p.engine) {
+        command
+            .env("TWC_ENGINE_ADDRESS", &production.address)
+            .env("TWC_ENGINE_TLS_CA", &production.ca_path)
+            .env("TWC_ENGINE_TLS_SERVER_NAME", &production.server_name);
+        if let (Some(cert), Some(key)) = (
+            &production.controller_cert_path,
+            &production.controller_key_path,
+        ) {
+            command
+                .env("TWC_ENGINE_TLS_CERT", cert)
+                .env("TWC_ENGINE_TLS_KEY", key);
+        }
+    }
+    command
         .env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
         )
         .envs(vars.iter().map(|(k, v)| (k, v)));
     Ok(spawn_logged(name, command, log)?)
+}
+
+/// API keys `twc-sandbox up --production-temporal` writes (`<name>.jwt`), by permissions.
+const PRODUCTION_API_KEYS: &[(&str, &str)] = &[
+    ("system-admin", "system:admin"),
+    ("default-write", "default:write"),
+    ("default-read", "default:read"),
+    ("default-worker", "default:worker"),
+];
+/// How long those API keys are valid.
+const PRODUCTION_API_KEY_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The env file's view of `server`, after writing the client certificates (and, with
+/// `engine`, the controller's) and API keys it names.
+fn production_env(
+    server: &ProductionTemporal,
+    engine: bool,
+) -> anyhow::Result<ProductionTemporalEnv> {
+    let client = server.client_cert("client", &[])?;
+    let controller = if engine {
+        let namespace = server.namespaces.first().map_or("default", String::as_str);
+        Some(server.client_cert("controller", &[&format!("{namespace}:write")])?)
+    } else {
+        None
+    };
+    let api_keys_dir = server.state_dir.join("api-keys");
+    std::fs::create_dir_all(&api_keys_dir)?;
+    for (name, permission) in PRODUCTION_API_KEYS {
+        let key = server.api_key(&[permission], PRODUCTION_API_KEY_TTL)?;
+        std::fs::write(api_keys_dir.join(format!("{name}.jwt")), key)?;
+    }
+    Ok(ProductionTemporalEnv {
+        address: server.address.clone(),
+        server_name: server.server_name.clone(),
+        namespaces: server.namespaces.clone(),
+        ca_path: server.ca_path.clone(),
+        admin_cert_path: server.admin_cert.cert_path.clone(),
+        admin_key_path: server.admin_cert.key_path.clone(),
+        client_cert_path: client.cert_path,
+        client_key_path: client.key_path,
+        controller_cert_path: controller.as_ref().map(|c| c.cert_path.clone()),
+        controller_key_path: controller.map(|c| c.key_path),
+        api_keys_dir,
+        jwks_url: server.jwks_url.clone(),
+        metrics_url: server.metrics_url.clone(),
+        log: server.log.clone(),
+        engine,
+    })
 }
 
 fn write_env_file(state_dir: &Path, env: &SandboxEnv) -> anyhow::Result<()> {

@@ -63,6 +63,7 @@ impl EngineArgs {
             api_key: self.engine_api_key.clone(),
             tls,
             max_cached_workflows: twc_worker::DEFAULT_MAX_CACHED_WORKFLOWS,
+            traces: None,
         }
     }
 

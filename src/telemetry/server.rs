@@ -395,7 +395,7 @@ mod tests {
         let metrics = get(addr, "/metrics").await;
         assert!(metrics.starts_with("HTTP/1.1 200 OK\r\n"), "{metrics}");
         assert!(
-            metrics.contains("content-type: text/plain; version=0.0.4"),
+            metrics.contains("content-type: application/openmetrics-text; version=1.0.0"),
             "{metrics}"
         );
         assert!(

@@ -171,7 +171,11 @@ async fn crd_chart_renders_exactly_the_generated_crds_and_keeps_them_on_uninstal
             generated.extend(documents(&text));
         }
     }
-    assert_eq!(generated.len(), 2, "crds/*.yaml");
+    assert_eq!(
+        generated.len(),
+        twc_crds::crd_yaml::crd_manifests().len(),
+        "crds/*.yaml: one per CRD"
+    );
     assert_eq!(
         rendered.len(),
         generated.len(),
@@ -561,6 +565,87 @@ async fn wait_ready_in(
     .await
 }
 
+/// The chart's controller, run here as its ServiceAccount (killed on drop).
+struct ChartController {
+    /// Its command-line arguments (the chart's, with loopback probe ports).
+    args: Vec<String>,
+    _process: tokio::process::Child,
+}
+
+/// Runs the container of the chart's Deployment (as applied in the nested sandbox) here: its
+/// arguments, its plain env values, and the ServiceAccount's token instead of the in-cluster
+/// one; logs to `<nested log>.<name>.log`, returned with it.
+async fn run_chart_controller(
+    nested: &NestedSandbox,
+    admin: &kube::Client,
+    name: &str,
+) -> (ChartController, PathBuf) {
+    let deployment = match Api::<Deployment>::namespaced(admin.clone(), RELEASE_NAMESPACE)
+        .get(CONTROLLER)
+        .await
+    {
+        Ok(d) => d,
+        Err(e) => panic!("the chart's Deployment: {e}"),
+    };
+    let container = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.into_iter().next());
+    let Some(container) = container else {
+        panic!("the chart's Deployment has no container");
+    };
+    let mut args = container.args.unwrap_or_default();
+    // The chart's probe and metrics ports (8080, 8081 on every interface) would collide with
+    // other controllers on this machine: any free loopback port instead.
+    for flag in ["--metrics-bind-address", "--health-bind-address"] {
+        let Some(arg) = args.iter_mut().find(|a| a.starts_with(&format!("{flag}="))) else {
+            panic!("the chart passes no {flag}: {args:?}");
+        };
+        *arg = format!("{flag}=127.0.0.1:0");
+    }
+    let kubeconfig = service_account_kubeconfig(nested, RELEASE_NAMESPACE, CONTROLLER).await;
+    let controller_log = nested.log.with_extension(format!("{name}.log"));
+    let log_file = match std::fs::File::create(&controller_log) {
+        Ok(f) => f,
+        Err(e) => panic!("creating {}: {e}", controller_log.display()),
+    };
+    let log_err = match log_file.try_clone() {
+        Ok(f) => f,
+        Err(e) => panic!("{e}"),
+    };
+    let mut controller = Command::new(env().bin_dir.join("twc"));
+    controller.args(&args);
+    for (key, _) in
+        std::env::vars().filter(|(k, _)| k.starts_with("TWC_") || k == "TEMPORAL_ADDRESS")
+    {
+        controller.env_remove(key);
+    }
+    for var in container.env.unwrap_or_default() {
+        if let Some(value) = var.value {
+            controller.env(var.name, value);
+        }
+    }
+    let process = match controller
+        .env("KUBECONFIG", &kubeconfig)
+        .env("POD_NAME", "twc-rbac-test")
+        .stdin(Stdio::null())
+        .stdout(log_file)
+        .stderr(log_err)
+        .kill_on_drop(true)
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => panic!("starting the chart's controller: {e}"),
+    };
+    (
+        ChartController {
+            args,
+            _process: process,
+        },
+        controller_log,
+    )
+}
+
 #[tokio::test]
 async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
     const WATCHED: &str = "workers";
@@ -598,21 +683,8 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
 
     // Run the container of the chart's Deployment here: its arguments, its plain env values,
     // and the ServiceAccount's token instead of the in-cluster one.
-    let deployment = match Api::<Deployment>::namespaced(admin.clone(), RELEASE_NAMESPACE)
-        .get(CONTROLLER)
-        .await
-    {
-        Ok(d) => d,
-        Err(e) => panic!("the chart's Deployment: {e}"),
-    };
-    let container = deployment
-        .spec
-        .and_then(|s| s.template.spec)
-        .and_then(|s| s.containers.into_iter().next());
-    let Some(container) = container else {
-        panic!("the chart's Deployment has no container");
-    };
-    let mut args = container.args.unwrap_or_default();
+    let (controller, controller_log) = run_chart_controller(&nested, &admin, "controller").await;
+    let args = controller.args.clone();
     assert!(
         args.contains(&format!("--watch-namespaces={WATCHED}")),
         "{args:?}"
@@ -621,48 +693,6 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
         args.contains(&format!("--task-queue={task_queue}")),
         "{args:?}"
     );
-    // The chart's probe and metrics ports (8080, 8081 on every interface) would collide with
-    // other controllers on this machine: any free loopback port instead.
-    for flag in ["--metrics-bind-address", "--health-bind-address"] {
-        let Some(arg) = args.iter_mut().find(|a| a.starts_with(&format!("{flag}="))) else {
-            panic!("the chart passes no {flag}: {args:?}");
-        };
-        *arg = format!("{flag}=127.0.0.1:0");
-    }
-    let kubeconfig = service_account_kubeconfig(&nested, RELEASE_NAMESPACE, CONTROLLER).await;
-    let controller_log = nested.log.with_extension("controller.log");
-    let log_file = match std::fs::File::create(&controller_log) {
-        Ok(f) => f,
-        Err(e) => panic!("creating {}: {e}", controller_log.display()),
-    };
-    let log_err = match log_file.try_clone() {
-        Ok(f) => f,
-        Err(e) => panic!("{e}"),
-    };
-    let mut controller = Command::new(env().bin_dir.join("twc"));
-    controller.args(&args);
-    for (key, _) in
-        std::env::vars().filter(|(k, _)| k.starts_with("TWC_") || k == "TEMPORAL_ADDRESS")
-    {
-        controller.env_remove(key);
-    }
-    for var in container.env.unwrap_or_default() {
-        if let Some(value) = var.value {
-            controller.env(var.name, value);
-        }
-    }
-    let _controller = match controller
-        .env("KUBECONFIG", &kubeconfig)
-        .env("POD_NAME", "twc-rbac-test")
-        .stdin(Stdio::null())
-        .stdout(log_file)
-        .stderr(log_err)
-        .kill_on_drop(true)
-        .spawn()
-    {
-        Ok(child) => child,
-        Err(e) => panic!("starting the restricted controller: {e}"),
-    };
     let logs = || nested.logs(&controller_log);
 
     // A rollout whose gate reads a ConfigMap, then one whose gate reads a Secret, held by its
@@ -697,6 +727,62 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
         .await;
     // Ready: the gate input was read (a missing read blocks as PlanGenerationFailed).
     wait_ready_in(&admin, WATCHED, "hello", &logs).await;
+
+    // A TWD that references a ClusterConnection is told why a controller restricted to
+    // namespaces cannot use it (condition and Warning event); the connection is never read.
+    nested
+        .apply(&json!({
+            "apiVersion": "temporal.io/v1alpha1", "kind": "ClusterConnection",
+            "metadata": { "name": "shared" },
+            "spec": { "hostPort": nested.env.temporal_address }
+        }))
+        .await;
+    let mut clustered = worker(
+        WATCHED,
+        "clustered",
+        "v1",
+        json!({ "strategy": "AllAtOnce" }),
+    );
+    clustered["spec"]["workerOptions"]["connectionRef"] =
+        json!({ "name": "shared", "kind": "ClusterConnection" });
+    nested.apply(&clustered).await;
+    wait_for_with_logs("ClusterConnectionUnsupported", ROLLOUT, &logs, || async {
+        let twd = get_twd(&admin, WATCHED, "clustered").await?;
+        match condition(&twd, "Progressing") {
+            Some((status, reason, message))
+                if status == "False"
+                    && reason == "ClusterConnectionUnsupported"
+                    && message.contains("--watch-namespaces") =>
+            {
+                Ok(())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let events: Api<Event> = Api::namespaced(admin.clone(), WATCHED);
+    wait_for_with_logs(
+        "a ClusterConnectionUnsupported event",
+        ROLLOUT,
+        &logs,
+        || async {
+            let recorded = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items;
+            recorded
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("ClusterConnectionUnsupported")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("clustered")
+                })
+                .then_some(())
+                .ok_or_else(|| format!("{} events", recorded.len()))
+        },
+    )
+    .await;
 
     let held = json!({ "strategy": "Progressive", "gate": gate("secretKeyRef"),
         "steps": [ { "rampPercentage": 50, "pauseDuration": "1h" } ] });
@@ -846,6 +932,8 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
         ("patch events.events.k8s.io", here),
         ("create pods", here),
         ("get namespaces", all),
+        ("get clusterconnections.temporal.io", all),
+        ("list clusterconnections.temporal.io", all),
     ];
     let mut wrong = Vec::new();
     for (expected, table) in [(true, &granted[..]), (false, &refused[..])] {
@@ -862,6 +950,113 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
         "kubectl auth can-i:\n{}",
         wrong.join("\n")
     );
+
+    // The chart for every namespace (its ClusterRole, the Roles gone): the same TWD now rolls
+    // out through the ClusterConnection, which is protected and Ready while used and released
+    // when the TWD is deleted; again nothing is refused.
+    drop(controller);
+    nested
+        .kubectl_ok(
+            &["delete", "role,rolebinding", CONTROLLER, "-n", WATCHED],
+            None,
+        )
+        .await;
+    let rendered = helm(&[
+        "template",
+        "twc",
+        CHART,
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--set",
+        &format!(
+            "engine.address={},engine.taskQueue={task_queue},logFormat=text",
+            nested.env.temporal_address
+        ),
+    ])
+    .await;
+    nested
+        .kubectl_ok(
+            &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+            Some(&rendered),
+        )
+        .await;
+    let (controller, controller_log) =
+        run_chart_controller(&nested, &admin, "cluster-controller").await;
+    assert!(
+        !controller
+            .args
+            .iter()
+            .any(|a| a.starts_with("--watch-namespaces")),
+        "{:?}",
+        controller.args
+    );
+    let logs = || nested.logs(&controller_log);
+    wait_ready_in(&admin, WATCHED, "clustered", &logs).await;
+    let shared: Api<twc_crds::ClusterConnection> = Api::all(admin.clone());
+    let finalizers_and_ready = || async {
+        let connection = shared.get("shared").await.map_err(|e| e.to_string())?;
+        let ready = connection.status.as_ref().and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .map(|c| c.reason.clone())
+        });
+        Ok::<_, String>((connection.metadata.finalizers.unwrap_or_default(), ready))
+    };
+    wait_for_with_logs(
+        "the ClusterConnection protected and Ready",
+        ROLLOUT,
+        &logs,
+        || async {
+            match finalizers_and_ready().await? {
+                (held, Some(ready)) if !held.is_empty() && ready == "Connected" => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    nested
+        .kubectl_ok(
+            &["delete", "twd", "clustered", "-n", WATCHED, "--wait=false"],
+            None,
+        )
+        .await;
+    wait_for_with_logs(
+        "the TWD gone and the ClusterConnection released",
+        ROLLOUT,
+        &logs,
+        || async {
+            let twd = twds.get_opt("clustered").await.map_err(|e| e.to_string())?;
+            let (held, _) = finalizers_and_ready().await?;
+            if twd.is_none() && held.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "twd present: {}; connection finalizers: {held:?}",
+                    twd.is_some()
+                ))
+            }
+        },
+    )
+    .await;
+    let log = std::fs::read_to_string(&controller_log).unwrap_or_default();
+    assert!(
+        !log.to_lowercase().contains("forbidden"),
+        "a request was refused:\n{}",
+        logs()
+    );
+    for request in [
+        "watch clusterconnections.temporal.io",
+        "patch clusterconnections.temporal.io",
+        "patch clusterconnections.temporal.io/status",
+        "list temporalworkerdeployments.temporal.io",
+    ] {
+        let (verb, resource) = request.split_once(' ').unwrap_or((request, ""));
+        assert!(
+            nested.can_i(&account, verb, resource, all).await,
+            "{request} --all-namespaces: should be yes"
+        );
+    }
 }
 
 // ---- CD recipes: kstatus (Flux, Helm 4), Argo CD's health check, kubectl wait ---------------------

@@ -1,7 +1,8 @@
 //! Observability of the sandbox's controller: `/healthz` and `/readyz` answer 200 once it is
 //! up, and its Prometheus `/metrics` page follows real rollouts: the rollout counters by
 //! strategy move, the per-TWD ramp and version gauges follow the status (and go with the TWD),
-//! and the Temporal, Kubernetes, poller-wait and watcher-signal metrics count.
+//! the outcome, step and time-to-Current histograms get one sample per rollout event, and the
+//! Temporal, Kubernetes, poller-wait and watcher-signal metrics count.
 //!
 //! The controller is shared with the other tests of the run, so counters are compared with a
 //! scrape taken before this test's rollouts (they may move more, never less).
@@ -115,7 +116,7 @@ fn equals(scrape: &Scrape, series: &str, want: f64) -> Result<(), String> {
 }
 
 #[tokio::test]
-async fn probes_answer_200_and_metrics_are_prometheus_text() {
+async fn probes_answer_200_and_metrics_are_openmetrics_text() {
     for path in ["/healthz", "/readyz"] {
         let url = health_url(path);
         // The controller may still be listing or starting its worker: readiness can lag.
@@ -141,21 +142,12 @@ async fn probes_answer_200_and_metrics_are_prometheus_text() {
     assert_eq!(status, 200, "{head}");
     assert!(
         head.to_ascii_lowercase()
-            .contains("content-type: text/plain; version=0.0.4"),
+            .contains("content-type: application/openmetrics-text; version=1.0.0"),
         "{head}"
     );
-    for family in [
-        "twc_rollouts_started_total counter",
-        "twc_rollouts_completed_total counter",
-        "twc_rollouts_failed_total counter",
-        "twc_rollout_duration_seconds histogram",
-        "twc_ramp_percentage gauge",
-        "twc_versions gauge",
-        "twc_temporal_requests_total counter",
-        "twc_kubernetes_requests_total counter",
-        "twc_wait_for_pollers_seconds histogram",
-        "twc_watcher_signals_total counter",
-    ] {
+    assert!(page.ends_with("# EOF\n"), "{page}");
+    // A family shows once it has a series: these have one as soon as the watcher listed.
+    for family in ["twc_build_info gauge", "twc_kubernetes_requests counter"] {
         assert!(
             page.contains(&format!("# TYPE {family}\n")),
             "no {family}:\n{page}"
@@ -187,6 +179,14 @@ async fn rollout_metrics_move_with_real_rollouts() {
     let started = |s: &str| format!(r#"twc_rollouts_started_total{{strategy="{s}"}}"#);
     let completed = |s: &str| format!(r#"twc_rollouts_completed_total{{strategy="{s}"}}"#);
     let durations = |s: &str| format!(r#"twc_rollout_duration_seconds_count{{strategy="{s}"}}"#);
+    let outcomes = |s: &str, o: &str| {
+        format!(r#"twc_rollout_outcome_duration_seconds_count{{strategy="{s}",outcome="{o}"}}"#)
+    };
+    let to_current = |s: &str| format!(r#"twc_time_to_current_seconds_count{{strategy="{s}"}}"#);
+    let step = |s: &str, i: u32| {
+        format!(r#"twc_rollout_step_duration_seconds_count{{strategy="{s}",step="{i}"}}"#)
+    };
+    let moved_by_one = |s: &Scrape, series: &str| at_least(s, series, before.value(series) + 1.0);
 
     // 1. AllAtOnce: started, completed with a duration, the build Current (ramp 100).
     apply(&connection(&ns)).await;
@@ -214,6 +214,8 @@ async fn rollout_metrics_move_with_real_rollouts() {
             &durations("AllAtOnce"),
             before.value(&durations("AllAtOnce")) + 1.0,
         )?;
+        moved_by_one(s, &outcomes("AllAtOnce", "complete"))?;
+        moved_by_one(s, &to_current("AllAtOnce"))?;
         equals(s, &ramp, 100.0)?;
         equals(s, &versions, 1.0)
     })
@@ -239,6 +241,10 @@ async fn rollout_metrics_move_with_real_rollouts() {
             &completed("Progressive"),
             before.value(&completed("Progressive")) + 1.0,
         )?;
+        // The one 40% step was held for its 20 s pause, then the build became Current.
+        moved_by_one(s, &step("Progressive", 0))?;
+        moved_by_one(s, &outcomes("Progressive", "complete"))?;
+        moved_by_one(s, &to_current("Progressive"))?;
         equals(s, &ramp, 100.0)
     })
     .await;
@@ -248,13 +254,85 @@ async fn rollout_metrics_move_with_real_rollouts() {
     apply(&worker(&ns, "hello", "v3", failing)).await;
     wait_reason(&client, &ns, "hello", "Ready", "GateFailed", ROLLOUT).await;
     let failed = r#"twc_rollouts_failed_total{strategy="AllAtOnce",reason="GateFailed"}"#;
-    let after = wait_metrics("the gate failure counted", |s| {
+    wait_metrics("the gate failure counted", |s| {
         at_least(s, failed, before.value(failed) + 1.0)?;
+        moved_by_one(s, &outcomes("AllAtOnce", "failed"))?;
         equals(s, &ramp, 0.0)
     })
     .await;
 
-    // 4. What the rollouts did through the clients and the watcher was counted too.
+    // 4. A Manual rollout waiting for promotion is superseded by a newer build. The outcome is
+    //    labeled with the TWD's strategy when the superseding status is written (v5's).
+    apply(&worker(&ns, "hello", "v4", json!({ "strategy": "Manual" }))).await;
+    wait_reason(
+        &client,
+        &ns,
+        "hello",
+        "Ready",
+        "WaitingForPromotion",
+        ROLLOUT,
+    )
+    .await;
+    apply(&worker(
+        &ns,
+        "hello",
+        "v5",
+        json!({ "strategy": "AllAtOnce" }),
+    ))
+    .await;
+    wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    let superseded = [r#"outcome="superseded""#];
+    let after = wait_metrics("the superseded rollout recorded", |s| {
+        let (was, is) = (
+            before.sum("twc_rollout_outcome_duration_seconds_count", &superseded),
+            s.sum("twc_rollout_outcome_duration_seconds_count", &superseded),
+        );
+        if is < was + 1.0 {
+            return Err(format!("superseded outcomes {was} -> {is}"));
+        }
+        equals(s, &ramp, 100.0)
+    })
+    .await;
+    // Every series of the new histograms is labeled as documented.
+    for (series, _) in after.0.iter().filter(|(k, _)| {
+        k.starts_with("twc_rollout_outcome_duration_seconds_count")
+            || k.starts_with("twc_rollout_step_duration_seconds_count")
+    }) {
+        let outcome_ok = ["complete", "failed", "aborted", "superseded"]
+            .iter()
+            .any(|o| series.contains(&format!(r#"outcome="{o}""#)));
+        assert!(
+            series.contains(r#"strategy=""#) && (outcome_ok || series.contains(r#"step=""#)),
+            "{series}"
+        );
+    }
+
+    // Every family is on the page now, with its type. OpenMetrics names a counter family
+    // without `_total`; its samples carry the suffix.
+    let (_, _, page) = get(&metrics_url()).await.unwrap_or_else(|e| panic!("{e}"));
+    for family in [
+        "twc_build_info gauge",
+        "twc_rollouts_started counter",
+        "twc_rollouts_completed counter",
+        "twc_rollouts_failed counter",
+        "twc_rollout_duration_seconds histogram",
+        "twc_rollout_outcome_duration_seconds histogram",
+        "twc_rollout_step_duration_seconds histogram",
+        "twc_time_to_current_seconds histogram",
+        "twc_ramp_percentage gauge",
+        "twc_versions gauge",
+        "twc_temporal_requests counter",
+        "twc_kubernetes_requests counter",
+        "twc_wait_for_pollers_seconds histogram",
+        "twc_watcher_signals counter",
+    ] {
+        assert!(
+            page.contains(&format!("# TYPE {family}\n")),
+            "no {family}:\n{page}"
+        );
+    }
+
+    // 5. What the rollouts did through the clients and the watcher was counted too.
     let moved = |name: &str, labels: &[&str]| {
         let (was, is) = (before.sum(name, labels), after.sum(name, labels));
         assert!(is > was, "{name} {labels:?}: {was} -> {is}");
@@ -308,7 +386,7 @@ async fn rollout_metrics_move_with_real_rollouts() {
         after.value(signals)
     );
 
-    // 5. The per-TWD series go with the TWD.
+    // 6. The per-TWD series go with the TWD.
     let api: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), &ns);
     if let Err(e) = api.delete("hello", &DeleteParams::default()).await {
         panic!("deleting TWD: {e}");

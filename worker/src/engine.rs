@@ -12,6 +12,9 @@ use twc_activities::engine::EngineActivities;
 use twc_workflows::rollout_workflow::RolloutWorkflow;
 use twc_workflows::twd_workflow::TwdWorkflow;
 
+use crate::traces::activity::ActivitySpans;
+use crate::traces::workflow::run_spans;
+
 /// How to reach the engine namespace.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -30,6 +33,8 @@ pub struct EngineConfig {
     /// Workflows kept in memory between their tasks (least recently used evicted first); an
     /// evicted workflow is replayed from its history at its next task.
     pub max_cached_workflows: usize,
+    /// Where run and activity spans go ([`crate::traces`]); `None` records none.
+    pub traces: Option<crate::traces::Traces>,
 }
 
 /// Default of [`EngineConfig::max_cached_workflows`]: the rollouts in flight and the TWD
@@ -173,8 +178,14 @@ pub async fn run_engine_worker_reporting(
         .register_workflow::<TwdWorkflow>()
         .map_err(|e| WorkerError::Worker(e.to_string()))?
         .register_workflow::<RolloutWorkflow>()
-        .map_err(|e| WorkerError::Worker(e.to_string()))?
-        .build();
+        .map_err(|e| WorkerError::Worker(e.to_string()))?;
+    let options = match &config.traces {
+        Some(traces) => options
+            .activity_inbound_interceptor(ActivitySpans::new(traces.clone()))
+            .workflow_interceptor(run_spans(traces.clone()))
+            .build(),
+        None => options.build(),
+    };
     let mut worker =
         Worker::new(&runtime, client, options).map_err(|e| WorkerError::Worker(e.to_string()))?;
     let shutdown_handle = worker.shutdown_handle();

@@ -1,7 +1,8 @@
 //! Assembles the Temporal worker that hosts the engine: the connection to the engine namespace,
-//! the rollout workflows and the activities with their clients.
+//! the rollout workflows and the activities with their clients, and their OpenTelemetry spans.
 
 pub mod engine;
+pub mod traces;
 
 pub use engine::{
     DEFAULT_MAX_CACHED_WORKFLOWS, EngineConfig, EngineTls, WorkerError, connect_engine,

@@ -321,6 +321,9 @@ pub enum BlockReason {
     /// A canary analysis check has no verdict yet (no data, too few workflows): the step is
     /// held until it has one.
     AnalysisInconclusive,
+    /// The TWD references a ClusterConnection, but this controller is restricted to namespaces
+    /// (`--watch-namespaces`) and has no cluster-wide access to read it.
+    ClusterConnectionUnsupported,
 }
 
 impl BlockReason {
@@ -339,6 +342,7 @@ impl BlockReason {
             Self::VersionLimitReached => "VersionLimitReached",
             Self::AnalysisFailed => "AnalysisFailed",
             Self::AnalysisInconclusive => "AnalysisInconclusive",
+            Self::ClusterConnectionUnsupported => "ClusterConnectionUnsupported",
         }
     }
 }

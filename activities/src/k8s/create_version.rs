@@ -7,7 +7,7 @@ use twc_workflows::contract::CreateDeploymentOutcome;
 use twc_workflows::model::{BlockReason, Blocked, TwdRef};
 use twc_workflows::plan::spec_view::spec_view;
 
-use super::connection::resolve_connection;
+use super::connection::{ClusterAccess, resolve_connection};
 use super::deployment_builder::build_deployment;
 use super::deployments::{CreateOutcome, create_deployment_if_absent};
 use super::error::{K8sError, ResolveError};
@@ -20,6 +20,7 @@ use super::twd::get_twd;
 /// errors, for the activity to retry.
 pub async fn create_versioned_deployment(
     client: &Client,
+    access: ClusterAccess,
     twd: &TwdRef,
     build_id: &str,
 ) -> Result<CreateDeploymentOutcome, K8sError> {
@@ -40,8 +41,9 @@ pub async fn create_versioned_deployment(
     }
     let (connection, config) = match resolve_connection(
         client,
+        access,
         &twd.namespace,
-        &view.connection_name,
+        &resource.spec.worker_options.connection_ref,
         &view.temporal_namespace,
     )
     .await
@@ -54,7 +56,7 @@ pub async fn create_versioned_deployment(
     };
     let deployment = build_deployment(
         &resource,
-        &connection.spec,
+        connection.spec(),
         &BuildId::new(build_id),
         ServerCa::of(&config),
     );

@@ -62,12 +62,22 @@ pub fn api_key_auth(secret: &Secret, key: &str) -> Result<ConnectionAuth, String
     })
 }
 
+/// Reads a PEM CA bundle from a Secret key (`spec.tls.caSecretRef`).
+pub fn ca_bundle(secret: &Secret, key: &str) -> Result<Vec<u8>, String> {
+    let what = describe(secret);
+    let bytes = data(secret, key).ok_or_else(|| format!("{what} has no key {key:?}"))?;
+    certificates(bytes).map_err(|e| format!("{what}: {key} {e}"))?;
+    Ok(bytes.to_vec())
+}
+
 /// Identifies a resolved connection for the client pool: every spec field that matters plus
-/// the Secret's uid and resourceVersion (so a rotated Secret yields a new key), never its bytes.
+/// the uid and resourceVersion of the credential and CA Secrets (so a rotated Secret yields a
+/// new key), never their bytes.
 pub fn cache_key(
     connection: &TemporalConnectionSpec,
     temporal_namespace: &str,
     secret: Option<&Secret>,
+    ca_secret: Option<&Secret>,
 ) -> String {
     let (mode, secret_name, key) = match connection.auth_mode() {
         AuthMode::None => ("none", String::new(), String::new()),
@@ -80,6 +90,16 @@ pub fn cache_key(
     let version = secret
         .and_then(ResourceExt::resource_version)
         .unwrap_or_default();
+    let ca = ca_secret
+        .map(|s| {
+            format!(
+                "{}/{}/{}",
+                connection.ca_secret_ref().map_or("", |r| r.key.as_str()),
+                s.metadata.uid.clone().unwrap_or_default(),
+                s.resource_version().unwrap_or_default()
+            )
+        })
+        .unwrap_or_default();
     let fields = [
         connection.host_port.as_str(),
         connection.server_name().unwrap_or(""),
@@ -89,6 +109,7 @@ pub fn cache_key(
         &key,
         &uid,
         &version,
+        &ca,
     ];
     let mut hasher = Sha256::new();
     for field in fields {
@@ -387,19 +408,20 @@ mod tests {
                 name: "client-cert".into(),
             }),
             api_key_secret_ref: None,
+            worker_credentials: None,
         };
         let s = secret(None, &[("tls.crt", CERT)]);
-        let base = cache_key(&spec, "ns", Some(&s));
+        let base = cache_key(&spec, "ns", Some(&s), None);
         let mut other_bytes = secret(None, &[("tls.crt", b"different")]);
         other_bytes.metadata.resource_version = s.metadata.resource_version.clone();
-        assert_eq!(base, cache_key(&spec, "ns", Some(&other_bytes)));
+        assert_eq!(base, cache_key(&spec, "ns", Some(&other_bytes), None));
         let mut rotated = s.clone();
         rotated.metadata.resource_version = Some("42".into());
-        assert_ne!(base, cache_key(&spec, "ns", Some(&rotated)));
-        assert_ne!(base, cache_key(&spec, "other-ns", Some(&s)));
+        assert_ne!(base, cache_key(&spec, "ns", Some(&rotated), None));
+        assert_ne!(base, cache_key(&spec, "other-ns", Some(&s), None));
         let mut moved = spec.clone();
         moved.host_port = "elsewhere:7233".into();
-        assert_ne!(base, cache_key(&moved, "ns", Some(&s)));
+        assert_ne!(base, cache_key(&moved, "ns", Some(&s), None));
         assert!(!base.contains("different"));
     }
 }

@@ -155,6 +155,7 @@ mod tests {
             tls: None,
             mutual_tls_secret_ref: None,
             api_key_secret_ref: None,
+            worker_credentials: None,
         }
     }
 
@@ -318,7 +319,11 @@ mod tests {
             .spec
             .and_then(|s| s.template.spec)
             .expect("pod");
-        assert!(pod.volumes.is_none());
+        // The key as a variable and as a file that follows the Secret.
+        assert_eq!(
+            pod.volumes.as_ref().map(|v| v[0].name.as_str()),
+            Some(injection::API_KEY_VOLUME)
+        );
         assert!(
             pod.containers[0]
                 .env

@@ -284,6 +284,7 @@ mod tests {
                 name: secret.into(),
             }),
             api_key_secret_ref: None,
+            worker_credentials: None,
         }
     }
 

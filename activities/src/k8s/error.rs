@@ -9,7 +9,7 @@ use twc_workflows::model::{BlockReason, Blocked};
 pub struct ObjectName {
     /// Kind, e.g. `Deployment`.
     pub kind: &'static str,
-    /// Namespace.
+    /// Namespace (empty for a cluster-scoped object).
     pub namespace: String,
     /// Name.
     pub name: String,
@@ -24,11 +24,20 @@ impl ObjectName {
             name: name.to_owned(),
         }
     }
+
+    /// Names a cluster-scoped object of `kind`.
+    pub fn cluster_scoped(kind: &'static str, name: &str) -> Self {
+        Self::new(kind, "", name)
+    }
 }
 
 impl fmt::Display for ObjectName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+        if self.namespace.is_empty() {
+            write!(f, "{} {}", self.kind, self.name)
+        } else {
+            write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+        }
     }
 }
 

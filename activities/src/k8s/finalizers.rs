@@ -1,5 +1,12 @@
 //! The `temporal.io/delete-protection` finalizer on TWDs (so deletion waits for cleanup in
-//! Temporal) and on the TemporalConnections they use (so a connection in use is deleted last).
+//! Temporal) and on the TemporalConnections and ClusterConnections they use (so a connection in
+//! use is deleted last).
+//!
+//! A TemporalConnection is released once no TWD of its namespace uses it. A ClusterConnection
+//! may be used from every namespace, so it is released when the last TWD using it is deleted,
+//! or, if it is being deleted after its users moved to another connection, by the next turn of
+//! any TWD (its users are found with a field selector on `connectionRef.name`). A controller
+//! restricted to namespaces ([`ClusterAccess::Restricted`]) leaves ClusterConnections alone.
 //!
 //! Finalizer lists are merge-patched with the resourceVersion just read and retried on
 //! conflict, so finalizers that others add at the same time are never lost.
@@ -12,20 +19,28 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use twc_crds::labels::DELETE_PROTECTION_FINALIZER;
-use twc_crds::{TemporalConnection, TemporalWorkerDeployment};
+use twc_crds::worker_deployment::ConnectionKind;
+use twc_crds::{ClusterConnection, TemporalConnection, TemporalWorkerDeployment};
 use twc_workflows::model::TwdRef;
 
+use super::connection::ClusterAccess;
 use super::error::{K8sError, ObjectName};
 use super::retry::retry_on_conflict;
 use super::twd::get_twd;
 
-/// Adds the finalizer to the TWD and to the TemporalConnection it references (neither when the
-/// TWD is being deleted; not to a connection that is missing or being deleted), then releases
+/// Adds the finalizer to the TWD and to the connection it references (neither when the TWD is
+/// being deleted; not to a connection that is missing or being deleted), then releases
 /// connections in the namespace that no TWD references any more (e.g. after a
-/// `connectionRef` change).
-pub async fn ensure_finalizers(client: &Client, twd: &TwdRef) -> Result<(), K8sError> {
+/// `connectionRef` change), and ClusterConnections being deleted that no TWD references.
+pub async fn ensure_finalizers(
+    client: &Client,
+    access: ClusterAccess,
+    twd: &TwdRef,
+) -> Result<(), K8sError> {
     match get_twd(client, twd).await? {
-        Some(resource) => restore_finalizers(client, &resource).await.map(drop),
+        Some(resource) => restore_finalizers(client, access, &resource)
+            .await
+            .map(drop),
         None => Ok(()),
     }
 }
@@ -35,19 +50,23 @@ pub async fn ensure_finalizers(client: &Client, twd: &TwdRef) -> Result<(), K8sE
 /// another connection still holds the finalizer).
 pub async fn restore_finalizers(
     client: &Client,
+    access: ClusterAccess,
     resource: &TemporalWorkerDeployment,
 ) -> Result<Vec<ObjectName>, K8sError> {
     let namespace = resource.namespace().unwrap_or_default();
     if resource.metadata.deletion_timestamp.is_some() {
         return Ok(Vec::new());
     }
+    let reference = &resource.spec.worker_options.connection_ref;
     let connections = list_connections(client, &namespace).await?;
     let connections_api: Api<TemporalConnection> = Api::namespaced(client.clone(), &namespace);
-    let connection_name = &resource.spec.worker_options.connection_ref.name;
+    // The TemporalConnection this TWD uses; none when it uses a ClusterConnection.
+    let connection_name = match reference.kind {
+        ConnectionKind::TemporalConnection => reference.name.as_str(),
+        ConnectionKind::ClusterConnection => "",
+    };
     let mut added = Vec::new();
-    let referenced = connections
-        .iter()
-        .find(|c| c.name_any() == *connection_name);
+    let referenced = connections.iter().find(|c| c.name_any() == connection_name);
     if referenced.is_some_and(|c| !has_finalizer(c) && c.metadata.deletion_timestamp.is_none()) {
         let object = ObjectName::new("TemporalConnection", &namespace, connection_name);
         if add_finalizer(&connections_api, &object).await? {
@@ -64,15 +83,137 @@ pub async fn restore_finalizers(
     // This TWD is live and uses its connection; only other protected connections may be unused.
     let others: Vec<&TemporalConnection> = connections
         .iter()
-        .filter(|c| c.name_any() != *connection_name)
+        .filter(|c| c.name_any() != connection_name)
         .collect();
     release_unused(client, &namespace, &others).await?;
+    if access == ClusterAccess::Granted {
+        added.extend(restore_cluster_finalizer(client, resource).await?);
+    }
     Ok(added)
 }
 
-/// Removes the finalizer from the TWD (call on the deletion path, once Temporal is cleaned up)
-/// and from every TemporalConnection in its namespace that no remaining TWD references.
-pub async fn release_finalizers(client: &Client, twd: &TwdRef) -> Result<(), K8sError> {
+/// The ClusterConnection side of [`restore_finalizers`]: protects the one the TWD uses, and
+/// releases others that are being deleted and that no TWD uses any more.
+async fn restore_cluster_finalizer(
+    client: &Client,
+    resource: &TemporalWorkerDeployment,
+) -> Result<Option<ObjectName>, K8sError> {
+    let reference = &resource.spec.worker_options.connection_ref;
+    let used = match reference.kind {
+        ConnectionKind::ClusterConnection => reference.name.as_str(),
+        ConnectionKind::TemporalConnection => "",
+    };
+    let connections = list_cluster_connections(client).await?;
+    let api: Api<ClusterConnection> = Api::all(client.clone());
+    let mut added = None;
+    if connections.iter().any(|c| {
+        c.name_any() == used && !has_finalizer(c) && c.metadata.deletion_timestamp.is_none()
+    }) {
+        let object = ObjectName::cluster_scoped("ClusterConnection", used);
+        if add_finalizer(&api, &object).await? {
+            added = Some(object);
+        }
+    }
+    for connection in connections.iter().filter(|c| {
+        c.name_any() != used && has_finalizer(*c) && c.metadata.deletion_timestamp.is_some()
+    }) {
+        release_cluster_connection(client, &connection.name_any(), None).await?;
+    }
+    Ok(added)
+}
+
+/// Removes the finalizer from the ClusterConnection `name` unless a TWD other than `leaving`
+/// uses it (live, or still holding its own finalizer).
+async fn release_cluster_connection(
+    client: &Client,
+    name: &str,
+    leaving: Option<&TwdRef>,
+) -> Result<(), K8sError> {
+    let users = cluster_connection_users(client, name).await?;
+    if still_used(&users, leaving) {
+        return Ok(());
+    }
+    let api: Api<ClusterConnection> = Api::all(client.clone());
+    remove_finalizer(&api, &ObjectName::cluster_scoped("ClusterConnection", name)).await
+}
+
+/// Whether one of `users` other than `leaving` still needs the connection: it is live, or it
+/// still holds its own finalizer (its cleanup may still use the connection).
+fn still_used(users: &[TemporalWorkerDeployment], leaving: Option<&TwdRef>) -> bool {
+    users.iter().any(|t| {
+        let this = leaving.is_some_and(|l| {
+            t.namespace().as_deref() == Some(l.namespace.as_str()) && t.name_any() == l.name
+        });
+        !this && (t.metadata.deletion_timestamp.is_none() || has_finalizer(t))
+    })
+}
+
+/// The TWDs of every namespace whose `connectionRef` names the ClusterConnection `name`: a
+/// field selector on `spec.workerOptions.connectionRef.name` (a `selectableField` of the CRD),
+/// or, where the installed CRD predates it, a filter over all TWDs.
+async fn cluster_connection_users(
+    client: &Client,
+    name: &str,
+) -> Result<Vec<TemporalWorkerDeployment>, K8sError> {
+    let api: Api<TemporalWorkerDeployment> = Api::all(client.clone());
+    let scope = ObjectName::cluster_scoped("ClusterConnection", name);
+    let selected =
+        ListParams::default().fields(&format!("spec.workerOptions.connectionRef.name={name}"));
+    let twds = match api.list(&selected).await {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(status)) if status.code == 400 => {
+            api.list(&ListParams::default())
+                .await
+                .map_err(K8sError::api(
+                    "list TemporalWorkerDeployments using",
+                    &scope,
+                ))?
+                .items
+        }
+        Err(e) => {
+            return Err(K8sError::api(
+                "list TemporalWorkerDeployments using",
+                &scope,
+            )(e));
+        }
+    };
+    Ok(twds
+        .into_iter()
+        .filter(|t| {
+            let reference = &t.spec.worker_options.connection_ref;
+            reference.kind == ConnectionKind::ClusterConnection && reference.name == name
+        })
+        .collect())
+}
+
+/// Every ClusterConnection; none when the API server does not serve them (CRD not installed).
+async fn list_cluster_connections(client: &Client) -> Result<Vec<ClusterConnection>, K8sError> {
+    let api: Api<ClusterConnection> = Api::all(client.clone());
+    let scope = ObjectName::cluster_scoped("ClusterConnection", "(all)");
+    match api.list(&ListParams::default()).await {
+        Ok(list) => Ok(list.items),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(Vec::new()),
+        Err(e) => Err(K8sError::api("list", &scope)(e)),
+    }
+}
+
+/// Removes the finalizer from the TWD (call on the deletion path, once Temporal is cleaned up),
+/// from every TemporalConnection in its namespace that no remaining TWD references, and from
+/// the ClusterConnection it used if no other TWD uses it (released first: once the TWD's
+/// finalizer is gone, so is the TWD, and with it the record of what it used).
+pub async fn release_finalizers(
+    client: &Client,
+    access: ClusterAccess,
+    twd: &TwdRef,
+) -> Result<(), K8sError> {
+    if access == ClusterAccess::Granted
+        && let Some(resource) = get_twd(client, twd).await?
+    {
+        let reference = &resource.spec.worker_options.connection_ref;
+        if reference.kind == ConnectionKind::ClusterConnection {
+            release_cluster_connection(client, &reference.name, Some(twd)).await?;
+        }
+    }
     let twds: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), &twd.namespace);
     let object = ObjectName::new("TemporalWorkerDeployment", &twd.namespace, &twd.name);
     remove_finalizer(&twds, &object).await?;
@@ -113,7 +254,9 @@ async fn release_unused(
         .items
         .into_iter()
         .filter(|t| t.metadata.deletion_timestamp.is_none() || has_finalizer(t))
-        .map(|t| t.spec.worker_options.connection_ref.name)
+        .map(|t| t.spec.worker_options.connection_ref)
+        .filter(|r| r.kind == ConnectionKind::TemporalConnection)
+        .map(|r| r.name)
         .collect();
     let api: Api<TemporalConnection> = Api::namespaced(client.clone(), namespace);
     for name in protected.iter().filter(|n| !in_use.contains(*n)) {
@@ -215,4 +358,76 @@ where
         .await
         .map_err(K8sError::api("patch finalizers of", object))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    /// A TWD `namespace/name`, being deleted or not, holding its finalizer or not.
+    fn twd(namespace: &str, name: &str, deleting: bool, held: bool) -> TemporalWorkerDeployment {
+        TemporalWorkerDeployment {
+            metadata: ObjectMeta {
+                namespace: Some(namespace.into()),
+                name: Some(name.into()),
+                deletion_timestamp: deleting.then(|| Time(Timestamp::now())),
+                finalizers: held.then(|| vec![DELETE_PROTECTION_FINALIZER.to_owned()]),
+                ..Default::default()
+            },
+            spec: twc_crds::worker_deployment::test_support::spec_with_image("w:v1"),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn a_cluster_connection_is_released_when_no_other_twd_needs_it() {
+        let leaving = TwdRef {
+            namespace: "team-a".into(),
+            name: "hello".into(),
+        };
+        // (what, its users, the TWD being released, still used)
+        let cases = [
+            ("no users", vec![], None, false),
+            (
+                "a live user",
+                vec![twd("team-b", "hello", false, true)],
+                None,
+                true,
+            ),
+            (
+                "only the TWD being released",
+                vec![twd("team-a", "hello", true, true)],
+                Some(&leaving),
+                false,
+            ),
+            (
+                "the same name in another namespace",
+                vec![
+                    twd("team-a", "hello", true, true),
+                    twd("team-b", "hello", false, false),
+                ],
+                Some(&leaving),
+                true,
+            ),
+            (
+                "another user still cleaning up",
+                vec![twd("team-b", "other", true, true)],
+                Some(&leaving),
+                true,
+            ),
+            (
+                "another user deleted and released",
+                vec![twd("team-b", "other", true, false)],
+                Some(&leaving),
+                false,
+            ),
+        ];
+        for (what, users, leaving, expected) in cases {
+            assert_eq!(still_used(&users, leaving), expected, "{what}");
+        }
+    }
 }

@@ -1,24 +1,34 @@
 //! What the controller adds to worker pods so they reach Temporal as the right version: env vars
 //! in every container (a user's own variable of the same name is replaced in place, never
-//! duplicated) and, for mutual TLS, the client certificate Secret mounted at
-//! `/etc/temporal/tls`.
+//! duplicated) and the credential Secrets as files: the client certificate at
+//! `/etc/temporal/tls`, the API key at `/etc/temporal/api-key/api-key` (besides
+//! `TEMPORAL_API_KEY`, so a rotated key reaches running pods), a CA bundle at
+//! `/etc/temporal/ca/ca.crt`. Workers get `spec.workerCredentials` when it is set.
 //!
 //! Variable names follow the Go controller and the Temporal SDKs' `envconfig` loader, plus the
 //! older `TEMPORAL_HOST_PORT` / `WORKER_BUILD_ID` names and `TEMPORAL_TLS_CA_CERT_PATH`.
 
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, PodSpec, SecretKeySelector, SecretVolumeSource, Volume,
-    VolumeMount,
+    Container, EnvVar, EnvVarSource, KeyToPath, PodSpec, SecretKeySelector, SecretVolumeSource,
+    Volume, VolumeMount,
 };
 use sha2::{Digest, Sha256};
 use twc_crds::connection::{AuthMode, TemporalConnectionSpec};
 
-use crate::connection::{ConnectionAuth, ConnectionConfig};
+use crate::connection::ConnectionConfig;
 
 /// Name of the pod volume holding the mutual-TLS Secret.
 pub const TLS_VOLUME: &str = "temporal-tls";
 /// Where the mutual-TLS Secret is mounted in every container.
 pub const TLS_MOUNT_PATH: &str = "/etc/temporal/tls";
+/// Name of the pod volume holding the API key (`spec.apiKeySecretRef`'s key, as one file).
+pub const API_KEY_VOLUME: &str = "temporal-api-key";
+/// Where the API key volume is mounted; the key is the file `api-key` in it.
+pub const API_KEY_MOUNT_PATH: &str = "/etc/temporal/api-key";
+/// Name of the pod volume holding the server CA bundle of `spec.tls.caSecretRef`.
+pub const CA_VOLUME: &str = "temporal-ca";
+/// Where the CA volume is mounted; the bundle is the file `ca.crt` in it.
+pub const CA_MOUNT_PATH: &str = "/etc/temporal/ca";
 
 /// Env vars derived from the connection: set, replaced or removed when the connection changes.
 pub const CONNECTION_ENV: &[&str] = &[
@@ -31,6 +41,7 @@ pub const CONNECTION_ENV: &[&str] = &[
     "TEMPORAL_TLS_CA_CERT_PATH",
     "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
     "TEMPORAL_API_KEY",
+    "TEMPORAL_API_KEY_PATH",
 ];
 
 /// Whether a mutual-TLS Secret carries the server's CA (`ca.crt`), so pods are pointed at it.
@@ -43,13 +54,12 @@ pub enum ServerCa {
 }
 
 impl ServerCa {
-    /// Reads it off a resolved connection.
+    /// Reads it off a resolved connection (the workers' mutual-TLS Secret).
     pub fn of(config: &ConnectionConfig) -> Self {
-        match &config.auth {
-            ConnectionAuth::MutualTls {
-                ca_pem: Some(_), ..
-            } => Self::InSecret,
-            _ => Self::SystemRoots,
+        if config.worker_ca_in_secret {
+            Self::InSecret
+        } else {
+            Self::SystemRoots
         }
     }
 }
@@ -68,16 +78,17 @@ pub struct WorkerIdentity {
 /// Hex SHA-256 of everything the connection injects into pods (address, TLS name, auth mode,
 /// Secret name and key, CA presence); pods are rebuilt when it changes. No secret material.
 pub fn connection_spec_hash(connection: &TemporalConnectionSpec, ca: ServerCa) -> String {
-    let (mode, secret, key) = match connection.auth_mode() {
+    // API-key pods also get the key as a file (re-read on rotation), hence a mode of its own.
+    let (mode, secret, key) = match connection.worker_auth_mode() {
         AuthMode::None => ("none", String::new(), String::new()),
         AuthMode::MutualTls { secret_name } => ("mtls", secret_name, String::new()),
-        AuthMode::ApiKey { secret_name, key } => ("apikey", secret_name, key),
+        AuthMode::ApiKey { secret_name, key } => ("apikey+file", secret_name, key),
     };
     let ca = match ca {
         ServerCa::InSecret => "ca",
         ServerCa::SystemRoots => "",
     };
-    let fields = [
+    let mut fields = vec![
         connection.host_port.as_str(),
         connection.server_name().unwrap_or(""),
         mode,
@@ -85,6 +96,10 @@ pub fn connection_spec_hash(connection: &TemporalConnectionSpec, ca: ServerCa) -
         &key,
         ca,
     ];
+    // Only present when set, so the hash of a connection without it is what it always was.
+    if let Some(selector) = connection.ca_secret_ref() {
+        fields.extend(["ca-secret", selector.name.as_str(), selector.key.as_str()]);
+    }
     let mut hasher = Sha256::new();
     for field in fields {
         hasher.update(field.as_bytes());
@@ -108,7 +123,7 @@ pub fn inject(
             set_env(container, var.clone());
         }
     }
-    apply_tls_volume(pod, connection, false);
+    apply_volumes(pod, connection, false);
 }
 
 /// Brings the connection part of a built pod spec up to date with `connection`: connection env
@@ -126,7 +141,7 @@ pub fn reinject_connection(pod: &mut PodSpec, connection: &TemporalConnectionSpe
             set_env(container, var.clone());
         }
     }
-    apply_tls_volume(pod, connection, true);
+    apply_volumes(pod, connection, true);
 }
 
 fn identity_env(identity: &WorkerIdentity) -> Vec<EnvVar> {
@@ -147,7 +162,8 @@ fn connection_env(connection: &TemporalConnectionSpec, ca: ServerCa) -> Vec<EnvV
     if let Some(name) = server_name {
         env.push(value("TEMPORAL_TLS_SERVER_NAME", name));
     }
-    match connection.auth_mode() {
+    let explicit_ca = connection.ca_secret_ref().is_some();
+    match connection.worker_auth_mode() {
         AuthMode::MutualTls { .. } => {
             env.push(value("TEMPORAL_TLS", "true"));
             env.push(value(
@@ -158,11 +174,6 @@ fn connection_env(connection: &TemporalConnectionSpec, ca: ServerCa) -> Vec<EnvV
                 "TEMPORAL_TLS_CLIENT_KEY_PATH",
                 &format!("{TLS_MOUNT_PATH}/tls.key"),
             ));
-            if ca == ServerCa::InSecret {
-                let ca_path = format!("{TLS_MOUNT_PATH}/ca.crt");
-                env.push(value("TEMPORAL_TLS_CA_CERT_PATH", &ca_path));
-                env.push(value("TEMPORAL_TLS_SERVER_CA_CERT_PATH", &ca_path));
-            }
         }
         AuthMode::ApiKey { secret_name, key } => {
             env.push(value("TEMPORAL_TLS", "true"));
@@ -178,10 +189,32 @@ fn connection_env(connection: &TemporalConnectionSpec, ca: ServerCa) -> Vec<EnvV
                     ..Default::default()
                 }),
             });
+            // The same key as a file, which follows the Secret: a worker that re-reads it picks
+            // up a rotated key without a restart.
+            env.push(value(
+                "TEMPORAL_API_KEY_PATH",
+                &format!("{API_KEY_MOUNT_PATH}/api-key"),
+            ));
         }
-        // A server name alone turns TLS on, as it does for the controller's own client.
-        AuthMode::None if server_name.is_some() => env.push(value("TEMPORAL_TLS", "true")),
+        // A server name or a CA bundle alone turns TLS on, as it does for the controller's own
+        // client.
+        AuthMode::None if server_name.is_some() || explicit_ca => {
+            env.push(value("TEMPORAL_TLS", "true"));
+        }
         AuthMode::None => {}
+    }
+    let ca_path = if explicit_ca {
+        Some(format!("{CA_MOUNT_PATH}/ca.crt"))
+    } else if ca == ServerCa::InSecret
+        && matches!(connection.worker_auth_mode(), AuthMode::MutualTls { .. })
+    {
+        Some(format!("{TLS_MOUNT_PATH}/ca.crt"))
+    } else {
+        None
+    };
+    if let Some(ca_path) = ca_path {
+        env.push(value("TEMPORAL_TLS_CA_CERT_PATH", &ca_path));
+        env.push(value("TEMPORAL_TLS_SERVER_CA_CERT_PATH", &ca_path));
     }
     env
 }
@@ -212,36 +245,68 @@ fn set_env(container: &mut Container, var: EnvVar) {
     }
 }
 
-/// Adds (or repoints) the `temporal-tls` volume and its mounts for mutual TLS, replacing any
-/// volume or mount in its way; without mutual TLS, removes them only when `remove_unused`.
-fn apply_tls_volume(pod: &mut PodSpec, connection: &TemporalConnectionSpec, remove_unused: bool) {
-    let secret_name = match connection.auth_mode() {
-        AuthMode::MutualTls { secret_name } => Some(secret_name),
-        _ => None,
+/// Adds (or repoints) the connection's volumes and their mounts: `temporal-tls` for mutual TLS,
+/// `temporal-api-key` for an API key, `temporal-ca` for a CA bundle Secret, replacing any volume
+/// or mount in their way; those the connection does not call for are removed only when
+/// `remove_unused`.
+fn apply_volumes(pod: &mut PodSpec, connection: &TemporalConnectionSpec, remove_unused: bool) {
+    let (tls, api_key) = match connection.worker_auth_mode() {
+        AuthMode::MutualTls { secret_name } => (Some(secret_source(secret_name, None)), None),
+        AuthMode::ApiKey { secret_name, key } => (
+            None,
+            Some(secret_source(secret_name, Some((key, "api-key")))),
+        ),
+        AuthMode::None => (None, None),
     };
-    if secret_name.is_none() && !remove_unused {
-        return;
+    let ca = connection
+        .ca_secret_ref()
+        .map(|s| secret_source(s.name.clone(), Some((s.key.clone(), "ca.crt"))));
+    for (name, path, source) in [
+        (TLS_VOLUME, TLS_MOUNT_PATH, tls),
+        (API_KEY_VOLUME, API_KEY_MOUNT_PATH, api_key),
+        (CA_VOLUME, CA_MOUNT_PATH, ca),
+    ] {
+        if source.is_some() || remove_unused {
+            apply_volume(pod, name, path, source);
+        }
     }
+}
+
+/// A Secret volume source, of one key at one path when `item` is given.
+fn secret_source(secret_name: String, item: Option<(String, &str)>) -> SecretVolumeSource {
+    SecretVolumeSource {
+        secret_name: Some(secret_name),
+        items: item.map(|(key, path)| {
+            vec![KeyToPath {
+                key,
+                path: path.to_owned(),
+                mode: None,
+            }]
+        }),
+        ..Default::default()
+    }
+}
+
+/// Removes volume `name` and every mount of it or at `path`, then adds it back from `source`
+/// mounted read-only at `path` in every container.
+fn apply_volume(pod: &mut PodSpec, name: &str, path: &str, source: Option<SecretVolumeSource>) {
     if let Some(volumes) = pod.volumes.as_mut() {
-        volumes.retain(|v| v.name != TLS_VOLUME);
+        volumes.retain(|v| v.name != name);
     }
     for container in &mut pod.containers {
         if let Some(mounts) = container.volume_mounts.as_mut() {
-            mounts.retain(|m| m.name != TLS_VOLUME && m.mount_path != TLS_MOUNT_PATH);
+            mounts.retain(|m| m.name != name && m.mount_path != path);
         }
     }
     if pod.volumes.as_ref().is_some_and(Vec::is_empty) {
         pod.volumes = None;
     }
-    let Some(secret_name) = secret_name else {
+    let Some(source) = source else {
         return;
     };
     pod.volumes.get_or_insert_default().push(Volume {
-        name: TLS_VOLUME.into(),
-        secret: Some(SecretVolumeSource {
-            secret_name: Some(secret_name),
-            ..Default::default()
-        }),
+        name: name.into(),
+        secret: Some(source),
         ..Default::default()
     });
     for container in &mut pod.containers {
@@ -249,8 +314,8 @@ fn apply_tls_volume(pod: &mut PodSpec, connection: &TemporalConnectionSpec, remo
             .volume_mounts
             .get_or_insert_default()
             .push(VolumeMount {
-                name: TLS_VOLUME.into(),
-                mount_path: TLS_MOUNT_PATH.into(),
+                name: name.into(),
+                mount_path: path.into(),
                 read_only: Some(true),
                 ..Default::default()
             });
@@ -269,6 +334,7 @@ mod tests {
             tls: None,
             mutual_tls_secret_ref: None,
             api_key_secret_ref: None,
+            worker_credentials: None,
         }
     }
 
@@ -410,6 +476,7 @@ mod tests {
         let mut connection = plain("temporal:7233");
         connection.tls = Some(TlsSpec {
             server_name: Some("temporal.example".into()),
+            ca_secret_ref: None,
         });
         let mut spec = pod(&["worker"]);
         inject(&mut spec, &identity(), &connection, ServerCa::SystemRoots);
@@ -551,7 +618,114 @@ mod tests {
             (selector.name.as_str(), selector.key.as_str()),
             ("cloud", "api-key")
         );
+        // The same key as a file that follows the Secret.
+        assert_eq!(
+            env_value(c, "TEMPORAL_API_KEY_PATH"),
+            Some("/etc/temporal/api-key/api-key")
+        );
+        let volumes = spec.volumes.as_ref().expect("api key volume");
+        assert_eq!(volumes.len(), 1);
+        assert_eq!(volumes[0].name, API_KEY_VOLUME);
+        let source = volumes[0].secret.as_ref().expect("secret volume");
+        assert_eq!(source.secret_name.as_deref(), Some("cloud"));
+        let items = source.items.as_ref().expect("one key");
+        assert_eq!(
+            (items[0].key.as_str(), items[0].path.as_str()),
+            ("api-key", "api-key")
+        );
+        let mounts = c.volume_mounts.as_ref().expect("mounted");
+        assert_eq!(mounts[0].mount_path, API_KEY_MOUNT_PATH);
+    }
+
+    #[test]
+    fn workers_get_their_own_credentials_when_set() {
+        let mut connection = mtls("controller-cert");
+        connection.worker_credentials = Some(twc_crds::connection::WorkerCredentials {
+            mutual_tls_secret_ref: None,
+            api_key_secret_ref: Some(SecretKeySelector {
+                name: "worker-key".into(),
+                key: "key".into(),
+                optional: None,
+            }),
+        });
+        let mut spec = pod(&["worker"]);
+        inject(&mut spec, &identity(), &connection, ServerCa::SystemRoots);
+        let c = &spec.containers[0];
+        let key = c
+            .env
+            .iter()
+            .flatten()
+            .find(|v| v.name == "TEMPORAL_API_KEY")
+            .and_then(|v| v.value_from.as_ref())
+            .and_then(|f| f.secret_key_ref.as_ref())
+            .expect("the workers' key");
+        assert_eq!(key.name, "worker-key");
+        assert_eq!(env_value(c, "TEMPORAL_TLS_CLIENT_CERT_PATH"), None);
+        let names: Vec<&str> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [API_KEY_VOLUME],
+            "the controller's certificate is not mounted"
+        );
+        assert_ne!(
+            connection_spec_hash(&connection, ServerCa::SystemRoots),
+            connection_spec_hash(&mtls("controller-cert"), ServerCa::SystemRoots)
+        );
+    }
+
+    #[test]
+    fn a_ca_bundle_secret_is_mounted_and_wins_over_the_tls_secrets_ca() {
+        let mut connection = mtls("client-cert");
+        connection.tls = Some(TlsSpec {
+            server_name: None,
+            ca_secret_ref: Some(SecretKeySelector {
+                name: "server-ca".into(),
+                key: "bundle.pem".into(),
+                optional: None,
+            }),
+        });
+        let mut spec = pod(&["worker"]);
+        inject(&mut spec, &identity(), &connection, ServerCa::InSecret);
+        let c = &spec.containers[0];
+        assert_eq!(
+            env_value(c, "TEMPORAL_TLS_CA_CERT_PATH"),
+            Some("/etc/temporal/ca/ca.crt")
+        );
+        assert_eq!(
+            env_value(c, "TEMPORAL_TLS_SERVER_CA_CERT_PATH"),
+            Some("/etc/temporal/ca/ca.crt")
+        );
+        let ca = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == CA_VOLUME)
+            .and_then(|v| v.secret.as_ref())
+            .expect("ca volume");
+        assert_eq!(ca.secret_name.as_deref(), Some("server-ca"));
+        assert_eq!(ca.items.as_ref().expect("one key")[0].key, "bundle.pem");
+        // Without mutual TLS, a CA bundle alone turns TLS on.
+        let mut plain_ca = plain("temporal:7233");
+        plain_ca.tls = connection.tls.clone();
+        let mut spec = pod(&["worker"]);
+        inject(&mut spec, &identity(), &plain_ca, ServerCa::SystemRoots);
+        assert_eq!(env_value(&spec.containers[0], "TEMPORAL_TLS"), Some("true"));
+        // Dropping it removes the volume and the variables.
+        reinject_connection(&mut spec, &plain("temporal:7233"), ServerCa::SystemRoots);
         assert!(spec.volumes.is_none());
+        assert_eq!(
+            env_value(&spec.containers[0], "TEMPORAL_TLS_CA_CERT_PATH"),
+            None
+        );
+        assert_ne!(
+            connection_spec_hash(&plain_ca, ServerCa::SystemRoots),
+            connection_spec_hash(&plain("temporal:7233"), ServerCa::SystemRoots)
+        );
     }
 
     #[test]
@@ -579,8 +753,20 @@ mod tests {
         assert!(c.env.iter().flatten().any(|v| v.name == "TEMPORAL_API_KEY"));
         assert_eq!(env_value(c, "USER_VAR"), Some("x"));
         assert_eq!(env_value(c, "TEMPORAL_WORKER_BUILD_ID"), Some("v1-abc"));
-        assert!(spec.volumes.is_none());
-        assert!(c.volume_mounts.as_ref().is_none_or(Vec::is_empty));
+        let volumes: Vec<&str> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(volumes, [API_KEY_VOLUME], "the TLS volume is gone");
+        let mounts: Vec<&str> = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        assert_eq!(mounts, [API_KEY_MOUNT_PATH]);
     }
 
     #[test]

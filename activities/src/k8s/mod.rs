@@ -1,6 +1,6 @@
 //! Kubernetes operations as plain async functions over a [`kube::Client`]: building, listing,
 //! creating, scaling, updating and deleting versioned Deployments, resolving TemporalConnections
-//! and their Secrets, TWD and connection status, Events, finalizers, gate input, and what each
+//! and ClusterConnections and their Secrets, TWD and connection status, Events, finalizers, gate input, and what each
 //! turn of a TWD's workflow re-asserts.
 //!
 //! Every write is idempotent (create-if-absent by deterministic name, scale-to, delete-if-present,
@@ -27,7 +27,7 @@ pub mod retry;
 pub mod status;
 pub mod twd;
 
-pub use connection::{find_connection, resolve_connection};
+pub use connection::{ClusterAccess, Connection, find_connection, resolve_connection};
 pub use create_version::create_versioned_deployment;
 pub use deployment_builder::build_deployment;
 pub use deployments::{

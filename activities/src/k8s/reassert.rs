@@ -4,7 +4,8 @@
 //! build's Deployment (Go controller reference §2.7, without its connection-drift gap).
 //!
 //! Called every few seconds during rollouts, so when nothing needs changing it only reads: the
-//! TWD, the namespace's connections, the connection and its Secret, and the TWD's Deployments.
+//! TWD, the namespace's connections (and the ClusterConnections, unless restricted to
+//! namespaces), the connection and its Secret, and the TWD's Deployments.
 //! What to change is decided by pure functions over the objects read ([`bring_up_to_date`]).
 
 use std::fmt;
@@ -18,7 +19,7 @@ use twc_workflows::contract::{ReassertOutcome, ResourceChange};
 use twc_workflows::model::{SpecView, TwdRef};
 use twc_workflows::plan::spec_view::spec_view;
 
-use super::connection::resolve_connection;
+use super::connection::{ClusterAccess, resolve_connection};
 use super::deployment_builder::{build_deployment, selector_labels};
 use super::deployments::{apply_connection, list_owned_deployments, update_deployment};
 use super::error::{K8sError, ObjectName, ResolveError};
@@ -62,6 +63,7 @@ impl ChangeReason {
 /// connection the API server could not serve now, are returned for the caller to retry.
 pub async fn reassert_resources(
     client: &Client,
+    access: ClusterAccess,
     twd: &TwdRef,
 ) -> Result<ReassertOutcome, K8sError> {
     let Some(resource) = get_twd(client, twd).await? else {
@@ -70,7 +72,7 @@ pub async fn reassert_resources(
     if resource.metadata.deletion_timestamp.is_some() {
         return Ok(ReassertOutcome::default());
     }
-    let mut changes: Vec<ResourceChange> = restore_finalizers(client, &resource)
+    let mut changes: Vec<ResourceChange> = restore_finalizers(client, access, &resource)
         .await?
         .into_iter()
         .map(|object| {
@@ -80,10 +82,12 @@ pub async fn reassert_resources(
         })
         .collect();
     let view = spec_view(&resource);
+    let reference = &resource.spec.worker_options.connection_ref;
     let (connection, ca) = match resolve_connection(
         client,
+        access,
         &twd.namespace,
-        &view.connection_name,
+        reference,
         &view.temporal_namespace,
     )
     .await
@@ -97,7 +101,7 @@ pub async fn reassert_resources(
     };
     let desired = Desired {
         twd: &resource,
-        connection: &connection.spec,
+        connection: connection.spec(),
         ca,
         in_place: in_place_build(&resource, &view),
     };
@@ -115,7 +119,8 @@ pub async fn reassert_resources(
         })
         .await?;
         if let Some(change) = updated {
-            changes.push(change.describe(&object, &view.connection_name));
+            let connection = format!("{} {}", reference.kind, reference.name);
+            changes.push(change.describe(&object, &connection));
         }
     }
     for change in &changes {
@@ -159,7 +164,8 @@ pub enum DeploymentChange {
 }
 
 impl DeploymentChange {
-    /// The change as an event, naming the Deployment and the connection.
+    /// The change as an event, naming the Deployment and the connection (`connection`, e.g.
+    /// `TemporalConnection dev`).
     pub fn describe(&self, deployment: &ObjectName, connection: &str) -> ResourceChange {
         let settings = |changes: &[String]| {
             if changes.is_empty() {
@@ -176,12 +182,12 @@ impl DeploymentChange {
             }
             Self::TemplateRolled { connection: changes } => {
                 ChangeReason::TemplateUpdated.change(format!(
-                    "{deployment} rolled in place to the current pod template and TemporalConnection {connection} ({}); its build ID is kept (unsafeCustomBuildID)",
+                    "{deployment} rolled in place to the current pod template and {connection} ({}); its build ID is kept (unsafeCustomBuildID)",
                     settings(changes)
                 ))
             }
             Self::ConnectionUpdated(changes) => ChangeReason::ConnectionUpdated.change(format!(
-                "{deployment} follows TemporalConnection {connection}: {} (rolling restart)",
+                "{deployment} follows {connection}: {} (rolling restart)",
                 settings(changes)
             )),
         }
@@ -386,6 +392,7 @@ mod tests {
             tls: None,
             mutual_tls_secret_ref: None,
             api_key_secret_ref: None,
+            worker_credentials: None,
         }
     }
 
@@ -413,6 +420,7 @@ mod tests {
         TemporalConnectionSpec {
             tls: Some(TlsSpec {
                 server_name: Some(name.into()),
+                ca_secret_ref: None,
             }),
             ..plain("temporal:7233")
         }
@@ -745,7 +753,7 @@ mod tests {
             ),
         ];
         for (change, reason, message) in cases {
-            let event = change.describe(&object, "dev");
+            let event = change.describe(&object, "TemporalConnection dev");
             assert_eq!(
                 (event.reason.as_str(), event.message.as_str()),
                 (reason, message)

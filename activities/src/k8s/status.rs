@@ -6,12 +6,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
-use twc_crds::TemporalConnection;
-use twc_crds::TemporalWorkerDeployment;
+use twc_crds::connection::TemporalConnectionStatus;
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
+use twc_crds::worker_deployment::{ConnectionKind, ConnectionReference};
+use twc_crds::{ClusterConnection, TemporalConnection, TemporalWorkerDeployment};
 use twc_workflows::model::TwdRef;
 
 use super::conditions::{carry_transition_times, merge_patch, status_changed, upsert_condition};
+use super::connection::connection_object;
 use super::error::{K8sError, ObjectName};
 use super::lookup::get_if_exists;
 use super::retry::retry_on_conflict;
@@ -84,27 +86,68 @@ pub async fn write_twd_status_seen(
     .await
 }
 
-/// Sets the TemporalConnection's `Ready` condition (reasons `Connected`, `AuthSecretInvalid`,
-/// `TemporalClientCreationFailed`), keeping its transition time when `ready` did not change.
+/// Sets the `Ready` condition (reasons `Connected`, `AuthSecretInvalid`,
+/// `TemporalClientCreationFailed`) of the connection `reference` names for a TWD in `namespace`
+/// (a TemporalConnection there, or a ClusterConnection), keeping its transition time when
+/// `ready` did not change.
 pub async fn write_connection_status(
     client: &Client,
     namespace: &str,
-    name: &str,
+    reference: &ConnectionReference,
     ready: bool,
     reason: &str,
     message: &str,
 ) -> Result<StatusWrite, K8sError> {
-    let object = ObjectName::new("TemporalConnection", namespace, name);
-    let api: Api<TemporalConnection> = Api::namespaced(client.clone(), namespace);
-    retry_on_conflict("write status of", &object, || async {
-        let Some(current) = get_if_exists(&api, name)
+    let object = connection_object(namespace, reference);
+    let ready = Ready {
+        ready,
+        reason,
+        message,
+    };
+    match reference.kind {
+        ConnectionKind::TemporalConnection => {
+            let api: Api<TemporalConnection> = Api::namespaced(client.clone(), namespace);
+            write_ready(&api, &object, |c| c.status.as_ref(), &ready).await
+        }
+        ConnectionKind::ClusterConnection => {
+            let api: Api<ClusterConnection> = Api::all(client.clone());
+            write_ready(&api, &object, |c| c.status.as_ref(), &ready).await
+        }
+    }
+}
+
+/// A connection's `Ready` condition to write.
+struct Ready<'a> {
+    ready: bool,
+    reason: &'a str,
+    message: &'a str,
+}
+
+/// [`write_connection_status`] for either kind of connection.
+async fn write_ready<K>(
+    api: &Api<K>,
+    object: &ObjectName,
+    status_of: impl Fn(&K) -> Option<&TemporalConnectionStatus>,
+    ready: &Ready<'_>,
+) -> Result<StatusWrite, K8sError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let Ready {
+        ready,
+        reason,
+        message,
+    } = *ready;
+    retry_on_conflict("write status of", object, || async {
+        let Some(current) = get_if_exists(api, &object.name)
             .await
-            .map_err(K8sError::api("get", &object))?
+            .map_err(K8sError::api("get", object))?
         else {
             return Ok(StatusWrite::NotFound);
         };
-        let generation = current.metadata.generation;
-        let mut desired = current.status.clone().unwrap_or_default();
+        let generation = current.meta().generation;
+        let current_status = status_of(&current);
+        let mut desired = current_status.cloned().unwrap_or_default();
         desired.observed_generation = generation;
         upsert_condition(
             &mut desired.conditions,
@@ -117,14 +160,14 @@ pub async fn write_connection_status(
                 last_transition_time: Time(Timestamp::now()),
             },
         );
-        if current.status.as_ref() == Some(&desired) {
+        if current_status == Some(&desired) {
             return Ok(StatusWrite::Unchanged);
         }
         patch_status(
-            &api,
-            &object,
+            api,
+            object,
             current.resource_version(),
-            current.status.as_ref(),
+            current_status,
             &desired,
         )
         .await?;

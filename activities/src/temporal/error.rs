@@ -156,6 +156,7 @@ impl TemporalError {
                 code: Some(Code::Unauthenticated | Code::PermissionDenied),
                 ..
             } => StatusClass::Auth,
+            Self::Connect { message, .. } if is_certificate_refusal(message) => StatusClass::Auth,
             Self::Connect { .. } => StatusClass::Transient,
             Self::InvalidConfig { .. } | Self::Encode { .. } => StatusClass::Other,
         }
@@ -216,6 +217,28 @@ impl TemporalError {
     }
 }
 
+/// TLS alerts a server sends when it refuses the client certificate (rustls' names and Go's
+/// texts): the certificate, not the network, is at fault.
+const CERTIFICATE_ALERTS: &[&str] = &[
+    "BadCertificate",
+    "CertificateRequired",
+    "CertificateExpired",
+    "CertificateRevoked",
+    "CertificateUnknown",
+    "UnknownCA",
+    "bad certificate",
+    "certificate required",
+    "unknown certificate authority",
+    "expired certificate",
+];
+
+/// Whether a connection failure is the server refusing our client certificate.
+fn is_certificate_refusal(message: &str) -> bool {
+    CERTIFICATE_ALERTS
+        .iter()
+        .any(|alert| message.contains(alert))
+}
+
 /// The error and its causes joined with `": "`, skipping causes already contained in the text.
 pub(crate) fn error_chain(err: &(dyn StdError + 'static)) -> String {
     let mut text = err.to_string();
@@ -234,6 +257,26 @@ pub(crate) fn error_chain(err: &(dyn StdError + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_client_certificate_is_a_credential_problem_not_a_network_one() {
+        let connect = |message: &str| TemporalError::Connect {
+            host_port: "t:7233".into(),
+            message: message.into(),
+            code: None,
+        };
+        let refused = connect("transport error: received fatal alert: BadCertificate");
+        assert_eq!(refused.class(), StatusClass::Auth);
+        assert!(refused.needs_eviction());
+        assert_eq!(
+            connect("received fatal alert: CertificateRequired").class(),
+            StatusClass::Auth
+        );
+        assert_eq!(
+            connect("tcp connect error: Connection refused (os error 111)").class(),
+            StatusClass::Transient
+        );
+    }
 
     #[test]
     fn classifies_codes() {

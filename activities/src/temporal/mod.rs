@@ -18,6 +18,7 @@ pub mod gate;
 pub mod pool;
 pub mod query;
 pub mod routing;
+mod tls_probe;
 pub mod versions;
 
 pub use backlog::read_backlog;

@@ -178,14 +178,12 @@ impl ClientPool {
 
     /// The client for a connection, connecting on first use. Concurrent callers for the same key
     /// share one connection attempt. Failures are not cached: the next call tries again.
+    /// A server that refuses the credentials (a rejected API key or client certificate) is
+    /// `AuthSecretInvalid` with the server's words; anything else `TemporalClientCreationFailed`.
     pub async fn get(&self, config: &ConnectionConfig) -> Result<TemporalClient, Blocked> {
-        self.try_get(config).await.map_err(|err| Blocked {
-            reason: BlockReason::TemporalClientCreationFailed,
-            message: format!(
-                "cannot create a Temporal client for namespace '{}': {err}",
-                config.temporal_namespace
-            ),
-        })
+        self.try_get(config)
+            .await
+            .map_err(|err| creation_failed(config, &err))
     }
 
     /// Like [`ClientPool::get`], with the typed error.
@@ -366,6 +364,43 @@ impl TemporalClient {
     }
 }
 
+/// Whether a connection failure's text leaves the cause open (no certificate alert in it yet).
+fn error_is_transient(message: &str) -> bool {
+    TemporalError::Connect {
+        host_port: String::new(),
+        message: message.to_owned(),
+        code: None,
+    }
+    .is_transient()
+}
+
+/// How a failed connection attempt is shown: the server's refusal of the credentials blames
+/// them, anything else the client creation.
+fn creation_failed(config: &ConnectionConfig, err: &TemporalError) -> Blocked {
+    if err.needs_eviction() {
+        let credential = match &config.auth {
+            ConnectionAuth::MutualTls { .. } => "client certificate",
+            ConnectionAuth::ApiKey { .. } => "API key",
+            ConnectionAuth::None => "connection (it has no credentials)",
+        };
+        Blocked {
+            reason: BlockReason::AuthSecretInvalid,
+            message: format!(
+                "Temporal refused the {credential} for namespace '{}': {err}",
+                config.temporal_namespace
+            ),
+        }
+    } else {
+        Blocked {
+            reason: BlockReason::TemporalClientCreationFailed,
+            message: format!(
+                "cannot create a Temporal client for namespace '{}': {err}",
+                config.temporal_namespace
+            ),
+        }
+    }
+}
+
 /// The `outcome` label of a failed call: its gRPC status code in snake case (`not_found`,
 /// `unavailable`, ...).
 pub fn code_label(code: temporalio_client::tonic::Code) -> &'static str {
@@ -415,8 +450,15 @@ pub(crate) fn endpoint(
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(str::to_owned);
+    let explicit_ca = config.server_ca_pem.clone();
     let tls = match &config.auth {
-        ConnectionAuth::None => server_name.map(|name| TlsOptions::builder().domain(name).build()),
+        ConnectionAuth::None if server_name.is_none() && explicit_ca.is_none() => None,
+        ConnectionAuth::None | ConnectionAuth::ApiKey { .. } => Some(
+            TlsOptions::builder()
+                .maybe_domain(server_name)
+                .maybe_server_root_ca_cert(explicit_ca)
+                .build(),
+        ),
         ConnectionAuth::MutualTls {
             cert_pem,
             key_pem,
@@ -424,7 +466,7 @@ pub(crate) fn endpoint(
         } => Some(
             TlsOptions::builder()
                 .maybe_domain(server_name)
-                .maybe_server_root_ca_cert(ca_pem.clone())
+                .maybe_server_root_ca_cert(explicit_ca.or_else(|| ca_pem.clone()))
                 .client_tls_options(
                     ClientTlsOptions::builder()
                         .client_cert(cert_pem.clone())
@@ -433,9 +475,6 @@ pub(crate) fn endpoint(
                 )
                 .build(),
         ),
-        ConnectionAuth::ApiKey { .. } => {
-            Some(TlsOptions::builder().maybe_domain(server_name).build())
-        }
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
     let url = Url::parse(&format!("{scheme}://{host_port}"))
@@ -476,7 +515,34 @@ async fn connect(
     options.metrics.temporal_request("Connect", outcome);
     let connection = match connected {
         Ok(Ok(connection)) => connection,
-        Ok(Err(err)) => return Err(TemporalError::connect(&config.host_port, &err)),
+        Ok(Err(err)) => {
+            let error = TemporalError::connect(&config.host_port, &err);
+            return Err(match error {
+                TemporalError::Connect {
+                    host_port,
+                    message,
+                    code: None,
+                } if error_is_transient(&message) => {
+                    // A closed connection right after the handshake may be the server refusing
+                    // the client certificate: ask it.
+                    match super::tls_probe::refused_certificate(config).await {
+                        Some(alert) => TemporalError::Connect {
+                            host_port,
+                            message: format!(
+                                "{message}; the server refused the client certificate: {alert}"
+                            ),
+                            code: None,
+                        },
+                        None => TemporalError::Connect {
+                            host_port,
+                            message,
+                            code: None,
+                        },
+                    }
+                }
+                other => other,
+            });
+        }
         Err(_) => {
             return Err(TemporalError::Connect {
                 host_port: config.host_port.clone(),
@@ -508,7 +574,47 @@ mod tests {
             temporal_namespace: "ns".to_owned(),
             auth,
             cache_key: "k1".to_owned(),
+            server_ca_pem: None,
+            worker_ca_in_secret: false,
         }
+    }
+
+    #[test]
+    fn a_ca_bundle_turns_tls_on_and_wins_over_the_secrets_ca() {
+        let mut plain = config(ConnectionAuth::None, None);
+        plain.server_ca_pem = Some(b"explicit".to_vec());
+        let (url, tls) = endpoint(&plain).expect("valid");
+        assert_eq!(url.scheme(), "https");
+        assert_eq!(
+            tls.expect("tls on").server_root_ca_cert,
+            Some(b"explicit".to_vec())
+        );
+        let mut mtls = config(
+            ConnectionAuth::MutualTls {
+                cert_pem: b"c".to_vec(),
+                key_pem: b"k".to_vec(),
+                ca_pem: Some(b"in-secret".to_vec()),
+            },
+            None,
+        );
+        let (_, tls) = endpoint(&mtls).expect("valid");
+        assert_eq!(
+            tls.expect("tls on").server_root_ca_cert,
+            Some(b"in-secret".to_vec())
+        );
+        mtls.server_ca_pem = Some(b"explicit".to_vec());
+        let (_, tls) = endpoint(&mtls).expect("valid");
+        assert_eq!(
+            tls.expect("tls on").server_root_ca_cert,
+            Some(b"explicit".to_vec())
+        );
+        let mut key = config(ConnectionAuth::ApiKey { key: "k".into() }, None);
+        key.server_ca_pem = Some(b"explicit".to_vec());
+        let (_, tls) = endpoint(&key).expect("valid");
+        assert_eq!(
+            tls.expect("tls on").server_root_ca_cert,
+            Some(b"explicit".to_vec())
+        );
     }
 
     #[test]

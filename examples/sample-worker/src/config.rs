@@ -70,6 +70,8 @@ pub struct Config {
     pub versioning_behavior: VersioningBehavior,
     pub tls: Option<TlsConfig>,
     pub api_key: Option<String>,
+    /// `TEMPORAL_API_KEY_PATH`: re-read while running, so a rotated key is used without a restart.
+    pub api_key_path: Option<String>,
     pub fail_gate: bool,
     /// Activities run at once per worker (`SAMPLE_ACTIVITY_SLOTS`, default 100).
     pub activity_slots: usize,
@@ -148,7 +150,12 @@ impl Config {
             }
         };
 
-        let api_key = get("TEMPORAL_API_KEY");
+        // The key as a file (the controller mounts it) wins: it follows a rotated Secret.
+        let api_key_path = get("TEMPORAL_API_KEY_PATH");
+        let api_key = match &api_key_path {
+            Some(path) => Some(read_api_key(path)?),
+            None => get("TEMPORAL_API_KEY"),
+        };
         let cert_path = get("TEMPORAL_TLS_CLIENT_CERT_PATH");
         let key_path = get("TEMPORAL_TLS_CLIENT_KEY_PATH");
         let client_cert = match (cert_path, key_path) {
@@ -227,6 +234,7 @@ impl Config {
             versioning_behavior,
             tls,
             api_key,
+            api_key_path,
             fail_gate,
             activity_slots,
             greet_delay_ms,
@@ -304,6 +312,20 @@ fn normalize_address(raw: &str) -> Result<String, ConfigError> {
             "TEMPORAL_ADDRESS must be host:port, got '{raw}'"
         )))
     }
+}
+
+/// Reads an API key file (`TEMPORAL_API_KEY_PATH`), trimmed; an empty file is an error.
+pub fn read_api_key(path: &str) -> Result<String, ConfigError> {
+    let bytes = read_file("TEMPORAL_API_KEY_PATH", path)?;
+    let key = String::from_utf8(bytes)
+        .map_err(|_| config_err(format!("TEMPORAL_API_KEY_PATH: '{path}' is not UTF-8 text")))?;
+    let key = key.trim();
+    if key.is_empty() {
+        return Err(config_err(format!(
+            "TEMPORAL_API_KEY_PATH: '{path}' is empty"
+        )));
+    }
+    Ok(key.to_owned())
 }
 
 fn read_file(key: &str, path: &str) -> Result<Vec<u8>, ConfigError> {
@@ -410,6 +432,26 @@ mod tests {
         assert_eq!(c.versioning_behavior, VersioningBehavior::AutoUpgrade);
         assert!(c.tls.is_some());
         assert_eq!(c.url(), "https://temporal:7233");
+    }
+
+    #[test]
+    fn an_api_key_file_wins_over_the_variable_and_must_not_be_empty() {
+        let dir = std::env::temp_dir().join(format!("sample-worker-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let file = dir.join("api-key");
+        std::fs::write(&file, "from-file\n").expect("write key");
+        let path = file.display().to_string();
+        let mut pairs = BASE.to_vec();
+        pairs.push(("TEMPORAL_API_KEY", "from-env"));
+        pairs.push(("TEMPORAL_API_KEY_PATH", &path));
+        let c = cfg(&pairs).expect("config parses");
+        assert_eq!(c.api_key.as_deref(), Some("from-file"));
+        assert_eq!(c.api_key_path.as_deref(), Some(path.as_str()));
+        assert!(c.tls.is_some(), "an API key turns TLS on");
+        std::fs::write(&file, " \n").expect("write key");
+        let err = cfg(&pairs).err().expect("empty key file");
+        assert!(err.to_string().contains("is empty"), "{err}");
+        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
     #[test]

@@ -152,6 +152,13 @@ async fn run(config: Config) -> Result<()> {
         }
     };
     info!(url = %config.url(), "connected to Temporal");
+    if let Some(path) = config.api_key_path.clone() {
+        tokio::spawn(follow_api_key_file(
+            client.connection().clone(),
+            path,
+            config.api_key.clone(),
+        ));
+    }
 
     let runtime = Runtime::from_current_tokio(Default::default())
         .context("creating the Temporal SDK runtime")?;
@@ -169,6 +176,29 @@ async fn run(config: Config) -> Result<()> {
     tokio::task::LocalSet::new()
         .run_until(run_workers(workers, shutdown))
         .await
+}
+
+/// How often the API key file is re-read (a kubelet refreshes Secret volumes within a minute).
+const API_KEY_RECHECK: Duration = Duration::from_secs(2);
+
+/// Re-reads the API key file and hands a changed key to the connection, which uses it on the
+/// next call: a key rotated in its Secret reaches a running worker without a restart.
+async fn follow_api_key_file(connection: Connection, path: String, mut current: Option<String>) {
+    let mut ticks = tokio::time::interval(API_KEY_RECHECK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match config::read_api_key(&path) {
+            Ok(key) if current.as_deref() != Some(key.as_str()) => {
+                info!(path = %path, "API key file changed; using the new key");
+                connection.set_api_key(Some(key.clone()));
+                current = Some(key);
+            }
+            Ok(_) => {}
+            // Mid-rotation the file can be briefly missing; keep the key in use.
+            Err(e) => warn!("keeping the API key in use: {e}"),
+        }
+    }
 }
 
 async fn connect(config: &Config) -> Result<Client> {

@@ -56,6 +56,60 @@ pub struct SandboxEnv {
     /// Base URL of the sandbox's Prometheus (`http://127.0.0.1:<port>`), when it runs one.
     #[serde(default)]
     pub prometheus_url: Option<String>,
+    /// The Jaeger all-in-one binary, when installed (`make jaeger`); tests start their own.
+    #[serde(default)]
+    pub jaeger_bin: Option<PathBuf>,
+    /// Jaeger's query API base URL (`/api/traces?service=twc`), when the sandbox runs it.
+    #[serde(default)]
+    pub tracing_query_url: Option<String>,
+    /// The OTLP/gRPC endpoint the sandbox's controllers export spans to, when Jaeger runs.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+    /// The production-like Temporal (PostgreSQL, mutual TLS, JWT authorization), when the
+    /// sandbox runs one (`--production-temporal`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub production_temporal: Option<ProductionTemporalEnv>,
+}
+
+/// How to reach the sandbox's production-like Temporal ([`crate::production`]): every client
+/// needs a certificate of its CA; permissions come from the certificate's OU, or from an API key
+/// sent with it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProductionTemporalEnv {
+    /// Frontend `127.0.0.1:<port>` (TLS only).
+    pub address: String,
+    /// TLS server name of its certificate (`temporal.test`).
+    pub server_name: String,
+    /// Namespaces it serves (`default` first).
+    pub namespaces: Vec<String>,
+    /// The CA (PEM) of the server's and the clients' certificates.
+    pub ca_path: PathBuf,
+    /// Client certificate and key granting `system:admin`.
+    pub admin_cert_path: PathBuf,
+    /// Key of [`Self::admin_cert_path`].
+    pub admin_key_path: PathBuf,
+    /// Client certificate and key granting nothing: for the TLS handshake of API key clients.
+    pub client_cert_path: PathBuf,
+    /// Key of [`Self::client_cert_path`].
+    pub client_key_path: PathBuf,
+    /// Client certificate the controller's engine uses (`<namespace>:write`), when the engine
+    /// runs here.
+    pub controller_cert_path: Option<PathBuf>,
+    /// Key of [`Self::controller_cert_path`].
+    pub controller_key_path: Option<PathBuf>,
+    /// Folder of API keys (`<name>.jwt`: `system-admin`, `default-write`, `default-read`,
+    /// `default-worker`), valid for a week.
+    pub api_keys_dir: PathBuf,
+    /// The key set (JWKS) the server verifies API keys with.
+    pub jwks_url: String,
+    /// Prometheus metrics of the server.
+    pub metrics_url: String,
+    /// The server's log.
+    pub log: PathBuf,
+    /// Whether the controller's engine (its rollout workflows) runs here rather than on the
+    /// dev server.
+    pub engine: bool,
 }
 
 /// The env file could not be read.

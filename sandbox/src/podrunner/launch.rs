@@ -74,6 +74,10 @@ pub struct Launch {
     pub probe_problem: Option<String>,
     /// The log file, opened for appending.
     pub log: std::fs::File,
+    /// The pod's folder.
+    pub dir: PathBuf,
+    /// The container's volume mounts (re-materialized when their Secrets change).
+    pub mounts: Vec<volumes::Mount>,
 }
 
 impl Launch {
@@ -195,6 +199,7 @@ pub async fn prepare(
         args.join(" ")
     );
     let (dir, cwd_for_disk, log_path) = (place.dir.clone(), cwd.clone(), place.log.clone());
+    let kept_mounts = mounts.clone();
     let log = tokio::task::spawn_blocking(move || {
         write_to_disk(&dir, &cwd_for_disk, &mounts, &sources, &log_path, &header)
     })
@@ -214,6 +219,8 @@ pub async fn prepare(
         probe,
         probe_problem,
         log,
+        dir: place.dir.clone(),
+        mounts: kept_mounts,
     })
 }
 

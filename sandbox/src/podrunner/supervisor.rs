@@ -20,7 +20,11 @@ use super::launch::{self, Launch, LaunchSettings, PodPlace, Waiting};
 use super::probe::{self, ExecContext, ReadinessProbe};
 use super::spawner::Spawner;
 use super::status::PodView;
+use super::{sources, volumes};
 
+/// How often a running pod's Secret and ConfigMap volumes are re-read (a kubelet takes up to
+/// about a minute; the sandbox is quicker so tests of rotation stay short).
+const VOLUME_REFRESH: Duration = Duration::from_secs(2);
 /// First restart delay.
 const BACKOFF_INITIAL: Duration = Duration::from_secs(1);
 /// Longest restart delay.
@@ -410,6 +414,7 @@ impl PodTask {
         let stop_requested = self.stop_requested();
         let outcome = {
             let readiness = self.track_readiness(launch.probe.as_ref(), &exec_ctx);
+            let volumes = self.follow_volumes(launch);
             tokio::select! {
                 status = process.0.wait() => Outcome::Exited(match status {
                     Ok(status) => describe_exit(&status),
@@ -417,6 +422,7 @@ impl PodTask {
                 }),
                 () = stop_requested => Outcome::StopRequested,
                 () = readiness => Outcome::StopRequested,
+                () = volumes => Outcome::StopRequested,
             }
         };
         if let Outcome::StopRequested = outcome {
@@ -429,6 +435,39 @@ impl PodTask {
             );
         }
         outcome
+    }
+
+    /// Re-reads the Secrets and ConfigMaps of the pod's volumes every [`VOLUME_REFRESH`] and
+    /// replaces the files that changed, as a kubelet does (so a rotated key reaches a running
+    /// process); never returns.
+    async fn follow_volumes(&self, launch: &Launch) {
+        let refs = volumes::sources_of(&launch.mounts);
+        if refs.is_empty() {
+            return std::future::pending().await;
+        }
+        let mut ticks = tokio::time::interval(VOLUME_REFRESH);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            let sources =
+                match sources::fetch(&self.shared.client, &self.place.namespace, &refs).await {
+                    Ok(sources) => sources,
+                    Err(e) => {
+                        debug!(pod = %self.place.name, "volume sources not re-read: {e}");
+                        continue;
+                    }
+                };
+            let (dir, mounts) = (launch.dir.clone(), launch.mounts.clone());
+            let written =
+                tokio::task::spawn_blocking(move || volumes::materialize(&dir, &mounts, &sources))
+                    .await;
+            match written {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(pod = %self.place.name, "volume not refreshed: {e}"),
+                Err(e) => warn!(pod = %self.place.name, "volume refresh task failed: {e}"),
+            }
+        }
     }
 
     /// Marks the pod ready after [`READY_AFTER`] or by its probe; never returns.

@@ -192,7 +192,8 @@ pub fn host_path(pod_dir: &Path, container_path: &str) -> PathBuf {
     pod_dir.join(container_path.trim_start_matches('/'))
 }
 
-/// Writes every emulated mount under `pod_dir` (files are overwritten on each call).
+/// Writes every emulated mount under `pod_dir`: at a pod's start, and again whenever its Secrets
+/// or ConfigMaps may have changed (changed files are replaced, as a kubelet does).
 pub fn materialize(pod_dir: &Path, mounts: &[Mount], sources: &Sources) -> Result<(), VolumeError> {
     for mount in mounts {
         let target = host_path(pod_dir, &mount.mount_path);
@@ -308,7 +309,9 @@ fn create_dir(path: &Path) -> Result<(), VolumeError> {
     })
 }
 
-/// Writes one projected file with its mode, creating its folder.
+/// Writes one projected file with its mode, creating its folder. A file that already has this
+/// content and mode is left alone; otherwise the new one is written beside it and renamed over
+/// it, so a process reading the file (a rotated key) never sees it half-written or missing.
 fn write_file(path: &Path, data: &[u8], mode: i32) -> Result<(), VolumeError> {
     let io = |source| VolumeError::Io {
         path: path.to_path_buf(),
@@ -317,14 +320,34 @@ fn write_file(path: &Path, data: &[u8], mode: i32) -> Result<(), VolumeError> {
     if let Some(parent) = path.parent() {
         create_dir(parent)?;
     }
-    // A previous run may have left the file read-only; replace it instead of writing into it.
-    match std::fs::remove_file(path) {
+    let mode = u32::try_from(mode).unwrap_or(DEFAULT_MODE as u32) & 0o777;
+    let unchanged = std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o777 == mode)
+        && std::fs::read(path).is_ok_and(|old| old == data);
+    if unchanged {
+        return Ok(());
+    }
+    let mut staged = path.as_os_str().to_owned();
+    staged.push(".twc-new");
+    let staged = PathBuf::from(staged);
+    // A previous attempt may have left a read-only staged file; replace it.
+    match std::fs::remove_file(&staged) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
         _ => {}
     }
-    std::fs::write(path, data).map_err(io)?;
-    let mode = u32::try_from(mode).unwrap_or(DEFAULT_MODE as u32) & 0o777;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io)
+    std::fs::write(&staged, data).map_err(io)?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode)).map_err(io)?;
+    std::fs::rename(&staged, path).map_err(io)
+}
+
+/// The Secrets and ConfigMaps the mounts project (re-read to follow their changes).
+pub fn sources_of(mounts: &[Mount]) -> std::collections::BTreeSet<(SourceKind, String)> {
+    mounts
+        .iter()
+        .filter_map(|m| match &m.source {
+            MountSource::Keys { kind, name, .. } => Some((*kind, name.clone())),
+            _ => None,
+        })
+        .collect()
 }
 
 /// A relative path that stays inside its folder.
@@ -519,6 +542,36 @@ mod tests {
         );
         // A second start overwrites the files instead of failing.
         materialize(&dir, &mounts, &tls_sources()).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_changed_secret_replaces_only_the_changed_files() {
+        let (spec, container) = spec_with_secret_mount(None, None);
+        let mounts = plan(&spec, &container).unwrap();
+        assert_eq!(
+            sources_of(&mounts).into_iter().collect::<Vec<_>>(),
+            vec![(SourceKind::Secret, "client-tls".to_owned())]
+        );
+        let dir = temp_pod_dir("rotate");
+        materialize(&dir, &mounts, &tls_sources()).unwrap();
+        let crt = dir.join("etc/temporal/tls/tls.crt");
+        let key = dir.join("etc/temporal/tls/tls.key");
+        let key_inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&key).unwrap());
+        let mut rotated = Sources::default();
+        rotated.insert(
+            SourceKind::Secret,
+            "client-tls",
+            Some(BTreeMap::from([
+                ("tls.crt".to_string(), b"NEW CERT".to_vec()),
+                ("tls.key".to_string(), b"KEY".to_vec()),
+            ])),
+        );
+        materialize(&dir, &mounts, &rotated).unwrap();
+        assert_eq!(std::fs::read(&crt).unwrap(), b"NEW CERT");
+        let after = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&key).unwrap());
+        assert_eq!(key_inode, after, "an unchanged file is not rewritten");
+        assert!(!dir.join("etc/temporal/tls/tls.crt.twc-new").exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -376,6 +376,7 @@ mod tests {
             BlockReason::GateFailed,
             BlockReason::ProgressDeadlineExceeded,
             BlockReason::VersionLimitReached,
+            BlockReason::ClusterConnectionUnsupported,
         ];
         for reason in reasons {
             let blocked = Blocked {

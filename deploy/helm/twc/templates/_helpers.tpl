@@ -80,6 +80,21 @@ rules are in deploy/manifests/clusterrole.yaml (a test compares them).
   verbs: [create]
 {{- end -}}
 
+{{- /* Rules on cluster-scoped objects: only in the ClusterRole (a controller restricted to
+namespaces leaves ClusterConnections alone and reports ClusterConnectionUnsupported). */ -}}
+{{- define "twc.clusterRules" -}}
+# ClusterConnections: the watcher lists and watches them (src/watcher.rs); activities get them
+# (connection.rs), list them and merge-patch their temporal.io/delete-protection finalizer
+# (finalizers.rs; their users are TWDs of every namespace, listed by a field selector).
+- apiGroups: [temporal.io]
+  resources: [clusterconnections]
+  verbs: [get, list, watch, patch]
+# Their Ready condition: merge patches of the status subresource (status.rs).
+- apiGroups: [temporal.io]
+  resources: [clusterconnections/status]
+  verbs: [patch]
+{{- end -}}
+
 {{/* Name of cluster-scoped objects: unique per release and namespace. */}}
 {{- define "twc.clusterName" -}}
 {{- printf "%s-%s" (include "twc.fullname" .) .Release.Namespace | trunc 63 | trimSuffix "-" -}}
