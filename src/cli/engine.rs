@@ -78,13 +78,36 @@ impl EngineArgs {
     /// set.
     pub fn or_sandbox(&self, sandbox: Option<&Sandbox>) -> Self {
         let mut args = self.clone();
-        if let Some(sandbox) = sandbox
-            && args.engine_address.is_none()
-        {
-            args.engine_address = Some(sandbox.temporal_address.clone());
-            if args.engine_namespace.is_none() {
-                args.engine_namespace = Some(sandbox.temporal_namespace.clone());
+        let Some(sandbox) = sandbox else {
+            return args;
+        };
+        if args.engine_address.is_some() {
+            return args;
+        }
+        match sandbox.production_temporal.as_ref().filter(|p| p.engine) {
+            // The engine runs on the production-like Temporal: its address, CA, server name and
+            // the controller's certificate, unless set.
+            Some(production) => {
+                args.engine_address = Some(production.address.clone());
+                args.engine_tls_ca
+                    .get_or_insert_with(|| production.ca_path.clone());
+                args.engine_tls_server_name
+                    .get_or_insert_with(|| production.server_name.clone());
+                if args.engine_tls_cert.is_none()
+                    && args.engine_api_key.is_none()
+                    && let (Some(cert), Some(key)) = (
+                        &production.controller_cert_path,
+                        &production.controller_key_path,
+                    )
+                {
+                    args.engine_tls_cert = Some(cert.clone());
+                    args.engine_tls_key = Some(key.clone());
+                }
             }
+            None => args.engine_address = Some(sandbox.temporal_address.clone()),
+        }
+        if args.engine_namespace.is_none() {
+            args.engine_namespace = Some(sandbox.temporal_namespace.clone());
         }
         args
     }
@@ -107,6 +130,31 @@ pub struct Sandbox {
     pub temporal_ui_url: Option<String>,
     /// The sandbox's kubeconfig (the env file belongs to this kubeconfig only).
     kubeconfig: PathBuf,
+    /// The production-like Temporal (`--production-temporal`), when it runs.
+    #[serde(default)]
+    pub production_temporal: Option<ProductionEngine>,
+}
+
+/// What the operator commands take from the sandbox's production-like Temporal: where the
+/// engine runs when `engine` is set, and the controller's credentials there.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProductionEngine {
+    /// Frontend `host:port` (TLS).
+    pub address: String,
+    /// TLS server name of its certificate.
+    pub server_name: String,
+    /// CA of its certificate.
+    pub ca_path: PathBuf,
+    /// The controller's client certificate, when the engine runs there.
+    #[serde(default)]
+    pub controller_cert_path: Option<PathBuf>,
+    /// Its key.
+    #[serde(default)]
+    pub controller_key_path: Option<PathBuf>,
+    /// Whether the controller's engine runs there.
+    #[serde(default)]
+    pub engine: bool,
 }
 
 /// The sandbox whose kubeconfig is in use: `--kubeconfig`, else each file of `$KUBECONFIG`.
@@ -181,6 +229,43 @@ mod tests {
             (config.address.as_str(), config.namespace.as_str()),
             ("127.0.0.1:40123", "default")
         );
+    }
+
+    #[test]
+    fn a_sandbox_whose_engine_runs_on_the_production_like_temporal_leads_there_over_mtls() {
+        let kubeconfig = sandbox_dir("production", None);
+        let env_file = kubeconfig
+            .ancestors()
+            .nth(2)
+            .map(|dir| dir.join(SANDBOX_ENV_FILE))
+            .unwrap_or_else(|| panic!("no state folder"));
+        let text = std::fs::read_to_string(&env_file).unwrap_or_else(|e| panic!("{e}"));
+        let mut env: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+        env["productionTemporal"] = serde_json::json!({
+            "address": "127.0.0.1:40200", "serverName": "temporal.test",
+            "caPath": "/state/certs/ca.pem", "controllerCertPath": "/state/certs/controller.pem",
+            "controllerKeyPath": "/state/certs/controller.key", "engine": true,
+            "apiKeysDir": "/state/api-keys"
+        });
+        std::fs::write(&env_file, env.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        let sandbox = sandbox_of(Some(&kubeconfig));
+        let config = args(None).or_sandbox(sandbox.as_ref()).config("q", "me");
+        assert_eq!(config.address, "127.0.0.1:40200");
+        let tls = config.tls.unwrap_or_else(|| panic!("TLS on"));
+        assert_eq!(tls.server_name.as_deref(), Some("temporal.test"));
+        assert_eq!(tls.ca_cert, Some(PathBuf::from("/state/certs/ca.pem")));
+        assert_eq!(
+            tls.client_cert,
+            Some(PathBuf::from("/state/certs/controller.pem"))
+        );
+        // Without `engine`, the dev server stays the engine.
+        env["productionTemporal"]["engine"] = serde_json::json!(false);
+        std::fs::write(&env_file, env.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        let sandbox = sandbox_of(Some(&kubeconfig));
+        let config = args(None).or_sandbox(sandbox.as_ref()).config("q", "me");
+        assert_eq!(config.address, "127.0.0.1:40123");
+        assert!(config.tls.is_none());
     }
 
     #[test]
