@@ -1,7 +1,8 @@
 //! The light Kubernetes watcher: turns TemporalWorkerDeployment changes into signals on each
 //! TWD's workflow (signal-with-start), and TemporalConnection and ClusterConnection changes into
-//! nudges of the TWDs that use them (ClusterConnections only when every namespace is watched). It decides nothing; duplicate signals are harmless (the workflow ignores
-//! generations it has seen and at most resyncs).
+//! nudges of the TWDs that use them (ClusterConnections only when every namespace is watched).
+//! It decides nothing; duplicate signals are harmless (the workflow ignores generations it has
+//! seen and at most resyncs).
 //!
 //! It also carries the kubectl-only control path: a `temporal.io/rollout-action` annotation on a
 //! TWD becomes the `control` signal on its workflow. Every replica sees the annotation, so each

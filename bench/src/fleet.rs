@@ -1,5 +1,7 @@
-//! Many TWDs at once: the burst (N TWDs applied together, time to all Ready, peak read rate,
-//! memory, history size) and the idle cost of a fleet that is fully rolled out.
+//! Many TWDs at once: the change burst (a few rolled-out TWDs given a new image together, in
+//! rounds: how soon and how close together their new Deployments are created, and when all are
+//! Current), the burst (N TWDs applied together, time to all Ready, peak read rate, memory,
+//! history size) and the idle cost of a fleet that is fully rolled out.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
@@ -10,6 +12,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::cluster::{Cluster, seconds_between, system_time, worker};
+use crate::latency;
 use crate::procstat;
 use crate::prom;
 use crate::sampler::{Counters, Sampler, Tick, peak_rate, peak_rate_over, wait_quiet};
@@ -55,6 +58,173 @@ pub struct Burst {
     pub rollout_history_events: Option<Summary>,
     /// Events in each TWD workflow's history (current run).
     pub twd_history_events: Option<Summary>,
+}
+
+/// One round of the change burst: every TWD given a new image at once.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChangeRound {
+    /// Image tag (build ID prefix) of the round.
+    pub tag: String,
+    /// First apply sent → the last new Deployment seen by the benchmark's watch, ms.
+    pub last_created_ms: f64,
+    /// First → last new Deployment seen by the watch, ms (how close together they were created).
+    pub created_spread_ms: f64,
+    /// First apply sent → the last build Current in Temporal (its `currentVersionChangedTime`),
+    /// ms.
+    pub all_current_ms: f64,
+    /// First apply sent → every TWD Ready for the new build (seen by a TWD watch), ms.
+    pub all_ready_ms: f64,
+    /// Per TWD: first apply sent → its new Deployment seen, ms.
+    pub created_ms: Vec<f64>,
+}
+
+/// The change-burst results.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChangeBurst {
+    /// TWDs changed together.
+    pub twds: usize,
+    /// Every round.
+    pub rounds: Vec<ChangeRound>,
+    /// Apply → last new Deployment, ms, over the rounds.
+    pub last_created_ms: Option<Summary>,
+    /// First → last new Deployment, ms, over the rounds.
+    pub created_spread_ms: Option<Summary>,
+    /// Apply → every build Current, ms, over the rounds.
+    pub all_current_ms: Option<Summary>,
+    /// Apply → every TWD Ready, ms, over the rounds.
+    pub all_ready_ms: Option<Summary>,
+}
+
+/// `count` TWDs named `c000`… in `namespace` (and in the Temporal namespace of that name) are
+/// rolled out, then changed to a new image all at once `rounds` times, each round from rest.
+pub async fn change_burst(
+    cluster: &Cluster,
+    namespace: &str,
+    count: usize,
+    rounds: usize,
+) -> anyhow::Result<ChangeBurst> {
+    let timeout = Duration::from_secs(600);
+    cluster.namespace(namespace).await?;
+    cluster.temporal_namespace(namespace).await?;
+    let names: Vec<String> = (0..count).map(|i| format!("c{i:03}")).collect();
+    let (mut seen, mut tracker) = latency::watch(cluster, namespace).await?;
+    let ready_with = |tag: &str| -> BTreeMap<String, String> {
+        names
+            .iter()
+            .map(|n| (n.clone(), format!("{tag}-")))
+            .collect()
+    };
+    let expected = ready_with("chg0");
+    tokio::try_join!(
+        cluster.wait_all_ready(namespace, &expected, timeout),
+        apply_all(cluster, namespace, &names, "chg0"),
+    )?;
+    let mut measured = Vec::with_capacity(rounds);
+    for round in 1..=rounds {
+        // From rest, as in the latency scenario.
+        wait_quiet(cluster, Duration::from_secs(3), Duration::from_secs(180)).await?;
+        let tag = format!("chg{round}");
+        let prefixes: Vec<String> = names.iter().map(|n| format!("{n}-{tag}-")).collect();
+        let applied = Instant::now();
+        let applied_at = SystemTime::now();
+        let expected = ready_with(&tag);
+        let (ready, ()) = tokio::try_join!(
+            cluster.wait_all_ready(namespace, &expected, timeout),
+            apply_all(cluster, namespace, &names, &tag),
+        )?;
+        let created: Vec<Instant> = latency::wait_for(
+            &mut seen,
+            &mut tracker,
+            &format!("every Deployment *-{tag}-*"),
+            |t| {
+                prefixes
+                    .iter()
+                    .map(|p| {
+                        t.created
+                            .iter()
+                            .find(|(n, _)| n.starts_with(p.as_str()))
+                            .map(|(_, at)| *at)
+                    })
+                    .collect::<Option<Vec<Instant>>>()
+            },
+        )
+        .await?;
+        let first = created.iter().min().copied().unwrap_or(applied);
+        let last = created.iter().max().copied().unwrap_or(applied);
+        let deployment_names: Vec<String> =
+            names.iter().map(|n| format!("{namespace}/{n}")).collect();
+        let current = current_since(cluster, namespace, &deployment_names, &tag).await?;
+        let last_current = current
+            .iter()
+            .max()
+            .copied()
+            .ok_or_else(|| anyhow!("no build became Current"))?;
+        let all_ready = ready.values().max().copied().unwrap_or(applied);
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let one = ChangeRound {
+            last_created_ms: ms(last.saturating_duration_since(applied)),
+            created_spread_ms: ms(last.saturating_duration_since(first)),
+            all_current_ms: seconds_between(applied_at, last_current) * 1e3,
+            all_ready_ms: ms(all_ready.saturating_duration_since(applied)),
+            created_ms: created
+                .iter()
+                .map(|c| ms(c.saturating_duration_since(applied)))
+                .collect(),
+            tag,
+        };
+        tracing::info!(
+            round,
+            last_created_ms = one.last_created_ms,
+            created_spread_ms = one.created_spread_ms,
+            all_current_ms = one.all_current_ms,
+            all_ready_ms = one.all_ready_ms,
+            "change burst"
+        );
+        measured.push(one);
+    }
+    let column =
+        |f: fn(&ChangeRound) -> f64| Summary::of(&measured.iter().map(f).collect::<Vec<_>>());
+    Ok(ChangeBurst {
+        twds: count,
+        last_created_ms: column(|r| r.last_created_ms),
+        created_spread_ms: column(|r| r.created_spread_ms),
+        all_current_ms: column(|r| r.all_current_ms),
+        all_ready_ms: column(|r| r.all_ready_ms),
+        rounds: measured,
+    })
+}
+
+/// When each deployment's build with prefix `tag-` became Current (Temporal's
+/// `currentVersionChangedTime`).
+async fn current_since(
+    cluster: &Cluster,
+    temporal_namespace: &str,
+    deployment_names: &[String],
+    tag: &str,
+) -> anyhow::Result<Vec<SystemTime>> {
+    let prefix = format!("{tag}-");
+    let prefix = prefix.as_str();
+    stream::iter(deployment_names)
+        .map(|name| async move {
+            let routing = cluster
+                .describe_deployment(temporal_namespace, name)
+                .await?
+                .routing_config
+                .unwrap_or_default();
+            let build = routing
+                .current_deployment_version
+                .map(|v| v.build_id)
+                .unwrap_or_default();
+            anyhow::ensure!(
+                build.starts_with(prefix),
+                "{name}: Current is {build:?}, not {prefix}*"
+            );
+            system_time(routing.current_version_changed_time.as_ref())
+                .ok_or_else(|| anyhow!("{name}: no currentVersionChangedTime"))
+        })
+        .buffer_unordered(READ_CONCURRENCY)
+        .try_collect()
+        .await
 }
 
 /// The idle results.

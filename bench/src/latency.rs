@@ -1,6 +1,8 @@
-//! Reaction latency (apply of a new image → versioned Deployment exists) and promotion latency
-//! (the new build's first poller → routing Current), over repeated AllAtOnce rollouts of one
-//! TWD. Each rollout starts from rest: the previous build Current and the controller idle.
+//! Reaction latency (apply of a new image → versioned Deployment exists, and the benchmark's own
+//! TWD watch seeing the new generation → its Deployment watch seeing the Deployment) and
+//! promotion latency (the new build's first poller → routing Current), over repeated AllAtOnce
+//! rollouts of one TWD. Each rollout starts from rest: the previous build Current and the
+//! controller idle.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
@@ -13,6 +15,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::mpsc;
+use twc_crds::TemporalWorkerDeployment;
 
 use crate::cluster::{Cluster, seconds_between, system_time, worker};
 use crate::sampler::wait_quiet;
@@ -30,6 +33,10 @@ pub struct Rollout {
     pub build_id: String,
     /// Apply → versioned Deployment seen by a watch, ms.
     pub reaction_ms: f64,
+    /// The new generation of the TWD seen by the benchmark's TWD watch → the versioned
+    /// Deployment seen by its Deployment watch, ms (the controller's share of the reaction:
+    /// the apply's own round trip and the API server's watch fan-out are left out).
+    pub watch_reaction_ms: f64,
     /// First poller of the build (version created in Temporal) → build Current, ms (server
     /// timestamps).
     pub promotion_ms: f64,
@@ -47,6 +54,8 @@ pub struct Latency {
     pub rollouts: Vec<Rollout>,
     /// Reaction latency, ms.
     pub reaction_ms: Option<Summary>,
+    /// Reaction from the TWD watch event, ms.
+    pub watch_reaction_ms: Option<Summary>,
     /// Promotion latency, ms.
     pub promotion_ms: Option<Summary>,
     /// Available → Current, ms.
@@ -55,41 +64,113 @@ pub struct Latency {
     pub apply_to_ready_ms: Option<Summary>,
 }
 
-/// What the Deployment watch reports (appearances and availability; deletions do not matter).
+/// What the watches report (Deployment appearances and availability, TWD generations;
+/// deletions do not matter).
 #[derive(Debug)]
-enum Seen {
-    /// The initial list is complete.
+pub enum Seen {
+    /// The Deployment watch's initial list is complete.
     Listed,
+    /// The TWD watch's initial list is complete.
+    TwdsListed,
     /// A Deployment appeared.
     Created(String, Instant),
     /// A Deployment became Available.
     Available(String, SystemTime),
+    /// A TWD was seen with this `metadata.generation`.
+    Generation(String, i64, Instant),
 }
 
-/// The namespace's Deployments as the watch has reported them so far.
+/// The namespace's Deployments and TWDs as the watches have reported them so far.
 #[derive(Debug, Default)]
-struct Tracker {
-    created: BTreeMap<String, Instant>,
-    available: BTreeMap<String, SystemTime>,
+pub struct Tracker {
+    /// Deployment name → when the watch first reported it.
+    pub created: BTreeMap<String, Instant>,
+    /// Deployment name → when the watch first reported it Available.
+    pub available: BTreeMap<String, SystemTime>,
+    /// (TWD name, generation) → when the watch first reported that generation.
+    pub generations: BTreeMap<(String, i64), Instant>,
+    deployments_listed: bool,
+    twds_listed: bool,
 }
 
 impl Tracker {
-    fn note(&mut self, seen: Seen) {
+    /// Records one report.
+    pub fn note(&mut self, seen: Seen) {
         match seen {
-            Seen::Listed => {}
+            Seen::Listed => self.deployments_listed = true,
+            Seen::TwdsListed => self.twds_listed = true,
             Seen::Created(name, at) => {
                 self.created.entry(name).or_insert(at);
             }
             Seen::Available(name, at) => {
                 self.available.entry(name).or_insert(at);
             }
+            Seen::Generation(name, generation, at) => {
+                self.generations.entry((name, generation)).or_insert(at);
+            }
         }
+    }
+
+    /// The newest generation of TWD `name` seen so far (0 when none).
+    pub fn generation(&self, name: &str) -> i64 {
+        self.generations
+            .keys()
+            .filter(|(n, _)| n == name)
+            .map(|(_, g)| *g)
+            .max()
+            .unwrap_or(0)
     }
 }
 
+/// Watches the Deployments and the TWDs of `namespace`, reporting Deployment appearances and
+/// availability and TWD generations, each stamped when the watch event arrived. Returns once
+/// both watches have listed.
+pub async fn watch(
+    cluster: &Cluster,
+    namespace: &str,
+) -> anyhow::Result<(mpsc::UnboundedReceiver<Seen>, Tracker)> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    watch_deployments(cluster, namespace, tx.clone());
+    watch_twds(cluster, namespace, tx);
+    let mut tracker = Tracker::default();
+    let deadline = tokio::time::Instant::now() + ROLLOUT_TIMEOUT;
+    while !(tracker.deployments_listed && tracker.twds_listed) {
+        let next = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .map_err(|_| {
+                anyhow!("the watches of {namespace} did not list within {ROLLOUT_TIMEOUT:?}")
+            })?
+            .ok_or_else(|| anyhow!("a watch of {namespace} ended before listing"))?;
+        tracker.note(next);
+    }
+    Ok((rx, tracker))
+}
+
+/// Watches the TWDs of `namespace`, reporting each generation.
+fn watch_twds(cluster: &Cluster, namespace: &str, tx: mpsc::UnboundedSender<Seen>) {
+    let api: Api<TemporalWorkerDeployment> = Api::namespaced(cluster.kube.clone(), namespace);
+    tokio::spawn(async move {
+        let mut events = Box::pin(watcher(api, watcher::Config::default()).default_backoff());
+        while let Some(event) = events.next().await {
+            let now = Instant::now();
+            let seen = match event {
+                Ok(watcher::Event::InitDone) => Seen::TwdsListed,
+                Ok(watcher::Event::Apply(t) | watcher::Event::InitApply(t)) => Seen::Generation(
+                    t.metadata.name.clone().unwrap_or_default(),
+                    t.metadata.generation.unwrap_or(0),
+                    now,
+                ),
+                Ok(watcher::Event::Init | watcher::Event::Delete(_)) | Err(_) => continue,
+            };
+            if tx.send(seen).is_err() {
+                return;
+            }
+        }
+    });
+}
+
 /// Watches the Deployments of `namespace`, reporting appearances and availability.
-fn watch_deployments(cluster: &Cluster, namespace: &str) -> mpsc::UnboundedReceiver<Seen> {
-    let (tx, rx) = mpsc::unbounded_channel();
+fn watch_deployments(cluster: &Cluster, namespace: &str, tx: mpsc::UnboundedSender<Seen>) {
     let api: Api<Deployment> = Api::namespaced(cluster.kube.clone(), namespace);
     tokio::spawn(async move {
         let mut events = Box::pin(watcher(api, watcher::Config::default()).default_backoff());
@@ -114,7 +195,6 @@ fn watch_deployments(cluster: &Cluster, namespace: &str) -> mpsc::UnboundedRecei
             }
         }
     });
-    rx
 }
 
 fn is_available(d: &Deployment) -> bool {
@@ -132,16 +212,8 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
     cluster.namespace(namespace).await?;
     let name = "latency";
     let rollout = json!({ "strategy": "AllAtOnce" });
-    let mut seen = watch_deployments(cluster, namespace);
-    let mut tracker = Tracker::default();
-    // Measure only once the watch is established.
-    loop {
-        match seen.recv().await {
-            Some(Seen::Listed) => break,
-            Some(other) => tracker.note(other),
-            None => return Err(anyhow!("the Deployment watch ended before listing")),
-        }
-    }
+    // Measure only once the watches are established.
+    let (mut seen, mut tracker) = watch(cluster, namespace).await?;
     cluster
         .apply(&worker(
             namespace,
@@ -162,6 +234,11 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
         wait_quiet(cluster, QUIET, ROLLOUT_TIMEOUT).await?;
         let tag = format!("lat{i}");
         let prefix = format!("{name}-{tag}-");
+        // Reports that arrived while idle (status writes) carry no new generation.
+        while let Ok(next) = seen.try_recv() {
+            tracker.note(next);
+        }
+        let old_generation = tracker.generation(name);
         let applied = Instant::now();
         cluster
             .apply(&worker(
@@ -181,6 +258,19 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
                     .iter()
                     .find(|(n, _)| n.starts_with(&prefix))
                     .map(|(_, at)| *at)
+            },
+        )
+        .await?;
+        let changed = wait_for(
+            &mut seen,
+            &mut tracker,
+            &format!("TWD {name} generation > {old_generation}"),
+            |t| {
+                t.generations
+                    .iter()
+                    .filter(|((n, g), _)| n == name && *g > old_generation)
+                    .map(|(_, at)| *at)
+                    .min()
             },
         )
         .await?;
@@ -208,6 +298,7 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
         let measured = Rollout {
             build_id,
             reaction_ms: created.saturating_duration_since(applied).as_secs_f64() * 1e3,
+            watch_reaction_ms: created.saturating_duration_since(changed).as_secs_f64() * 1e3,
             promotion_ms: seconds_between(first_poller, current) * 1e3,
             available_to_current_ms: seconds_between(available, current) * 1e3,
             apply_to_ready_ms: ready.saturating_duration_since(applied).as_secs_f64() * 1e3,
@@ -216,6 +307,7 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
             rollout = i,
             build = %measured.build_id,
             reaction_ms = measured.reaction_ms,
+            watch_reaction_ms = measured.watch_reaction_ms,
             promotion_ms = measured.promotion_ms,
             available_to_current_ms = measured.available_to_current_ms,
             ready_ms = measured.apply_to_ready_ms,
@@ -226,6 +318,7 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
     let column = |f: fn(&Rollout) -> f64| Summary::of(&rollouts.iter().map(f).collect::<Vec<_>>());
     Ok(Latency {
         reaction_ms: column(|r| r.reaction_ms),
+        watch_reaction_ms: column(|r| r.watch_reaction_ms),
         promotion_ms: column(|r| r.promotion_ms),
         available_to_current_ms: column(|r| r.available_to_current_ms),
         apply_to_ready_ms: column(|r| r.apply_to_ready_ms),
@@ -234,7 +327,7 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
 }
 
 /// Takes watch reports until `probe` gives a value, at most [`ROLLOUT_TIMEOUT`].
-async fn wait_for<T>(
+pub async fn wait_for<T>(
     seen: &mut mpsc::UnboundedReceiver<Seen>,
     tracker: &mut Tracker,
     what: &str,
@@ -251,7 +344,7 @@ where
         let next = tokio::time::timeout_at(deadline, seen.recv())
             .await
             .map_err(|_| anyhow!("no {what} within {ROLLOUT_TIMEOUT:?}"))?
-            .ok_or_else(|| anyhow!("the Deployment watch ended"))?;
+            .ok_or_else(|| anyhow!("the watches ended"))?;
         tracker.note(next);
     }
 }

@@ -7,6 +7,8 @@
 //!   Deployment, seen by a watch) and promotion latency (first poller → Current, from
 //!   Temporal's timestamps);
 //! - `steps`: Progressive rollouts: how long each ramp step was held against its pause;
+//! - `change-burst`: a few TWDs (20) whose image is changed at once, in rounds: apply → the last
+//!   new Deployment created, the spread of their creation times, apply → every build Current;
 //! - `burst`: many TWDs applied at once: time to all Ready, peak read rate, rate-limit errors,
 //!   controller memory and CPU, workflow history sizes;
 //! - `idle`: the fleet grown to its idle size and left alone: reads, API requests, CPU, RSS;
@@ -18,8 +20,10 @@
 //!   → its Deployment's first new replica requested, and the controller's backlog reads per
 //!   version per minute when idle and when busy.
 //!
-//! Settings (environment): `BENCH_SCENARIOS` (comma-separated, default all), `BENCH_ROLLOUTS`
-//! (30), `BENCH_STEP_ROLLOUTS` (3), `BENCH_BURST_TWDS` (100), `BENCH_IDLE_TWDS` (200),
+//! Settings (environment): `BENCH_QUICK` (`1`: a few-minutes suite, see [`Options`]),
+//! `BENCH_SCENARIOS` (comma-separated, default all), `BENCH_ROLLOUTS` (30),
+//! `BENCH_STEP_ROLLOUTS` (3), `BENCH_CHANGE_TWDS` (20), `BENCH_CHANGE_ROUNDS` (3),
+//! `BENCH_BURST_TWDS` (100), `BENCH_IDLE_TWDS` (200),
 //! `BENCH_IDLE_SECONDS` (300), `BENCH_DRAIN_WORKFLOWS` (200), `BENCH_ANALYSIS_INTERVAL` (the
 //! check's interval in whole seconds, `5` or `5s`; 5), `BENCH_ANALYSIS_RATE` (HelloWorld
 //! workflows started per second during the analysis; 10), `BENCH_AUTOSCALE_ROUNDS` (scale-ups
@@ -50,9 +54,10 @@ use crate::cluster::Cluster;
 use crate::report::{Results, RunContext};
 
 /// Every scenario, in the order they run.
-const SCENARIOS: [&str; 7] = [
+const SCENARIOS: [&str; 8] = [
     "latency",
     "steps",
+    "change-burst",
     "burst",
     "idle",
     "drain",
@@ -60,11 +65,19 @@ const SCENARIOS: [&str; 7] = [
     "autoscaling",
 ];
 
-/// What to run, from the environment.
+/// The scenarios of `BENCH_QUICK=1`: the long ones (burst of 100, drain, analysis,
+/// autoscaling) are left out.
+const QUICK_SCENARIOS: [&str; 4] = ["latency", "steps", "change-burst", "idle"];
+
+/// What to run, from the environment. `BENCH_QUICK=1` changes the defaults to a run of a few
+/// minutes ([`QUICK_SCENARIOS`], 5 latency rollouts, 1 Progressive rollout, 2 rounds of the
+/// change burst of 20, an idle fleet of 40 TWDs for 120 s); variables set explicitly still win.
 struct Options {
     scenarios: Vec<String>,
     rollouts: usize,
     step_rollouts: usize,
+    change_twds: usize,
+    change_rounds: usize,
     burst_twds: usize,
     idle_twds: usize,
     idle_window: Duration,
@@ -88,8 +101,24 @@ impl Options {
                 Err(_) => Ok(default),
             }
         };
+        let quick = match std::env::var("BENCH_QUICK") {
+            Ok(v) => match v.trim() {
+                "" | "0" | "false" => false,
+                "1" | "true" => true,
+                other => anyhow::bail!("BENCH_QUICK={other:?}: expected 1 or 0"),
+            },
+            Err(_) => false,
+        };
+        // The default of a setting: the full suite's, or the quick one's.
+        let pick = |full: usize, short: usize| if quick { short } else { full };
         let scenarios = std::env::var("BENCH_SCENARIOS")
-            .unwrap_or_else(|_| SCENARIOS.join(","))
+            .unwrap_or_else(|_| {
+                if quick {
+                    QUICK_SCENARIOS.join(",")
+                } else {
+                    SCENARIOS.join(",")
+                }
+            })
             .split(',')
             .map(|s| s.trim().to_owned())
             .filter(|s| !s.is_empty())
@@ -135,11 +164,13 @@ impl Options {
         );
         Ok(Self {
             scenarios,
-            rollouts: number("BENCH_ROLLOUTS", 30)?,
-            step_rollouts: number("BENCH_STEP_ROLLOUTS", 3)?,
+            rollouts: number("BENCH_ROLLOUTS", pick(30, 5))?,
+            step_rollouts: number("BENCH_STEP_ROLLOUTS", pick(3, 1))?,
+            change_twds: number("BENCH_CHANGE_TWDS", 20)?,
+            change_rounds: number("BENCH_CHANGE_ROUNDS", pick(3, 2))?,
             burst_twds: number("BENCH_BURST_TWDS", 100)?,
-            idle_twds: number("BENCH_IDLE_TWDS", 200)?,
-            idle_window: Duration::from_secs(number("BENCH_IDLE_SECONDS", 300)? as u64),
+            idle_twds: number("BENCH_IDLE_TWDS", pick(200, 40))?,
+            idle_window: Duration::from_secs(number("BENCH_IDLE_SECONDS", pick(300, 120))? as u64),
             drain_workflows: number("BENCH_DRAIN_WORKFLOWS", 200)?,
             analysis_interval,
             analysis_rate,
@@ -185,6 +216,7 @@ async fn run() -> anyhow::Result<()> {
         context: context(&options),
         latency: None,
         steps: None,
+        change_burst: None,
         burst: None,
         idle: None,
         drain: None,
@@ -210,11 +242,24 @@ async fn run() -> anyhow::Result<()> {
         save(&mut results, &options)?;
     }
     let mut fleet = 0;
+    if options.runs("change-burst") {
+        tracing::info!(
+            twds = options.change_twds,
+            rounds = options.change_rounds,
+            "change-burst: TWDs whose image changes at once"
+        );
+        let ns = format!("bench-change-{run}");
+        results.change_burst = Some(
+            fleet::change_burst(&cluster, &ns, options.change_twds, options.change_rounds).await?,
+        );
+        fleet += options.change_twds;
+        save(&mut results, &options)?;
+    }
     if options.runs("burst") {
         tracing::info!(twds = options.burst_twds, "burst: TWDs applied at once");
         let ns = format!("bench-burst-{run}");
         results.burst = Some(fleet::burst(&cluster, &ns, options.burst_twds).await?);
-        fleet = options.burst_twds;
+        fleet += options.burst_twds;
         save(&mut results, &options)?;
     }
     if options.runs("idle") {
