@@ -20,7 +20,7 @@ use crate::{
     metrics::Metrics,
     temporal::{
         budget::{DEFAULT_READ_BURST, DEFAULT_READ_RATE, TokenBucket},
-        error::TemporalError,
+        error::{StatusClass, TemporalError},
     },
 };
 
@@ -364,16 +364,6 @@ impl TemporalClient {
     }
 }
 
-/// Whether a connection failure's text leaves the cause open (no certificate alert in it yet).
-fn error_is_transient(message: &str) -> bool {
-    TemporalError::Connect {
-        host_port: String::new(),
-        message: message.to_owned(),
-        code: None,
-    }
-    .is_transient()
-}
-
 /// How a failed connection attempt is shown: the server's refusal of the credentials blames
 /// them, anything else the client creation.
 fn creation_failed(config: &ConnectionConfig, err: &TemporalError) -> Blocked {
@@ -516,32 +506,17 @@ async fn connect(
     let connection = match connected {
         Ok(Ok(connection)) => connection,
         Ok(Err(err)) => {
-            let error = TemporalError::connect(&config.host_port, &err);
-            return Err(match error {
-                TemporalError::Connect {
-                    host_port,
-                    message,
-                    code: None,
-                } if error_is_transient(&message) => {
-                    // A closed connection right after the handshake may be the server refusing
-                    // the client certificate: ask it.
-                    match super::tls_probe::refused_certificate(config).await {
-                        Some(alert) => TemporalError::Connect {
-                            host_port,
-                            message: format!(
-                                "{message}; the server refused the client certificate: {alert}"
-                            ),
-                            code: None,
-                        },
-                        None => TemporalError::Connect {
-                            host_port,
-                            message,
-                            code: None,
-                        },
-                    }
-                }
-                other => other,
-            });
+            let mut error = TemporalError::connect(&config.host_port, &err);
+            // A closed connection right after the handshake (with or without a gRPC status of
+            // the first call) may be the server refusing the client certificate: ask it.
+            if error.class() == StatusClass::Transient
+                && let Some(alert) = super::tls_probe::refused_certificate(config).await
+                && let TemporalError::Connect { message, .. } = &mut error
+            {
+                message.push_str("; the server refused the client certificate: ");
+                message.push_str(&alert);
+            }
+            return Err(error);
         }
         Err(_) => {
             return Err(TemporalError::Connect {
