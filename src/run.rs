@@ -28,6 +28,11 @@ pub struct RunArgs {
     /// Workflows kept in memory between their tasks; evicted ones are replayed from history.
     #[arg(long, env = "TWC_MAX_CACHED_WORKFLOWS", default_value_t = twc_worker::DEFAULT_MAX_CACHED_WORKFLOWS)]
     max_cached_workflows: usize,
+    /// Waiting activities (for pollers, for gate workflows) run at once, on the waits task queue
+    /// (`<task queue>-waits`) with slots of their own.
+    #[arg(long, env = "TWC_MAX_CONCURRENT_WAITS", default_value_t = twc_worker::DEFAULT_MAX_CONCURRENT_WAITS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_concurrent_waits: u32,
     /// History events after which an engine workflow continues as new (it also does when
     /// Temporal suggests it; applies to workflows started from then on). Lowered only to
     /// exercise continue-as-new in tests.
@@ -94,6 +99,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         None => None,
     };
     config.max_cached_workflows = args.max_cached_workflows;
+    config.max_concurrent_waits = args.max_concurrent_waits as usize;
     let watch_namespaces: Vec<String> = args
         .watch_namespaces
         .iter()

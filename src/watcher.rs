@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -51,6 +51,11 @@ pub struct WatcherConfig {
     /// Where spec signals are recorded as spans, if tracing is on.
     pub traces: Option<twc_worker::traces::Traces>,
 }
+
+/// Most TWD events handled as one batch (their signals sent concurrently).
+const MAX_BATCH: usize = 512;
+/// Most signals in flight at once.
+const MAX_SIGNALS_IN_FLIGHT: usize = 64;
 
 /// Last signal sent per TWD, to skip status-only updates.
 type Sent = HashMap<(String, String), (String, i64, bool)>;
@@ -104,21 +109,34 @@ pub async fn run(
     loop {
         tokio::select! {
             () = &mut shutdown => return,
-            Some(event) = twds.next() => match event {
-                Ok(Watched::Applied(watch, twd)) => {
-                    gauges.applied(&config.metrics, watch, &twd);
-                    if !handle_twd(&kube, &engine, &config, &mut state, &twd).await {
-                        failed.push(twd);
+            Some(event) = twds.next() => {
+                // Every event already waiting is taken with this one, so a burst of changes is
+                // signalled concurrently (in order per TWD, and before any later list marker).
+                let mut batch = Vec::new();
+                let mut next = Some(event);
+                while let Some(event) = next.take() {
+                    match event {
+                        Ok(Watched::Applied(watch, twd)) => {
+                            gauges.applied(&config.metrics, watch, &twd);
+                            batch.push(twd);
+                        }
+                        Ok(Watched::Deleted(watch, twd)) => {
+                            gauges.deleted(&config.metrics, watch, &twd);
+                        }
+                        Ok(Watched::Listing(watch)) => gauges.listing(watch),
+                        Ok(Watched::Listed(watch)) => {
+                            failed.extend(handle_twds(&kube, &engine, &config, &mut state, std::mem::take(&mut batch)).await);
+                            gauges.listed(&config.metrics, watch);
+                            sync.listed(Kind::Twd, watch);
+                        }
+                        Err(e) => tracing::warn!("watching TemporalWorkerDeployments: {e}"),
+                    }
+                    if batch.len() < MAX_BATCH {
+                        next = twds.next().now_or_never().flatten();
                     }
                 }
-                Ok(Watched::Deleted(watch, twd)) => gauges.deleted(&config.metrics, watch, &twd),
-                Ok(Watched::Listing(watch)) => gauges.listing(watch),
-                Ok(Watched::Listed(watch)) => {
-                    gauges.listed(&config.metrics, watch);
-                    sync.listed(Kind::Twd, watch);
-                }
-                Err(e) => tracing::warn!("watching TemporalWorkerDeployments: {e}"),
-            },
+                failed.extend(handle_twds(&kube, &engine, &config, &mut state, batch).await);
+            }
             Some(event) = connections.next() => match event {
                 Ok(Watched::Listed(watch)) => sync.listed(Kind::Connection, watch),
                 Ok(Watched::Listing(_) | Watched::Deleted(..)) => {}
@@ -151,11 +169,8 @@ pub async fn run(
                 Err(e) => tracing::warn!("watching ClusterConnections: {e}"),
             },
             _ = retry.tick() => {
-                for twd in std::mem::take(&mut failed) {
-                    if !handle_twd(&kube, &engine, &config, &mut state, &twd).await {
-                        failed.push(twd);
-                    }
-                }
+                let again = std::mem::take(&mut failed);
+                failed = handle_twds(&kube, &engine, &config, &mut state, again).await;
                 for control in std::mem::take(&mut state.unsent) {
                     if !send_control(&kube, &engine, &config, &control).await {
                         state.unsent.push(control);
@@ -329,25 +344,69 @@ fn cluster_connection_stream(
         .boxed()
 }
 
-/// Signals a TWD's workflow if its generation or deletion state is new (or `force`).
-/// Returns false when the signal could not be delivered (retried later).
-async fn signal_twd(
+/// What signalling one TWD came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Signalled {
+    /// Nothing new to signal (or not a namespaced object).
+    Unchanged,
+    /// Delivered: remember it under this key.
+    Sent((String, String), (String, i64, bool)),
+    /// Not delivered (retried later).
+    Failed,
+}
+
+/// Signals TWDs' workflows whose generation or deletion state is new (all of them with
+/// `force`), concurrently, and remembers what was delivered. Returns, in order, whether each
+/// was delivered or had nothing new.
+async fn signal_twds(
     engine: &Client,
     config: &WatcherConfig,
     sent: &mut Sent,
+    twds: &[&TemporalWorkerDeployment],
+    force: bool,
+) -> Vec<bool> {
+    let known: &Sent = sent;
+    // The futures are made in a loop, not in a closure given to `map`: a closure's borrow
+    // would make the watcher's future not `Send` for every lifetime (rustc #102211).
+    let mut signals = Vec::with_capacity(twds.len());
+    for twd in twds {
+        signals.push(signal_twd(engine, config, known, twd, force));
+    }
+    let outcomes: Vec<Signalled> = futures::stream::iter(signals)
+        .buffered(MAX_SIGNALS_IN_FLIGHT)
+        .collect()
+        .await;
+    outcomes
+        .into_iter()
+        .map(|outcome| match outcome {
+            Signalled::Unchanged => true,
+            Signalled::Sent(key, seen) => {
+                sent.insert(key, seen);
+                true
+            }
+            Signalled::Failed => false,
+        })
+        .collect()
+}
+
+/// Signals a TWD's workflow if its generation or deletion state is new (or `force`).
+async fn signal_twd(
+    engine: &Client,
+    config: &WatcherConfig,
+    sent: &Sent,
     twd: &TemporalWorkerDeployment,
     force: bool,
-) -> bool {
+) -> Signalled {
     let (Some(namespace), Some(name)) = (twd.metadata.namespace.clone(), twd.metadata.name.clone())
     else {
-        return true;
+        return Signalled::Unchanged;
     };
     let uid = twd.metadata.uid.clone().unwrap_or_default();
     let generation = twd.metadata.generation.unwrap_or_default();
     let deleting = twd.metadata.deletion_timestamp.is_some();
     let key = (namespace.clone(), name.clone());
     if !force && sent.get(&key) == Some(&(uid.clone(), generation, deleting)) {
-        return true;
+        return Signalled::Unchanged;
     }
     let twd_ref = TwdRef { namespace, name };
     let signal = SpecSignal {
@@ -396,12 +455,11 @@ async fn signal_twd(
     match result {
         Ok(_) => {
             tracing::info!(twd = %twd_ref.key(), generation, build_id = %signal.build_id, deleting, "signalled TWD workflow");
-            sent.insert(key, (uid, generation, deleting));
             config.metrics.watcher_signal("spec_changed", true);
             config
                 .metrics
                 .temporal_request("SignalWithStartWorkflowExecution", "success");
-            true
+            Signalled::Sent(key, (uid, generation, deleting))
         }
         Err(e) => {
             tracing::warn!(twd = %twd_ref.key(), "signalling TWD workflow failed (will retry): {e}");
@@ -409,7 +467,7 @@ async fn signal_twd(
             config
                 .metrics
                 .temporal_request("SignalWithStartWorkflowExecution", "error");
-            false
+            Signalled::Failed
         }
     }
 }
@@ -436,12 +494,15 @@ async fn nudge_users(
             return;
         }
     };
-    for twd in list.items.iter().filter(|t| {
-        let reference = &t.spec.worker_options.connection_ref;
-        reference.kind == ConnectionKind::TemporalConnection && reference.name == name
-    }) {
-        signal_twd(engine, config, sent, twd, true).await;
-    }
+    let users: Vec<&TemporalWorkerDeployment> = list
+        .items
+        .iter()
+        .filter(|t| {
+            let reference = &t.spec.worker_options.connection_ref;
+            reference.kind == ConnectionKind::TemporalConnection && reference.name == name
+        })
+        .collect();
+    signal_twds(engine, config, sent, &users, true).await;
 }
 
 /// A ClusterConnection changed (created, fixed, rotated, being deleted): nudge every TWD, of
@@ -463,41 +524,69 @@ async fn nudge_cluster_users(
             return;
         }
     };
-    for twd in list
+    let users: Vec<&TemporalWorkerDeployment> = list
         .items
         .iter()
         .filter(|t| t.spec.worker_options.connection_ref.kind == ConnectionKind::ClusterConnection)
-    {
-        signal_twd(engine, config, sent, twd, true).await;
-    }
+        .collect();
+    signal_twds(engine, config, sent, &users, true).await;
 }
 
-/// Signals the TWD's workflow, then acts on its rollout-action annotation. False when the TWD
-/// must be handled again later (a control taken from the annotation is retried on its own).
-async fn handle_twd(
+/// Signals the workflows of a batch of changed TWDs (concurrently; each TWD once, with its
+/// latest object), then acts on their rollout-action annotations. Returns the TWDs to handle
+/// again later (a control taken from an annotation is retried on its own).
+async fn handle_twds(
     kube: &kube::Client,
     engine: &Client,
     config: &WatcherConfig,
     state: &mut TwdSignals,
-    twd: &TemporalWorkerDeployment,
-) -> bool {
-    let fresh = is_fresh(&state.sent, twd);
-    if !signal_twd(engine, config, &mut state.sent, twd, false).await {
-        return false;
+    batch: Vec<TemporalWorkerDeployment>,
+) -> Vec<TemporalWorkerDeployment> {
+    let batch = latest_per_twd(batch);
+    if batch.is_empty() {
+        return batch;
     }
-    if fresh {
-        warn_unsupported_connection(kube, config, twd).await;
-    }
-    match take_rollout_action(kube, &mut state.actions, twd).await {
-        Taken::Nothing => true,
-        Taken::Retry => false,
-        Taken::Control(control) => {
-            if !send_control(kube, engine, config, &control).await {
-                state.unsent.push(control);
+    let fresh: Vec<bool> = batch.iter().map(|twd| is_fresh(&state.sent, twd)).collect();
+    let refs: Vec<&TemporalWorkerDeployment> = batch.iter().collect();
+    let delivered = signal_twds(engine, config, &mut state.sent, &refs, false).await;
+    let mut again = Vec::new();
+    for ((twd, fresh), delivered) in batch.into_iter().zip(fresh).zip(delivered) {
+        if !delivered {
+            again.push(twd);
+            continue;
+        }
+        if fresh {
+            warn_unsupported_connection(kube, config, &twd).await;
+        }
+        match take_rollout_action(kube, &mut state.actions, &twd).await {
+            Taken::Nothing => {}
+            Taken::Retry => again.push(twd),
+            Taken::Control(control) => {
+                if !send_control(kube, engine, config, &control).await {
+                    state.unsent.push(control);
+                }
             }
-            true
         }
     }
+    again
+}
+
+/// The latest object of each TWD in `batch` (by namespace and name), in order of each TWD's
+/// first appearance.
+fn latest_per_twd(batch: Vec<TemporalWorkerDeployment>) -> Vec<TemporalWorkerDeployment> {
+    let mut index: HashMap<(Option<String>, Option<String>), usize> = HashMap::new();
+    let mut latest: Vec<TemporalWorkerDeployment> = Vec::with_capacity(batch.len());
+    for twd in batch {
+        let key = (twd.metadata.namespace.clone(), twd.metadata.name.clone());
+        match index.get(&key) {
+            Some(&at) => latest[at] = twd,
+            None => {
+                index.insert(key, latest.len());
+                latest.push(twd);
+            }
+        }
+    }
+    latest
 }
 
 /// Whether the TWD's generation or deletion state has not been signalled yet.
@@ -740,6 +829,40 @@ mod tests {
             spec: twc_crds::worker_deployment::test_support::spec_with_image("w:v1"),
             status: None,
         }
+    }
+
+    #[test]
+    fn a_batch_keeps_the_latest_object_of_each_twd_in_first_seen_order() {
+        let with_generation = |namespace: &str, name: &str, generation: i64| {
+            let mut t = twd(namespace, name);
+            t.metadata.generation = Some(generation);
+            t
+        };
+        let batch = vec![
+            with_generation("a", "x", 1),
+            with_generation("a", "y", 1),
+            with_generation("b", "x", 4),
+            with_generation("a", "x", 2),
+            with_generation("a", "y", 3),
+        ];
+        let latest: Vec<(String, String, i64)> = latest_per_twd(batch)
+            .into_iter()
+            .map(|t| {
+                (
+                    t.metadata.namespace.unwrap_or_default(),
+                    t.metadata.name.unwrap_or_default(),
+                    t.metadata.generation.unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            latest,
+            vec![
+                ("a".into(), "x".into(), 2),
+                ("a".into(), "y".into(), 3),
+                ("b".into(), "x".into(), 4),
+            ]
+        );
     }
 
     /// The `twc_versions` sample lines, sorted (a family's series render in no set order).

@@ -20,8 +20,8 @@ use twc_workflows::contract::{
     AnalysisRequest, AnalysisResult, BacklogReport, BacklogRequest, BuildRequest, CleanupBlock,
     CleanupOutcome, CreateDeploymentOutcome, DeleteVersionOutcome, DeleteVersionRequest,
     DeploymentRequest, DrainOutcome, DrainRequest, EventRequest, GateOutcome, GateRequest,
-    Measurement, PinnedCount, PinnedRequest, PollerWaitOutcome, RoutingOutcome, RoutingRequest,
-    ScaleRequest, StatusRequest, WaitForPollersRequest,
+    Measurement, PinnedCount, PinnedRequest, PollerWaitOutcome, RoutingChange, RoutingOutcome,
+    RoutingRequest, ScaleRequest, StatusRequest, WaitForPollersRequest,
 };
 use twc_workflows::model::{
     BlockReason, Blocked, CheckProvider, CheckView, Observation, SpecView, TemporalState, TwdRef,
@@ -55,16 +55,17 @@ const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Shared state of the engine's activities: the Kubernetes client, the pool of clients for the
 /// workers' Temporal servers, the client of Prometheus servers, the controller identity and the
-/// metrics.
+/// metrics. Clones share all of it (the engine's two workers serve the same activities).
+#[derive(Clone)]
 pub struct EngineActivities {
     kube: kube::Client,
     pool: ClientPool,
-    prometheus: PrometheusClient,
+    prometheus: Arc<PrometheusClient>,
     identity: String,
     metrics: Arc<Metrics>,
     /// Last Ready state written per connection (by its name for messages), to avoid rewriting
     /// it on every observe.
-    connection_states: Mutex<HashMap<String, (bool, String)>>,
+    connection_states: Arc<Mutex<HashMap<String, (bool, String)>>>,
     /// Whether ClusterConnections may be used (not when restricted to namespaces).
     cluster_access: ClusterAccess,
 }
@@ -87,10 +88,10 @@ impl EngineActivities {
         Self {
             kube,
             pool,
-            prometheus: PrometheusClient::default(),
+            prometheus: Arc::new(PrometheusClient::default()),
             identity,
             metrics,
-            connection_states: Mutex::new(HashMap::new()),
+            connection_states: Arc::new(Mutex::new(HashMap::new())),
             cluster_access: ClusterAccess::Granted,
         }
     }
@@ -447,6 +448,7 @@ impl EngineActivities {
                 self.cluster_access,
                 &request.twd,
                 &request.build_id,
+                request.version_limit,
             )
             .await
             {
@@ -600,6 +602,13 @@ impl EngineActivities {
                 Some(Err(blocked)) => return Ok(RoutingOutcome::Blocked(blocked)),
                 Some(Ok(r)) => r,
             };
+            // Each attempt re-reads the TWD: a write for a build the TWD no longer targets (a
+            // rollout superseded while this activity was retried, e.g. through a restart of
+            // Temporal) is not made; the rollout observes again and sees it is superseded.
+            if routes_a_stale_build(&request.change, &resolved.spec) {
+                tracing::info!(twd = %request.twd.key(), change = ?request.change, target = %resolved.spec.target_build_id, "routing change for a build the TWD no longer targets; not written");
+                return Ok(RoutingOutcome::Conflict);
+            }
             let result = temporal::set_routing(
                 &resolved.temporal,
                 &resolved.spec.temporal_namespace,
@@ -1418,6 +1427,17 @@ fn now_millis() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// Whether `change` would route new work to a build the TWD no longer targets (or the TWD is
+/// being deleted). Clearing a ramp is never stale.
+fn routes_a_stale_build(change: &RoutingChange, spec: &SpecView) -> bool {
+    match change {
+        RoutingChange::SetCurrent { build_id } | RoutingChange::SetRamping { build_id, .. } => {
+            spec.deleting || spec.target_build_id != *build_id
+        }
+        RoutingChange::ClearRamp => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
@@ -1429,6 +1449,40 @@ mod tests {
             namespace: "demo".into(),
             name: "hello".into(),
         }
+    }
+
+    #[test]
+    fn routing_is_written_only_for_the_build_the_twd_targets() {
+        let mut resource = TemporalWorkerDeployment {
+            metadata: kube::api::ObjectMeta {
+                namespace: Some("demo".into()),
+                name: Some("hello".into()),
+                generation: Some(3),
+                ..Default::default()
+            },
+            spec: twc_crds::worker_deployment::test_support::spec_with_image("w:v3"),
+            status: None,
+        };
+        let spec = spec_view(&resource);
+        let target = spec.target_build_id.clone();
+        let current = |build_id: &str| RoutingChange::SetCurrent {
+            build_id: build_id.into(),
+        };
+        let ramp = |build_id: &str| RoutingChange::SetRamping {
+            build_id: build_id.into(),
+            percentage: 10,
+        };
+        assert!(!routes_a_stale_build(&current(&target), &spec));
+        assert!(!routes_a_stale_build(&ramp(&target), &spec));
+        // A rollout of v2 superseded by v3 while its write was retried.
+        assert!(routes_a_stale_build(&current("v2-5d8c"), &spec));
+        assert!(routes_a_stale_build(&ramp("v2-5d8c"), &spec));
+        assert!(!routes_a_stale_build(&RoutingChange::ClearRamp, &spec));
+        resource.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+        );
+        let deleting = spec_view(&resource);
+        assert!(routes_a_stale_build(&current(&target), &deleting));
     }
 
     #[tokio::test(start_paused = true)]

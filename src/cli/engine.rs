@@ -64,6 +64,7 @@ impl EngineArgs {
             tls,
             max_cached_workflows: twc_worker::DEFAULT_MAX_CACHED_WORKFLOWS,
             traces: None,
+            max_concurrent_waits: twc_worker::DEFAULT_MAX_CONCURRENT_WAITS as usize,
         }
     }
 

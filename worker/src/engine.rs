@@ -7,6 +7,7 @@ use std::time::Duration;
 use temporalio_client::{
     Client, ClientOptions, ClientTlsOptions, Connection, ConnectionOptions, TlsOptions, Url,
 };
+use temporalio_sdk::runtime::worker_tuner::{FixedSizeSlotSupplier, TunerHolder};
 use temporalio_sdk::{Runtime, Worker, WorkerOptions};
 use twc_activities::engine::EngineActivities;
 use twc_workflows::rollout_workflow::RolloutWorkflow;
@@ -35,12 +36,19 @@ pub struct EngineConfig {
     pub max_cached_workflows: usize,
     /// Where run and activity spans go ([`crate::traces`]); `None` records none.
     pub traces: Option<crate::traces::Traces>,
+    /// Waiting activities (`wait_for_pollers`, `run_gate`) run at once on the waits task queue
+    /// ([`twc_workflows::waits_task_queue`]), in slots of their own.
+    pub max_concurrent_waits: usize,
 }
 
 /// Default of [`EngineConfig::max_cached_workflows`]: the rollouts in flight and the TWD
 /// workflows that woke recently stay cached; an idle TWD workflow, which wakes every few
 /// minutes, is replayed from its (short) history instead.
 pub const DEFAULT_MAX_CACHED_WORKFLOWS: usize = 100;
+
+/// Default of [`EngineConfig::max_concurrent_waits`]: a wait costs a watch and a timer, not a
+/// thread, so a burst of a thousand rollouts waits at once.
+pub const DEFAULT_MAX_CONCURRENT_WAITS: u32 = 1000;
 
 /// TLS settings of the engine connection.
 #[derive(Debug, Clone, Default)]
@@ -167,6 +175,7 @@ pub async fn run_engine_worker_reporting(
 ) -> Result<(), WorkerError> {
     let runtime = Runtime::from_current_tokio(Default::default())
         .map_err(|e| WorkerError::Worker(e.to_string()))?;
+    let worker_error = |e: &dyn std::fmt::Display| WorkerError::Worker(e.to_string());
     let options = WorkerOptions::new(config.task_queue.clone())
         .graceful_shutdown_period(Duration::from_secs(5))
         .max_cached_workflows(config.max_cached_workflows)
@@ -174,33 +183,60 @@ pub async fn run_engine_worker_reporting(
         // controller's activity is retried within seconds); the SDK would otherwise send only
         // every 4 s (0.8 x the timeout), leaving about 1 s of margin.
         .max_heartbeat_throttle_interval(Duration::from_secs(2))
-        .register_activities(activities)
+        .register_activities(activities.clone())
         .register_workflow::<TwdWorkflow>()
-        .map_err(|e| WorkerError::Worker(e.to_string()))?
+        .map_err(|e| worker_error(&e))?
         .register_workflow::<RolloutWorkflow>()
-        .map_err(|e| WorkerError::Worker(e.to_string()))?;
-    let options = match &config.traces {
-        Some(traces) => options
-            .activity_inbound_interceptor(ActivitySpans::new(traces.clone()))
-            .workflow_interceptor(run_spans(traces.clone()))
-            .build(),
-        None => options.build(),
+        .map_err(|e| worker_error(&e))?;
+    // The waits queue's worker: activities only, with slots of their own, so waiting rollouts
+    // never hold the slots of the engine queue's quick activities.
+    let waits_tuner = TunerHolder::builder()
+        .workflow_task_slot_supplier(FixedSizeSlotSupplier::new(1))
+        .activity_task_slot_supplier(FixedSizeSlotSupplier::new(
+            config.max_concurrent_waits.max(1),
+        ))
+        .local_activity_task_slot_supplier(FixedSizeSlotSupplier::new(1))
+        .nexus_task_slot_supplier(FixedSizeSlotSupplier::new(1))
+        .build();
+    let waits_options = WorkerOptions::new(twc_workflows::waits_task_queue(&config.task_queue))
+        .graceful_shutdown_period(Duration::from_secs(5))
+        .max_heartbeat_throttle_interval(Duration::from_secs(2))
+        .tuner(waits_tuner)
+        .register_activities(activities);
+    let (options, waits_options) = match &config.traces {
+        Some(traces) => (
+            options
+                .activity_inbound_interceptor(ActivitySpans::new(traces.clone()))
+                .workflow_interceptor(run_spans(traces.clone()))
+                .build(),
+            waits_options
+                .activity_inbound_interceptor(ActivitySpans::new(traces.clone()))
+                .build(),
+        ),
+        None => (options.build(), waits_options.build()),
     };
     let mut worker =
-        Worker::new(&runtime, client, options).map_err(|e| WorkerError::Worker(e.to_string()))?;
+        Worker::new(&runtime, client.clone(), options).map_err(|e| worker_error(&e))?;
+    let mut waits_worker =
+        Worker::new(&runtime, client, waits_options).map_err(|e| worker_error(&e))?;
     let shutdown_handle = worker.shutdown_handle();
+    let waits_shutdown_handle = waits_worker.shutdown_handle();
     running();
     let run = async {
-        let running = worker.run();
+        let running = async {
+            let (engine, waits) = tokio::join!(worker.run(), waits_worker.run());
+            engine.and(waits)
+        };
         tokio::pin!(running);
         let result = tokio::select! {
             result = &mut running => result,
             () = shutdown => {
                 shutdown_handle();
+                waits_shutdown_handle();
                 running.await
             }
         };
-        result.map_err(|e| WorkerError::Worker(e.to_string()))
+        result.map_err(|e| worker_error(&e))
     };
     tokio::task::LocalSet::new().run_until(run).await
 }

@@ -5,6 +5,6 @@ pub mod engine;
 pub mod traces;
 
 pub use engine::{
-    DEFAULT_MAX_CACHED_WORKFLOWS, EngineConfig, EngineTls, WorkerError, connect_engine,
-    run_engine_worker, run_engine_worker_reporting,
+    DEFAULT_MAX_CACHED_WORKFLOWS, DEFAULT_MAX_CONCURRENT_WAITS, EngineConfig, EngineTls,
+    WorkerError, connect_engine, run_engine_worker, run_engine_worker_reporting,
 };

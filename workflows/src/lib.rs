@@ -12,6 +12,16 @@ pub mod twd_workflow;
 /// Task queue of the engine's own workflows and activities.
 pub const ENGINE_TASK_QUEUE: &str = "twc-engine";
 
+/// Suffix of the task queue of the engine's waiting activities (`wait_for_pollers`,
+/// `run_gate`): `<engine task queue>-waits`, served by a worker of its own with its own
+/// activity slots, so rollouts that wait never hold the slots the others need.
+pub const WAITS_QUEUE_SUFFIX: &str = "-waits";
+
+/// The task queue of the waiting activities of workflows on `task_queue`.
+pub fn waits_task_queue(task_queue: &str) -> String {
+    format!("{task_queue}{WAITS_QUEUE_SUFFIX}")
+}
+
 /// History events after which an engine workflow continues as new, whatever signals arrived
 /// (it also does when Temporal suggests it, at about 4,000 events by default). Far below
 /// Temporal's hard limit of 51,200 events, so a rollout can hold a step for weeks.

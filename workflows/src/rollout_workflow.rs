@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 use temporalio_common::data_converters::RawValue;
 use temporalio_common::search_attributes::SearchAttributeKey;
 use temporalio_macros::{workflow, workflow_methods};
-use temporalio_sdk::workflows::select;
+use temporalio_sdk::workflows::{join, select};
 use temporalio_sdk::{
-    CancellableFuture, SignalWorkflowOptions, SyncWorkflowContext, WorkflowContext,
+    ActivityOptions, CancellableFuture, SignalWorkflowOptions, SyncWorkflowContext, WorkflowContext,
     WorkflowContextView, WorkflowResult,
 };
 
@@ -92,6 +92,15 @@ const IDLE_RECHECK: Duration = Duration::from_secs(300);
 /// Progressive step and aborts the rollout when a check fails. Histories before it have no
 /// analysis in their spec and never reach these decisions; the marker records the change.
 const PATCH_ANALYSIS: &str = "canary-analysis";
+/// Patch: a fresh rollout creates its build's Deployment (and sends its first report) before
+/// its first observation: creation is idempotent by name and re-checks the target itself, so
+/// the Deployment no longer waits for a full read of Kubernetes and Temporal. Histories before
+/// it observed first.
+const PATCH_CREATE_FIRST: &str = "create-first";
+/// Patch: waiting activities (`wait_for_pollers`, `run_gate`) run on the waits task queue
+/// ([`crate::waits_task_queue`]), whose worker has slots of its own; histories before it
+/// scheduled them on the engine task queue, where a burst of waits held every activity slot.
+const PATCH_WAITS_QUEUE: &str = "waits-queue";
 /// Attempts to clear this build's ramp on abort before giving up (each re-reads routing).
 const ABORT_ROUTING_ATTEMPTS: u32 = 5;
 
@@ -223,6 +232,9 @@ impl RolloutWorkflow {
         let outcome_blocked =
             ctx.search_attributes().get(&SA_OUTCOME).as_deref() == Some("Blocked");
         ctx.state_mut(|s| s.outcome_blocked = outcome_blocked);
+        if ctx.state(|s| s.input.carried.is_none()) && ctx.patched(PATCH_CREATE_FIRST) {
+            create_first(ctx, &twd, &build_id).await;
+        }
         let mut turns = 0u32;
         loop {
             turns += 1;
@@ -303,6 +315,7 @@ impl RolloutWorkflow {
                     let request = BuildRequest {
                         twd: twd.clone(),
                         build_id: build_id.clone(),
+                        version_limit: None,
                     };
                     match run_activity(
                         ctx,
@@ -325,7 +338,8 @@ impl RolloutWorkflow {
                         }
                         Ok(
                             CreateDeploymentOutcome::Exists { .. }
-                            | CreateDeploymentOutcome::Superseded,
+                            | CreateDeploymentOutcome::Superseded
+                            | CreateDeploymentOutcome::Deferred { .. },
                         ) => {}
                         Ok(CreateDeploymentOutcome::Blocked(blocked)) => {
                             report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
@@ -368,7 +382,7 @@ impl RolloutWorkflow {
                         build_id: build_id.clone(),
                         max_wait_ms: i64::try_from(max_wait.as_millis()).unwrap_or(60_000),
                     };
-                    let options = waiting_options(max_wait);
+                    let options = waits_queue(ctx, waiting_options(max_wait));
                     let options = with_summary(options, "wait for pollers");
                     let waiting = ctx.execute_activity(WaitForPollers, request, options);
                     let waited = unless_signalled(ctx, waiting).await.map(|outcome| {
@@ -969,6 +983,17 @@ fn gate_types(observation: &Observation) -> Vec<String> {
     types
 }
 
+/// `options` on the waits task queue (since the `waits-queue` patch).
+fn waits_queue(
+    ctx: &WorkflowContext<RolloutWorkflow>,
+    mut options: ActivityOptions,
+) -> ActivityOptions {
+    if ctx.patched(PATCH_WAITS_QUEUE) {
+        options.task_queue = Some(crate::waits_task_queue(ctx.info().task_queue()));
+    }
+    options
+}
+
 /// Runs `run_gate` unless a signal interrupts it; a failure or a blocked gate is reported here.
 /// Returns the runs' outcome when the activity answered with one.
 async fn await_gate(
@@ -976,7 +1001,8 @@ async fn await_gate(
     request: GateRequest,
     summary: &str,
 ) -> Option<crate::contract::GateOutcome> {
-    let options = with_summary(waiting_options(MAX_ACTIVITY_WAIT), summary);
+    let options = waits_queue(ctx, waiting_options(MAX_ACTIVITY_WAIT));
+    let options = with_summary(options, summary);
     let running = ctx.execute_activity(RunGate, request, options);
     let outcome = unless_signalled(ctx, running)
         .await
@@ -1154,6 +1180,7 @@ async fn cancel_gates(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, 
         let request = BuildRequest {
             twd: twd.clone(),
             build_id: build_id.to_owned(),
+            version_limit: None,
         };
         let _ = run_activity(
             ctx,
@@ -1166,9 +1193,38 @@ async fn cancel_gates(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, 
     }
 }
 
+/// The first step of a fresh rollout (`create-first`): its build's Deployment is created
+/// together with its first report, in one workflow task, before anything is observed. Only a
+/// creation is acted on here; anything else (exists, superseded, blocked, deferred for the
+/// version limit, failed) is left to the first observation, which decides as before.
+async fn create_first(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, build_id: &str) {
+    let request = BuildRequest {
+        twd: twd.clone(),
+        build_id: build_id.to_owned(),
+        version_limit: Some(
+            u32::try_from(crate::plan::sunset::DEFAULT_MAX_VERSIONS_INELIGIBLE_FOR_DELETION)
+                .unwrap_or(u32::MAX),
+        ),
+    };
+    let options = with_summary(short_options(), "create Deployment");
+    let creating = ctx.execute_activity(CreateDeployment, request, options);
+    let reporting = report(ctx, RolloutProgress::WaitingForPollers, None, None);
+    let (created, ()) = join!(creating, reporting);
+    if let Ok(CreateDeploymentOutcome::Created { name }) = created {
+        event(
+            ctx,
+            twd,
+            EventKind::Normal,
+            "DeploymentCreated",
+            format!("Created Deployment {name} for build {build_id}"),
+        )
+        .await;
+    }
+}
+
 /// Sends a report to the TWD workflow when anything in it changed.
 async fn report(
-    ctx: &mut WorkflowContext<RolloutWorkflow>,
+    ctx: &WorkflowContext<RolloutWorkflow>,
     progress: RolloutProgress,
     blocked: Option<Blocked>,
     ramp: Option<(usize, Option<u8>, Option<UnixMillis>)>,

@@ -73,6 +73,10 @@ const PATCH_ADOPT_OBSERVED_SPEC: &str = "adopt-observed-spec";
 /// event), and releases the TWD without cleaning Temporal once the connection or its Secret
 /// is gone for good (histories before it retried every 5 s forever).
 const PATCH_DELETION_BACKOFF: &str = "deletion-backoff";
+/// Patch: a turn dispatches the rollout before re-asserting resources, and a new build no
+/// longer waits for the signal to a rollout that already ended (it is still sent, after the
+/// start, to one in flight).
+const PATCH_DISPATCH_FIRST: &str = "dispatch-first";
 /// Longest interval between re-assertions of a TWD's resources while nothing signals a change.
 const REASSERT_EVERY: Duration = Duration::from_secs(30);
 /// Longest pause between cleanup attempts of the deletion path.
@@ -290,10 +294,21 @@ impl TwdWorkflow {
             if spec.deleting {
                 return delete(ctx, &twd).await;
             }
+            // A rollout is dispatched before resources are re-asserted (the new build's
+            // Deployment need not wait for it), except on a run's first turn, which asserts the
+            // finalizers first. Histories before the `dispatch-first` patch re-asserted first.
+            let dispatch_first = reassert
+                && ctx.state(|s| s.reasserted_at.is_some())
+                && ctx.patched(PATCH_DISPATCH_FIRST);
+            if dispatch_first {
+                dispatch_rollout(ctx, &twd, &spec).await;
+            }
             if reassert {
                 reassert_resources(ctx, &twd).await;
             }
-            dispatch_rollout(ctx, &twd, &spec).await;
+            if !dispatch_first {
+                dispatch_rollout(ctx, &twd, &spec).await;
+            }
             forward_controls(ctx, &twd, &spec).await;
             next_wake =
                 match run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await {
@@ -597,6 +612,28 @@ async fn dispatch_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, 
         return;
     };
     if active.build_id != spec.build_id {
+        if ctx.patched(PATCH_DISPATCH_FIRST) {
+            // The new build first; the one it supersedes, if still running, learns of it
+            // next (it re-checks the target itself, so the order does not matter to it).
+            let ended = ctx.state(|s| {
+                s.last_report.as_ref().is_some_and(|r| {
+                    r.workflow_id == active.workflow_id
+                        && matches!(
+                            r.progress,
+                            RolloutProgress::Superseded
+                                | RolloutProgress::Complete
+                                | RolloutProgress::Aborted
+                        )
+                })
+            });
+            if !aborted {
+                start_rollout(ctx, twd, spec).await;
+            }
+            if !ended {
+                nudge(ctx, &active.workflow_id, "superseded by a newer build").await;
+            }
+            return;
+        }
         nudge(ctx, &active.workflow_id, "superseded by a newer build").await;
         if !aborted {
             start_rollout(ctx, twd, spec).await;

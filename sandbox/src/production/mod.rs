@@ -671,6 +671,7 @@ fn write_dynamic_config(path: &Path, fast_drainage: bool) -> Result<(), Producti
             "system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute",
             json!(2),
         ),
+        ("system.enableActivityEagerExecution", json!(true)),
     ];
     if fast_drainage {
         values.extend([

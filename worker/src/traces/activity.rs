@@ -170,6 +170,7 @@ fn result_word(output: &dyn ActivityExecutionValue) -> Option<&'static str> {
             CreateDeploymentOutcome::Exists { .. } => "exists",
             CreateDeploymentOutcome::Superseded => "superseded",
             CreateDeploymentOutcome::Blocked(_) => "blocked",
+            CreateDeploymentOutcome::Deferred { .. } => "deferred",
         });
     }
     if let Some(outcome) = output.downcast_ref::<RoutingOutcome>() {
