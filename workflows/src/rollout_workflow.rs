@@ -15,8 +15,8 @@ use temporalio_common::search_attributes::SearchAttributeKey;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::workflows::{join, select};
 use temporalio_sdk::{
-    ActivityOptions, CancellableFuture, SignalWorkflowOptions, SyncWorkflowContext, WorkflowContext,
-    WorkflowContextView, WorkflowResult,
+    ActivityOptions, CancellableFuture, SignalWorkflowOptions, SyncWorkflowContext,
+    WorkflowContext, WorkflowContextView, WorkflowResult,
 };
 
 use crate::contract::{
