@@ -364,7 +364,13 @@ impl EngineActivities {
         ctx: ActivityContext,
         twd: TwdRef,
     ) -> Result<Observation, ActivityError> {
-        with_heartbeats(&ctx, async {
+        with_heartbeats(&ctx, self.observe_now(&twd)).await
+    }
+
+    /// What `observe` returns, read now.
+    async fn observe_now(&self, twd: &TwdRef) -> Result<Observation, ActivityError> {
+        {
+            let twd = twd.clone();
             let observed_at = now_millis();
             let Some(resolved) = self.resolve(&twd).await? else {
                 return Ok(Observation {
@@ -416,8 +422,7 @@ impl EngineActivities {
                 temporal,
                 observed_at,
             })
-        })
-        .await
+        }
     }
 
     /// Adds the delete-protection finalizers.
@@ -565,12 +570,18 @@ impl EngineActivities {
                 if done || tokio::time::Instant::now() >= deadline || ctx.is_cancelled() {
                     self.metrics.waited_for_pollers(started.elapsed(), done);
                     let blocked = queues.err();
+                    let observation = if done && request.observe_when_ready {
+                        Some(Box::new(self.observe_now(&request.twd).await?))
+                    } else {
+                        None
+                    };
                     return Ok(PollerWaitOutcome {
                         registered,
                         available,
                         problem,
                         workflow_task_queues,
                         blocked,
+                        observation,
                     });
                 }
                 // Pods up: pollers register within moments, so look again soon. Until then a
@@ -1329,6 +1340,7 @@ fn not_ready(blocked: Option<Blocked>, problem: Option<String>) -> PollerWaitOut
         problem,
         workflow_task_queues: Vec::new(),
         blocked,
+        observation: None,
     }
 }
 

@@ -199,10 +199,15 @@ pub struct WaitForPollersRequest {
     pub build_id: String,
     /// Longest time to wait in this call (the workflow calls again while within its deadline).
     pub max_wait_ms: i64,
+    /// Once the build is registered and Available, observe (as `observe` does) and return the
+    /// observation, so the rollout decides from it without another activity. False in every
+    /// request from before it existed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub observe_when_ready: bool,
 }
 
 /// Result of `wait_for_pollers`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PollerWaitOutcome {
     /// Temporal lists the build as a version of the worker deployment.
     pub registered: bool,
@@ -214,6 +219,9 @@ pub struct PollerWaitOutcome {
     pub workflow_task_queues: Vec<String>,
     /// Connection-level failure that makes waiting pointless until fixed.
     pub blocked: Option<Blocked>,
+    /// The observation made once ready, when the request asked for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observation: Option<Box<crate::model::Observation>>,
 }
 
 /// A routing change.

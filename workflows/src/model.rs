@@ -446,4 +446,35 @@ pub struct RolloutReport {
     pub analysis: Vec<twc_crds::worker_deployment::AnalysisCheckStatus>,
     /// Monotonic counter, so a stale report (delivered late) never overwrites a newer one.
     pub sequence: u64,
+    /// Routing the rollout has just written to Temporal, in the report sent right after the
+    /// write: the TWD workflow shows it in the status at once, without reading Temporal again
+    /// (which refuses reads of a worker deployment for a moment after a change). Absent in
+    /// other reports and in those from before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<AppliedRouting>,
+}
+
+/// Routing as a rollout left it after a write it made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedRouting {
+    /// Current build ID (None = unversioned).
+    pub current_build_id: Option<String>,
+    /// Ramping build ID, if any.
+    pub ramping_build_id: Option<String>,
+    /// Ramp percentage of the ramping build.
+    pub ramp_percentage: Option<u8>,
+}
+
+impl AppliedRouting {
+    /// `observation` as it would read after this routing was written (unchanged when Temporal
+    /// could not be read: nothing to correct).
+    pub fn applied_to(&self, observation: &Observation) -> Observation {
+        let mut observation = observation.clone();
+        if let Ok(temporal) = observation.temporal.as_mut() {
+            temporal.current_build_id = self.current_build_id.clone();
+            temporal.ramping_build_id = self.ramping_build_id.clone();
+            temporal.ramp_percentage = self.ramp_percentage.map(f32::from);
+        }
+        observation
+    }
 }

@@ -27,8 +27,8 @@ use crate::contract::{
 };
 use crate::control::{self, ControlEffect, ControlState};
 use crate::model::{
-    BlockReason, Blocked, ControlAction, Observation, RolloutProgress, RolloutReport, TwdRef,
-    UnixMillis,
+    AppliedRouting, BlockReason, Blocked, ControlAction, Observation, RolloutProgress,
+    RolloutReport, TwdRef, UnixMillis,
 };
 use crate::plan::analysis::StepGate;
 use crate::plan::rollout::{
@@ -101,6 +101,15 @@ const PATCH_CREATE_FIRST: &str = "create-first";
 /// ([`crate::waits_task_queue`]), whose worker has slots of its own; histories before it
 /// scheduled them on the engine task queue, where a burst of waits held every activity slot.
 const PATCH_WAITS_QUEUE: &str = "waits-queue";
+/// Patch: a routing write the rollout made is reported to the TWD workflow as soon as it is
+/// applied, with the routing it left, so the status shows it without waiting for the next
+/// observation; a SetCurrent that leaves nothing ramping is reported `Complete` and ends the
+/// rollout. Histories before it observed again first.
+const PATCH_REPORT_ROUTING: &str = "report-routing";
+/// Patch: `wait_for_pollers` observes once the build is ready and the rollout decides from
+/// that observation (promotion without another activity and workflow task); histories before
+/// it observed again after the wait.
+const PATCH_OBSERVE_IN_WAIT: &str = "observe-in-wait";
 /// Attempts to clear this build's ramp on abort before giving up (each re-reads routing).
 const ABORT_ROUTING_ATTEMPTS: u32 = 5;
 
@@ -236,6 +245,7 @@ impl RolloutWorkflow {
             create_first(ctx, &twd, &build_id).await;
         }
         let mut turns = 0u32;
+        let mut prefetched: Option<Box<Observation>> = None;
         loop {
             turns += 1;
             let continue_now = if ctx.patched(PATCH_BOUNDED_HISTORY) {
@@ -262,12 +272,19 @@ impl RolloutWorkflow {
                 ctx.continue_as_new(input, Default::default())?;
             }
             let now = now_millis(ctx);
-            ctx.state_mut(|s| s.observed_wakeups = s.wakeups);
-            let observation = match observe(ctx, &twd).await {
-                Ok(o) => o,
-                Err(blocked) => {
-                    on_failure(ctx, blocked).await;
-                    continue;
+            // An observation the wait for pollers made once ready is decided on directly; the
+            // signals counted when that wait began still count as unseen if any came since.
+            let observation = match prefetched.take() {
+                Some(observation) => *observation,
+                None => {
+                    ctx.state_mut(|s| s.observed_wakeups = s.wakeups);
+                    match observe(ctx, &twd).await {
+                        Ok(o) => o,
+                        Err(blocked) => {
+                            on_failure(ctx, blocked).await;
+                            continue;
+                        }
+                    }
                 }
             };
             if observation.temporal.is_ok() {
@@ -381,6 +398,7 @@ impl RolloutWorkflow {
                         twd: twd.clone(),
                         build_id: build_id.clone(),
                         max_wait_ms: i64::try_from(max_wait.as_millis()).unwrap_or(60_000),
+                        observe_when_ready: ctx.patched(PATCH_OBSERVE_IN_WAIT),
                     };
                     let options = waits_queue(ctx, waiting_options(max_wait));
                     let options = with_summary(options, "wait for pollers");
@@ -397,6 +415,10 @@ impl RolloutWorkflow {
                             wait_for_change(ctx, BLOCKED_RECHECK).await;
                         }
                         Some(Err(blocked)) => on_failure(ctx, blocked).await,
+                        Some(Ok(PollerWaitOutcome {
+                            observation: Some(observation),
+                            ..
+                        })) => prefetched = Some(observation),
                         Some(Ok(_)) | None => {}
                     }
                 }
@@ -455,26 +477,33 @@ impl RolloutWorkflow {
                         RoutingChange::SetCurrent {
                             build_id: build_id.clone(),
                         },
+                        Some((RolloutProgress::Complete, None)),
                     )
                     .await;
+                    // Reported Complete with the routing just written (`report-routing`): done,
+                    // without reading Temporal again while it applies the change.
+                    let reported_complete = ctx.state(|s| {
+                        s.last_report.as_ref().is_some_and(|r| {
+                            r.progress == RolloutProgress::Complete && r.routing.is_some()
+                        })
+                    });
+                    if reported_complete {
+                        return complete(ctx, &twd, &build_id).await;
+                    }
                 }
                 RolloutDecision::SetRamping { percentage, step } => {
                     let change = RoutingChange::SetRamping {
                         build_id: build_id.clone(),
                         percentage,
                     };
-                    if route(ctx, &twd, &observation, change).await {
-                        report(
-                            ctx,
-                            RolloutProgress::Ramping,
-                            None,
-                            Some((step, Some(percentage), None)),
-                        )
-                        .await;
+                    let ramp = Some((step, Some(percentage), None));
+                    let applied = Some((RolloutProgress::Ramping, ramp));
+                    if route(ctx, &twd, &observation, change, applied).await {
+                        report(ctx, RolloutProgress::Ramping, None, ramp).await;
                     }
                 }
                 RolloutDecision::ClearRamp => {
-                    route(ctx, &twd, &observation, RoutingChange::ClearRamp).await;
+                    route(ctx, &twd, &observation, RoutingChange::ClearRamp, None).await;
                 }
                 RolloutDecision::HoldStep { step, until } => {
                     let percentage = ramp_of(&observation, &build_id);
@@ -525,16 +554,7 @@ impl RolloutWorkflow {
                 }
                 RolloutDecision::Complete => {
                     report(ctx, RolloutProgress::Complete, None, None).await;
-                    event(
-                        ctx,
-                        &twd,
-                        EventKind::Normal,
-                        "RolloutComplete",
-                        format!("Build {build_id} is Current"),
-                    )
-                    .await;
-                    set_outcome(ctx, "Complete");
-                    return Ok(RolloutOutcome::Complete);
+                    return complete(ctx, &twd, &build_id).await;
                 }
             }
         }
@@ -1031,6 +1051,7 @@ async fn route(
     twd: &TwdRef,
     observation: &Observation,
     change: RoutingChange,
+    applied: Option<AppliedReport>,
 ) -> bool {
     let summary = match &change {
         RoutingChange::SetCurrent { build_id } => format!("set current {build_id}"),
@@ -1053,6 +1074,17 @@ async fn route(
     };
     match run_activity(ctx, SetRouting, request, &summary, short_options()).await {
         Ok(RoutingOutcome::Applied) => {
+            let routing = routing_after(observation, &change);
+            // Complete only when nothing else is left ramping (a ramp of another build is
+            // cleared by the next turn first).
+            let applied = applied.filter(|(progress, _)| {
+                *progress != RolloutProgress::Complete || routing.ramping_build_id.is_none()
+            });
+            if let Some((progress, ramp)) = applied
+                && ctx.patched(PATCH_REPORT_ROUTING)
+            {
+                send_report(ctx, progress, None, ramp, Some(routing)).await;
+            }
             let (reason, message) = match &change {
                 RoutingChange::SetCurrent { build_id }
                     if ctx.state(|s| s.memory.promote_requested) =>
@@ -1102,6 +1134,65 @@ async fn route(
     }
 }
 
+/// The end of a rollout whose build is Current (reported as such): the event and the outcome.
+async fn complete(
+    ctx: &mut WorkflowContext<RolloutWorkflow>,
+    twd: &TwdRef,
+    build_id: &str,
+) -> WorkflowResult<RolloutOutcome> {
+    event(
+        ctx,
+        twd,
+        EventKind::Normal,
+        "RolloutComplete",
+        format!("Build {build_id} is Current"),
+    )
+    .await;
+    set_outcome(ctx, "Complete");
+    Ok(RolloutOutcome::Complete)
+}
+
+/// What a rollout reports once a routing write it made is applied (`report-routing`): its
+/// progress and step.
+type AppliedReport = (
+    RolloutProgress,
+    Option<(usize, Option<u8>, Option<UnixMillis>)>,
+);
+
+/// Routing as `change` leaves the routing of `observation` (Temporal clears a ramp when the
+/// ramping build becomes Current; another ramping build keeps its ramp).
+fn routing_after(observation: &Observation, change: &RoutingChange) -> AppliedRouting {
+    let temporal = observation.temporal.as_ref().ok();
+    let current = temporal.and_then(|t| t.current_build_id.clone());
+    let ramping = temporal.and_then(|t| t.ramping_build_id.clone());
+    let percentage = temporal
+        .and_then(|t| t.ramp_percentage)
+        .map(|p| p.round().clamp(0.0, 100.0) as u8);
+    match change {
+        RoutingChange::SetCurrent { build_id } => {
+            let ramp_stays = ramping.as_ref().is_some_and(|r| r != build_id);
+            AppliedRouting {
+                current_build_id: Some(build_id.clone()),
+                ramping_build_id: ramping.filter(|_| ramp_stays),
+                ramp_percentage: percentage.filter(|_| ramp_stays),
+            }
+        }
+        RoutingChange::SetRamping {
+            build_id,
+            percentage,
+        } => AppliedRouting {
+            current_build_id: current,
+            ramping_build_id: Some(build_id.clone()),
+            ramp_percentage: Some(*percentage),
+        },
+        RoutingChange::ClearRamp => AppliedRouting {
+            current_build_id: current,
+            ramping_build_id: None,
+            ramp_percentage: None,
+        },
+    }
+}
+
 /// Abort: routing back to the previous Current (this build's ramp is cleared, re-reading and
 /// retrying on a conflict), gates cancelled, report, end. The TWD workflow then retires the
 /// build like any other non-current version (drain, scale down, delete), so pinned workflows
@@ -1120,7 +1211,7 @@ async fn abort(
             .temporal
             .as_ref()
             .is_ok_and(|t| t.ramping_build_id.as_deref() == Some(build_id));
-        if !ramping || route(ctx, twd, &observation, RoutingChange::ClearRamp).await {
+        if !ramping || route(ctx, twd, &observation, RoutingChange::ClearRamp, None).await {
             break;
         }
         match observe(ctx, twd).await {
@@ -1229,6 +1320,18 @@ async fn report(
     blocked: Option<Blocked>,
     ramp: Option<(usize, Option<u8>, Option<UnixMillis>)>,
 ) {
+    send_report(ctx, progress, blocked, ramp, None).await;
+}
+
+/// [`report`], with the routing just written when there is one. A report that differs from
+/// the last one only in its routing is not sent again.
+async fn send_report(
+    ctx: &WorkflowContext<RolloutWorkflow>,
+    progress: RolloutProgress,
+    blocked: Option<Blocked>,
+    ramp: Option<(usize, Option<u8>, Option<UnixMillis>)>,
+    routing: Option<AppliedRouting>,
+) {
     let info = ctx.info();
     let (workflow_id, run_id) = (info.workflow_id().to_owned(), info.run_id().to_owned());
     let message = report_message(ctx, progress, blocked.as_ref(), ramp);
@@ -1246,11 +1349,13 @@ async fn report(
         gate_runs: s.gate_runs.clone(),
         analysis: s.memory.analysis.status(),
         sequence: s.sequence + 1,
+        routing,
     });
     let unchanged = ctx.state(|s| {
         s.last_report.as_ref().is_some_and(|last| {
             RolloutReport {
                 sequence: candidate.sequence,
+                routing: candidate.routing.clone(),
                 ..last.clone()
             } == candidate
         })
@@ -1404,4 +1509,89 @@ fn ramp_of(observation: &Observation, build_id: &str) -> Option<u8> {
     temporal
         .ramp_percentage
         .map(|p| p.round().clamp(0.0, 100.0) as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use twc_crds::worker_deployment::RolloutStrategy;
+
+    use super::*;
+    use crate::model::TemporalState;
+    use crate::plan::fixtures::{
+        NEW, OLD, deployment, observation, spec, temporal_with_old_current,
+    };
+
+    #[test]
+    fn routing_after_a_write_is_what_temporal_then_routes() {
+        let current = |build: &str| RoutingChange::SetCurrent {
+            build_id: build.into(),
+        };
+        let ramp = |build: &str, percentage: u8| RoutingChange::SetRamping {
+            build_id: build.into(),
+            percentage,
+        };
+        let routing =
+            |current: Option<&str>, ramping: Option<&str>, percentage: Option<u8>| AppliedRouting {
+                current_build_id: current.map(str::to_owned),
+                ramping_build_id: ramping.map(str::to_owned),
+                ramp_percentage: percentage,
+            };
+        let mut ramping_new = temporal_with_old_current();
+        ramping_new.ramping_build_id = Some(NEW.into());
+        ramping_new.ramp_percentage = Some(25.0);
+        let mut ramping_other = ramping_new.clone();
+        ramping_other.ramping_build_id = Some("v9-other".into());
+        let cases: Vec<(&str, TemporalState, RoutingChange, AppliedRouting)> = vec![
+            (
+                "ramp from nothing",
+                temporal_with_old_current(),
+                ramp(NEW, 10),
+                routing(Some(OLD), Some(NEW), Some(10)),
+            ),
+            (
+                "next step",
+                ramping_new.clone(),
+                ramp(NEW, 50),
+                routing(Some(OLD), Some(NEW), Some(50)),
+            ),
+            (
+                "promotion clears the build's own ramp",
+                ramping_new.clone(),
+                current(NEW),
+                routing(Some(NEW), None, None),
+            ),
+            (
+                "another build's ramp stays",
+                ramping_other,
+                current(NEW),
+                routing(Some(NEW), Some("v9-other"), Some(25)),
+            ),
+            (
+                "clear ramp",
+                ramping_new,
+                RoutingChange::ClearRamp,
+                routing(Some(OLD), None, None),
+            ),
+        ];
+        for (name, temporal, change, expected) in cases {
+            let observed = observation(
+                spec(RolloutStrategy::Progressive),
+                vec![deployment(OLD), deployment(NEW)],
+                temporal,
+            );
+            let after = routing_after(&observed, &change);
+            assert_eq!(after, expected, "{name}");
+            // The observation the TWD workflow shows then reads the same routing.
+            let shown = after.applied_to(&observed);
+            let t = shown.temporal.as_ref().expect("readable");
+            assert_eq!(t.current_build_id, expected.current_build_id, "{name}");
+            assert_eq!(t.ramping_build_id, expected.ramping_build_id, "{name}");
+            assert_eq!(
+                t.ramp_percentage,
+                expected.ramp_percentage.map(f32::from),
+                "{name}"
+            );
+            assert_eq!(shown.deployments, observed.deployments, "{name}");
+        }
+    }
 }

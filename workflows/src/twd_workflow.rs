@@ -77,6 +77,9 @@ const PATCH_DELETION_BACKOFF: &str = "deletion-backoff";
 /// longer waits for the signal to a rollout that already ended (it is still sent, after the
 /// start, to one in flight).
 const PATCH_DISPATCH_FIRST: &str = "dispatch-first";
+/// Patch: routing a rollout reports having written is shown in the status at the start of the
+/// next turn, before anything is read.
+const PATCH_STATUS_FROM_REPORT: &str = "status-from-report";
 /// Longest interval between re-assertions of a TWD's resources while nothing signals a change.
 const REASSERT_EVERY: Duration = Duration::from_secs(30);
 /// Longest pause between cleanup attempts of the deletion path.
@@ -207,6 +210,10 @@ pub struct TwdWorkflow {
     spec_signalled: bool,
     /// Autoscaler recommendations and pacing.
     autoscale: AutoscaleMemory,
+    /// This run's latest observation (the base of a status that shows reported routing).
+    last_observation: Option<Observation>,
+    /// Sequence of the last report whose routing the status shows.
+    routing_shown: u64,
 }
 
 #[workflow_methods]
@@ -241,6 +248,8 @@ impl TwdWorkflow {
             reasserted_at: None,
             spec_signalled: false,
             autoscale: carried.autoscale,
+            last_observation: None,
+            routing_shown: 0,
         }
     }
 
@@ -294,6 +303,7 @@ impl TwdWorkflow {
             if spec.deleting {
                 return delete(ctx, &twd).await;
             }
+            show_reported_routing(ctx, &twd, spec.generation).await;
             // A rollout is dispatched before resources are re-asserted (the new build's
             // Deployment need not wait for it), except on a run's first turn, which asserts the
             // finalizers first. Histories before the `dispatch-first` patch re-asserted first.
@@ -313,6 +323,7 @@ impl TwdWorkflow {
             next_wake =
                 match run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await {
                     Ok(observation) => {
+                        ctx.state_mut(|s| s.last_observation = Some(observation.clone()));
                         if adopt_observed_spec(ctx, &observation) {
                             // A change the watcher did not signal: act on it now.
                             Duration::ZERO
@@ -550,6 +561,36 @@ async fn reassert_resources(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef
     for change in outcome.changes {
         event(ctx, twd, EventKind::Normal, &change.reason, change.message).await;
     }
+}
+
+/// Writes the status at once when the rollout in flight reported routing it has just written
+/// (`status-from-report`): this run's latest observation with that routing, so a routing
+/// change shows without reading Temporal again (the turn's own observation, which follows,
+/// corrects anything else). Histories before the patch showed it after that observation.
+async fn show_reported_routing(
+    ctx: &mut WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+    generation: i64,
+) {
+    let pending = ctx.state(|s| {
+        let report = s.last_report.as_ref()?;
+        let routing = report.routing.as_ref()?;
+        let from_active = s
+            .active
+            .as_ref()
+            .is_some_and(|a| a.workflow_id == report.workflow_id);
+        let observation = s.last_observation.as_ref()?;
+        (from_active && report.sequence > s.routing_shown)
+            .then(|| (report.sequence, routing.applied_to(observation)))
+    });
+    let Some((sequence, observation)) = pending else {
+        return;
+    };
+    if !ctx.patched(PATCH_STATUS_FROM_REPORT) {
+        return;
+    }
+    ctx.state_mut(|s| s.routing_shown = sequence);
+    write_status(ctx, twd, &observation, generation).await;
 }
 
 /// Takes the observed spec when it is newer than the last spec signal (the watcher missed or

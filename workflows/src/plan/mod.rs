@@ -11,4 +11,4 @@ pub mod status;
 pub mod sunset;
 
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;

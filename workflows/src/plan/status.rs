@@ -483,6 +483,7 @@ mod tests {
                 },
             ],
             sequence: 4,
+            routing: None,
         }
     }
 
