@@ -28,7 +28,11 @@ use temporalio_common::protos::temporal::api::history::v1::History;
 
 /// Oneofs of serde-derived messages: (message, oneof field, suffix of the JSON keys of its
 /// members). Members are written as sibling keys of the other fields in protobuf JSON.
-const ONEOFS: &[(&str, &str, &str)] = &[("HistoryEvent", "attributes", "Attributes")];
+const ONEOFS: &[(&str, &str, &str)] = &[
+    ("HistoryEvent", "attributes", "Attributes"),
+    // An update's outcome: `success` or `failure` (its only fields).
+    ("Outcome", "value", ""),
+];
 
 /// Why a history could not be decoded.
 #[derive(Debug)]
