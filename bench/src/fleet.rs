@@ -13,6 +13,7 @@ use serde_json::json;
 
 use crate::cluster::{Cluster, seconds_between, system_time, worker};
 use crate::latency;
+use crate::ledger::IdleTurns;
 use crate::procstat;
 use crate::prom;
 use crate::sampler::{Counters, Sampler, Tick, peak_rate, peak_rate_over, wait_quiet};
@@ -249,6 +250,30 @@ pub struct Idle {
     pub controller_cpu_pct: Option<Summary>,
     /// Controller resident set over the window, MiB.
     pub controller_rss_mib: Option<Summary>,
+    /// Kubernetes API requests of the controller per TWD per minute, over the whole window.
+    pub kube_requests_per_twd_per_min: f64,
+    /// What the TWD workflows recorded during the window (every TWD of the sandbox).
+    pub twd_workflows: IdleHistories,
+}
+
+/// What the TWD workflows' histories recorded during the idle window.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct IdleHistories {
+    /// TWD workflows whose histories were read (every TWD in the sandbox, other scenarios'
+    /// included).
+    pub twds: usize,
+    /// TWD workflows whose histories could not be read.
+    pub unread: usize,
+    /// Events stamped inside the window, all of them.
+    pub events: usize,
+    /// `TimerFired` events inside the window (each starts an idle turn).
+    pub timers_fired: usize,
+    /// `WorkflowTaskCompleted` events inside the window.
+    pub workflow_tasks: usize,
+    /// Events per timer firing (per idle turn); `None` without a firing.
+    pub events_per_turn: Option<f64>,
+    /// Events per TWD workflow per 5 minutes.
+    pub events_per_twd_per_5min: f64,
 }
 
 /// `count` TWDs named `w000`… in `namespace` (and in the Temporal namespace of that name),
@@ -345,6 +370,7 @@ pub async fn idle(
 
     let minute = Duration::from_secs(60).min(window);
     let sampler = Sampler::start(cluster, Duration::from_secs(1));
+    let window_from = SystemTime::now();
     let mut snapshots = vec![Snapshot::take(cluster).await?];
     let started = Instant::now();
     while started.elapsed() + Duration::from_millis(1) < window {
@@ -353,6 +379,9 @@ pub async fn idle(
         snapshots.push(Snapshot::take(cluster).await?);
     }
     let ticks: Vec<Tick> = sampler.finish().await;
+    let window_to = SystemTime::now();
+    // Read after the window, so the reads are not counted in it.
+    let twd_workflows = idle_histories(cluster, window_from, window_to).await?;
 
     let per_minute = |f: fn(&Snapshot) -> f64| {
         let rates: Vec<f64> = snapshots
@@ -364,7 +393,12 @@ pub async fn idle(
     let (first, last) = (&snapshots[0], &snapshots[snapshots.len() - 1]);
     let window_s = last.at_s - first.at_s;
     let reads = last.counters.controller_reads - first.counters.controller_reads;
+    let kube_requests =
+        last.counters.controller_kube_requests - first.counters.controller_kube_requests;
     Ok(Idle {
+        kube_requests_per_twd_per_min: kube_requests / total.max(1) as f64 * 60.0
+            / window_s.max(1.0),
+        twd_workflows,
         twds: total,
         window_s,
         controller_reads_per_min: per_minute(|s| s.counters.controller_reads),
@@ -395,6 +429,60 @@ pub async fn idle(
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
+
+/// What every TWD workflow of the sandbox recorded in `[from, to]`.
+async fn idle_histories(
+    cluster: &Cluster,
+    from: SystemTime,
+    to: SystemTime,
+) -> anyhow::Result<IdleHistories> {
+    let api: kube::Api<twc_crds::TemporalWorkerDeployment> = kube::Api::all(cluster.kube.clone());
+    let twds = api.list(&Default::default()).await?;
+    let ids: Vec<String> = twds
+        .items
+        .iter()
+        .filter_map(|t| {
+            Some(
+                twc_workflows::model::TwdRef {
+                    namespace: t.metadata.namespace.clone()?,
+                    name: t.metadata.name.clone()?,
+                }
+                .twd_workflow_id(),
+            )
+        })
+        .collect();
+    let read: Vec<Option<IdleTurns>> = stream::iter(&ids)
+        .map(|id| async move {
+            match cluster.histories(id).await {
+                Ok(runs) => Some(IdleTurns::read(&runs, from, to)),
+                Err(e) => {
+                    tracing::warn!("reading the history of {id}: {e:#}");
+                    None
+                }
+            }
+        })
+        .buffer_unordered(READ_CONCURRENCY)
+        .collect()
+        .await;
+    let turns: Vec<IdleTurns> = read.iter().flatten().copied().collect();
+    let window_s = seconds_between(from, to).max(1.0);
+    let mut histories = IdleHistories {
+        twds: turns.len(),
+        unread: read.len() - turns.len(),
+        ..Default::default()
+    };
+    for t in &turns {
+        histories.events += t.events;
+        histories.timers_fired += t.timers_fired;
+        histories.workflow_tasks += t.workflow_tasks;
+    }
+    histories.events_per_turn = (histories.timers_fired > 0)
+        .then(|| histories.events as f64 / histories.timers_fired as f64);
+    histories.events_per_twd_per_5min =
+        histories.events as f64 / histories.twds.max(1) as f64 * 300.0 / window_s;
+    tracing::info!(?histories, "idle TWD workflows' histories");
+    Ok(histories)
+}
 
 /// Counters at one moment of the idle window.
 struct Snapshot {

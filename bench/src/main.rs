@@ -5,13 +5,17 @@
 //! Scenarios, in order (each on namespaces of its own):
 //! - `latency`: repeated AllAtOnce rollouts of one TWD: reaction latency (apply → versioned
 //!   Deployment, seen by a watch) and promotion latency (first poller → Current, from
-//!   Temporal's timestamps);
-//! - `steps`: Progressive rollouts: how long each ramp step was held against its pause;
+//!   Temporal's timestamps), the hop ledger of each (where the time went, from the engine
+//!   workflows' histories: see `ledger`), how far the TWD's status lags Temporal's routing, and
+//!   history events per rollout;
+//! - `steps`: Progressive rollouts: how long each ramp step was held against its pause, and how
+//!   far the status lags each ramp change;
 //! - `change-burst`: a few TWDs (20) whose image is changed at once, in rounds: apply → the last
 //!   new Deployment created, the spread of their creation times, apply → every build Current;
 //! - `burst`: many TWDs applied at once: time to all Ready, peak read rate, rate-limit errors,
 //!   controller memory and CPU, workflow history sizes;
-//! - `idle`: the fleet grown to its idle size and left alone: reads, API requests, CPU, RSS;
+//! - `idle`: the fleet grown to its idle size and left alone: reads, API requests (also per TWD
+//!   per minute), CPU, RSS, and the TWD workflows' history events per idle turn;
 //! - `drain`: a retired version with many open pinned workflows drained on purpose
 //!   (`spec.sunset.drain.signalAfter`): `signalAfter` → the version Drained in Temporal;
 //! - `analysis`: canary analysis stopping a bad build under load: its first failing workflow →
@@ -37,6 +41,7 @@ mod cluster;
 mod drain;
 mod fleet;
 mod latency;
+mod ledger;
 mod procstat;
 mod prom;
 mod report;

@@ -11,6 +11,7 @@ use crate::autoscaling::Autoscaling;
 use crate::drain::Drain;
 use crate::fleet::{Burst, ChangeBurst, Idle};
 use crate::latency::Latency;
+use crate::ledger::HopSummary;
 use crate::stats::Summary;
 use crate::steps::Steps;
 
@@ -147,6 +148,27 @@ impl Results {
                 l.apply_to_ready_ms.as_ref(),
                 Unit::Ms,
             );
+            row(
+                "Status in step: build Current in Temporal (`currentVersionChangedTime`) → the TWD watch shows it as `status.currentVersion` (AllAtOnce)",
+                Target::p50(200.0),
+                l.status_lag_ms.as_ref(),
+                Unit::Ms,
+            );
+            if l.status_lag_missing > 0 {
+                notes.push(format!(
+                    "Status in step (AllAtOnce): in {} of {} rollouts the TWD watch did not show \
+                     the build as `status.currentVersion` within 30 s of Ready; those are left \
+                     out of the figure.",
+                    l.status_lag_missing,
+                    l.rollouts.len()
+                ));
+            }
+            row(
+                "History events per rollout workflow (AllAtOnce, every run, read once the controller is quiet)",
+                Target::NONE,
+                l.rollout_history_events.as_ref(),
+                Unit::Count,
+            );
         }
         if let Some(s) = &self.steps {
             row(
@@ -161,6 +183,25 @@ impl Results {
                 s.overshoot_pct.as_ref(),
                 Unit::Pct,
             );
+            row(
+                "Status in step: ramp step set in Temporal (`rampingVersionPercentageChangedTime`) → the TWD watch shows it in `status.targetVersion.rampPercentage`",
+                Target::p50(200.0),
+                s.ramp_status_lag_ms.as_ref(),
+                Unit::Ms,
+            );
+            row(
+                "Status in step: Progressive build Current in Temporal → the TWD watch shows it as `status.currentVersion`",
+                Target::p50(200.0),
+                s.current_status_lag_ms.as_ref(),
+                Unit::Ms,
+            );
+            if s.status_lag_missing > 0 {
+                notes.push(format!(
+                    "Status in step (Progressive): {} routing change(s) were not shown in the \
+                     TWD's status within 30 s; they are left out of the figures.",
+                    s.status_lag_missing
+                ));
+            }
         }
         if let Some(c) = &self.change_burst {
             let n = c.twds;
@@ -338,6 +379,38 @@ impl Results {
                 i.controller_kube_requests_per_min.as_ref(),
                 Unit::PerMin,
             );
+            row(
+                &format!("Idle, {n} TWDs: controller Kubernetes API requests per TWD per minute"),
+                Target::NONE,
+                one(i.kube_requests_per_twd_per_min).as_ref(),
+                Unit::Ratio,
+            );
+            let h = &i.twd_workflows;
+            row(
+                &format!(
+                    "Idle, {} TWD workflows: history events per idle turn (events in the window ÷ `TimerFired`)",
+                    h.twds
+                ),
+                Target::NONE,
+                h.events_per_turn.and_then(one).as_ref(),
+                Unit::Ratio,
+            );
+            row(
+                &format!(
+                    "Idle, {} TWD workflows: history events per TWD workflow per 5 min",
+                    h.twds
+                ),
+                Target::NONE,
+                one(h.events_per_twd_per_5min).as_ref(),
+                Unit::Ratio,
+            );
+            notes.push(format!(
+                "Idle histories: after the {:.0} s window the histories of every TWD workflow in \
+                 the sandbox ({} read, {} unreadable; other scenarios' TWDs included) were read \
+                 and the events stamped inside the window counted: {} events, {} `TimerFired` \
+                 (idle turns), {} workflow tasks completed.",
+                i.window_s, h.twds, h.unread, h.events, h.timers_fired, h.workflow_tasks
+            ));
             row(
                 &format!(
                     "Idle, {n} TWDs: kube-apiserver resource requests per minute (all clients, incl. the pod runner)"
@@ -537,8 +610,60 @@ impl Results {
         for note in notes {
             let _ = writeln!(out, "\n{note}");
         }
+        if let Some(l) = &self.latency {
+            out.push_str(&hop_ledger(l));
+        }
         out
     }
+}
+
+/// The hop ledgers of the latency rollouts, as Markdown: one small table per ledger and what
+/// ran between the hops.
+fn hop_ledger(l: &Latency) -> String {
+    let mut out = String::new();
+    let table = |out: &mut String, hops: &[HopSummary]| {
+        out.push_str("| Hop | p50 | p95 | n | missing |\n|---|---|---|---|---|\n");
+        for h in hops {
+            let (median, p95, n) = h.ms.as_ref().map_or(("–".into(), "–".into(), 0), |s| {
+                (Unit::Ms.show(s.median), Unit::Ms.show(s.p95), s.n)
+            });
+            let _ = writeln!(
+                out,
+                "| {} | {median} | {p95} | {n} | {} |",
+                h.hop, h.missing
+            );
+        }
+    };
+    let between = |counts: &[(String, usize)]| {
+        counts
+            .iter()
+            .map(|(what, n)| format!("{what} (×{n})"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let _ = writeln!(
+        out,
+        "\n**Hop ledger of the reaction** ({} AllAtOnce rollouts; Temporal's event times and the \
+         benchmark's watch events, same machine clock; a hop whose ends were not both found is \
+         counted as missing):\n",
+        l.rollouts.len()
+    );
+    table(&mut out, &l.reaction_hops);
+    let _ = writeln!(
+        out,
+        "\nBetween the signal and the child's start the TWD workflow ran: {}. Between its start \
+         and scheduling `create_deployment` the rollout ran: {}.",
+        between(&l.twd_between),
+        between(&l.rollout_between)
+    );
+    let _ = writeln!(out, "\n**Hop ledger of the promotion**:\n");
+    table(&mut out, &l.promotion_hops);
+    let _ = writeln!(
+        out,
+        "\nBetween `wait_for_pollers` completing and `set_routing` scheduled the rollout ran: {}.",
+        between(&l.wait_to_routing_between)
+    );
+    out
 }
 
 /// A figure's goal: a bound on its p50 or p95, or none.

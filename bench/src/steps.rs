@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::cluster::{Cluster, seconds_between, system_time, worker};
+use crate::latency::{self, wait_within};
 use crate::stats::Summary;
 
 /// The steps each rollout takes: (ramp %, pause seconds).
@@ -32,6 +33,10 @@ pub struct Step {
     pub held_ms: f64,
     /// `held_ms - pause_ms`.
     pub overshoot_ms: f64,
+    /// This ramp set in Temporal (`rampingVersionPercentageChangedTime`) → the benchmark's TWD
+    /// watch first shows it in `status.targetVersion.rampPercentage`, ms; `None` when it never
+    /// did within [`STATUS_TIMEOUT`].
+    pub status_lag_ms: Option<f64>,
 }
 
 /// The step-accuracy results.
@@ -43,7 +48,17 @@ pub struct Steps {
     pub overshoot_ms: Option<Summary>,
     /// Overshoot relative to the pause, percent.
     pub overshoot_pct: Option<Summary>,
+    /// Ramp set in Temporal → shown in the TWD's status, ms, over all steps.
+    pub ramp_status_lag_ms: Option<Summary>,
+    /// The build Current in Temporal → shown as `status.currentVersion`, ms, over the rollouts.
+    pub current_status_lag_ms: Option<Summary>,
+    /// Ramp steps and promotions whose status change was never seen.
+    pub status_lag_missing: usize,
 }
+
+/// How long after a routing change the TWD's status may take to show it before its lag is
+/// reported missing.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn rollout_spec() -> Value {
     let steps: Vec<Value> = STEPS
@@ -60,6 +75,7 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
     cluster.namespace(namespace).await?;
     let name = "steps";
     let deployment_name = format!("{namespace}/{name}");
+    let (mut seen, mut tracker) = latency::watch(cluster, namespace).await?;
     cluster
         .apply(&worker(
             namespace,
@@ -75,6 +91,8 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
         .await?;
 
     let mut steps = Vec::new();
+    let mut current_lags = Vec::new();
+    let mut missing = 0;
     for i in 1..=count {
         let tag = format!("step{i}");
         cluster
@@ -86,7 +104,39 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
                 rollout_spec(),
             ))
             .await?;
-        let changes = watch_routing(cluster, &deployment_name, &format!("{tag}-")).await?;
+        let prefix = format!("{tag}-");
+        let changes = watch_routing(cluster, &deployment_name, &prefix).await?;
+        // The status's view of each change, on the benchmark's clock (same machine).
+        let mut shown = Vec::with_capacity(changes.len());
+        for (k, (ramp, at)) in changes.iter().enumerate() {
+            // The last change is the promotion (100 %): shown as the status's current version.
+            let promoted = *ramp == 100 && k + 1 == changes.len();
+            let seen_at = wait_within(&mut seen, &mut tracker, STATUS_TIMEOUT, |t| {
+                if promoted {
+                    t.current_seen
+                        .iter()
+                        .find(|((n, b), _)| n == name && b.starts_with(&prefix))
+                        .map(|(_, s)| *s)
+                } else {
+                    t.ramp_seen
+                        .iter()
+                        .find(|((n, b, r), _)| n == name && b.starts_with(&prefix) && r == ramp)
+                        .map(|(_, s)| *s)
+                }
+            })
+            .await;
+            let lag = seen_at.map(|s| seconds_between(*at, s) * 1e3);
+            if lag.is_none() {
+                missing += 1;
+            }
+            tracing::info!(rollout = i, ramp, status_lag_ms = ?lag, "routing change shown in status");
+            shown.push(lag);
+        }
+        if changes.last().is_some_and(|(ramp, _)| *ramp == 100)
+            && let Some(Some(lag)) = shown.last()
+        {
+            current_lags.push(*lag);
+        }
         for (k, (ramp, pause)) in STEPS.iter().enumerate() {
             let (Some(start), Some(end)) = (changes.get(k), changes.get(k + 1)) else {
                 return Err(anyhow!(
@@ -101,10 +151,19 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
                 pause_ms,
                 held_ms,
                 overshoot_ms: held_ms - pause_ms,
+                status_lag_ms: shown.get(k).copied().flatten(),
             });
         }
     }
     Ok(Steps {
+        ramp_status_lag_ms: Summary::of(
+            &steps
+                .iter()
+                .filter_map(|s| s.status_lag_ms)
+                .collect::<Vec<_>>(),
+        ),
+        current_status_lag_ms: Summary::of(&current_lags),
+        status_lag_missing: missing,
         overshoot_ms: Summary::of(&steps.iter().map(|s| s.overshoot_ms).collect::<Vec<_>>()),
         overshoot_pct: Summary::of(
             &steps

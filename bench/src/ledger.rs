@@ -1,0 +1,875 @@
+//! Hop ledgers: where the time of a reaction and of a promotion goes, read from the engine
+//! workflows' histories (Temporal's event timestamps) and the benchmark's own watch events.
+//!
+//! Everything here is a pure function of the events, so the tests build histories by hand. A
+//! hop whose ends cannot both be found is `None` (missing), never 0.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::SystemTime;
+
+use serde::Serialize;
+use temporalio_common::protos::temporal::api::common::v1::Payloads;
+use temporalio_common::protos::temporal::api::history::v1::HistoryEvent;
+use temporalio_common::protos::temporal::api::history::v1::history_event::Attributes;
+
+use crate::cluster::{seconds_between, system_time};
+use crate::stats::Summary;
+
+/// Signal the watcher sends the TWD workflow when the spec changes.
+const SPEC_CHANGED: &str = "spec_changed";
+/// Activity that creates the versioned Deployment.
+const CREATE_DEPLOYMENT: &str = "create_deployment";
+/// Activity that waits for the build's pollers.
+const WAIT_FOR_POLLERS: &str = "wait_for_pollers";
+/// Activity that changes routing in Temporal.
+const SET_ROUTING: &str = "set_routing";
+
+/// One activity of a history: its type and the times of its scheduled, started and completed
+/// events.
+#[derive(Debug, Clone, PartialEq)]
+struct Activity {
+    kind: String,
+    scheduled: Option<SystemTime>,
+    started: Option<SystemTime>,
+    completed: Option<SystemTime>,
+}
+
+/// What an event of a history is, as far as the ledgers care.
+#[derive(Debug, Clone, PartialEq)]
+enum Kind {
+    /// `WorkflowExecutionStarted`.
+    Started,
+    /// `WorkflowExecutionSignaled`: the signal's name and its first argument as JSON.
+    Signaled(String, Option<serde_json::Value>),
+    /// `WorkflowTaskCompleted`.
+    WorkflowTaskCompleted,
+    /// `ActivityTaskScheduled` of the activity with this index in [`Timeline::activities`].
+    ActivityScheduled(usize),
+    /// `ActivityTaskCompleted` of the activity with this index.
+    ActivityCompleted(usize),
+    /// `StartChildWorkflowExecutionInitiated` of this workflow ID.
+    ChildInitiated(String),
+    /// `TimerFired`.
+    TimerFired,
+    /// Anything else.
+    Other,
+}
+
+/// One event: when, and what.
+#[derive(Debug, Clone, PartialEq)]
+struct Event {
+    at: Option<SystemTime>,
+    kind: Kind,
+}
+
+/// Every run of one workflow as one sequence of events (runs in the order they started), with
+/// its activities matched up across their scheduled, started and completed events.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Timeline {
+    events: Vec<Event>,
+    activities: Vec<Activity>,
+}
+
+impl Timeline {
+    /// The timeline of a workflow's runs (one list of events per run, in any order).
+    pub fn of(runs: &[Vec<HistoryEvent>]) -> Self {
+        let mut ordered: Vec<&Vec<HistoryEvent>> = runs.iter().collect();
+        ordered.sort_by_key(|run| {
+            run.first()
+                .and_then(|e| system_time(e.event_time.as_ref()))
+                .unwrap_or(SystemTime::UNIX_EPOCH)
+        });
+        let mut timeline = Self::default();
+        for run in ordered {
+            timeline.push_run(run);
+        }
+        timeline
+    }
+
+    fn push_run(&mut self, run: &[HistoryEvent]) {
+        // Event IDs are per run: scheduled event ID → activity index.
+        let mut by_scheduled: HashMap<i64, usize> = HashMap::new();
+        for event in run {
+            let at = system_time(event.event_time.as_ref());
+            let kind = match &event.attributes {
+                Some(Attributes::WorkflowExecutionStartedEventAttributes(_)) => Kind::Started,
+                Some(Attributes::WorkflowExecutionSignaledEventAttributes(a)) => {
+                    Kind::Signaled(a.signal_name.clone(), first_argument(a.input.as_ref()))
+                }
+                Some(Attributes::WorkflowTaskCompletedEventAttributes(_)) => {
+                    Kind::WorkflowTaskCompleted
+                }
+                Some(Attributes::ActivityTaskScheduledEventAttributes(a)) => {
+                    let index = self.activities.len();
+                    self.activities.push(Activity {
+                        kind: a
+                            .activity_type
+                            .as_ref()
+                            .map(|t| t.name.clone())
+                            .unwrap_or_default(),
+                        scheduled: at,
+                        started: None,
+                        completed: None,
+                    });
+                    by_scheduled.insert(event.event_id, index);
+                    Kind::ActivityScheduled(index)
+                }
+                Some(Attributes::ActivityTaskStartedEventAttributes(a)) => {
+                    if let Some(&i) = by_scheduled.get(&a.scheduled_event_id) {
+                        self.activities[i].started = at;
+                    }
+                    Kind::Other
+                }
+                Some(Attributes::ActivityTaskCompletedEventAttributes(a)) => {
+                    match by_scheduled.get(&a.scheduled_event_id) {
+                        Some(&i) => {
+                            self.activities[i].completed = at;
+                            Kind::ActivityCompleted(i)
+                        }
+                        None => Kind::Other,
+                    }
+                }
+                Some(Attributes::StartChildWorkflowExecutionInitiatedEventAttributes(a)) => {
+                    Kind::ChildInitiated(a.workflow_id.clone())
+                }
+                Some(Attributes::TimerFiredEventAttributes(_)) => Kind::TimerFired,
+                _ => Kind::Other,
+            };
+            self.events.push(Event { at, kind });
+        }
+    }
+
+    /// Position of the first event at or after `from` that `matches`.
+    fn find(&self, from: usize, matches: impl Fn(&Kind) -> bool) -> Option<usize> {
+        (from..self.events.len()).find(|&i| matches(&self.events[i].kind))
+    }
+
+    fn at(&self, position: usize) -> Option<SystemTime> {
+        self.events.get(position).and_then(|e| e.at)
+    }
+
+    /// What ran strictly between two positions: workflow tasks completed and activities
+    /// scheduled (their types, in order).
+    fn between(&self, from: usize, to: usize) -> Between {
+        let mut between = Between::default();
+        for event in self.events.iter().take(to).skip(from + 1) {
+            match &event.kind {
+                Kind::WorkflowTaskCompleted => between.workflow_tasks += 1,
+                Kind::ActivityScheduled(i) => {
+                    between.activities.push(self.activities[*i].kind.clone());
+                }
+                _ => {}
+            }
+        }
+        between
+    }
+
+    /// Events in the history (every run).
+    pub fn event_count(&self) -> usize {
+        self.events.len()
+    }
+}
+
+/// The first argument of a signal or activity, when it is JSON.
+fn first_argument(payloads: Option<&Payloads>) -> Option<serde_json::Value> {
+    let payload = payloads?.payloads.first()?;
+    serde_json::from_slice(&payload.data).ok()
+}
+
+/// Workflow tasks and activities between two events of a history.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Between {
+    /// `WorkflowTaskCompleted` events.
+    pub workflow_tasks: usize,
+    /// Types of the activities scheduled, in order.
+    pub activities: Vec<String>,
+}
+
+impl Between {
+    /// A short description: `2 WFTs; observe, ensure_finalizers`.
+    pub fn describe(&self) -> String {
+        let tasks = match self.workflow_tasks {
+            1 => "1 WFT".to_owned(),
+            n => format!("{n} WFTs"),
+        };
+        if self.activities.is_empty() {
+            format!("{tasks}; no activity")
+        } else {
+            format!("{tasks}; {}", self.activities.join(", "))
+        }
+    }
+}
+
+/// Milliseconds from `from` to `to`; `None` when either is missing.
+fn ms(from: Option<SystemTime>, to: Option<SystemTime>) -> Option<f64> {
+    Some(seconds_between(from?, to?) * 1e3)
+}
+
+/// The hops of one reaction: the benchmark's TWD watch seeing the new generation → the
+/// versioned Deployment seen by its Deployment watch, through the engine's workflows.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ReactionLedger {
+    /// The benchmark's TWD watch event → `spec_changed` (the new generation) recorded in the
+    /// TWD workflow, ms.
+    pub watch_to_signal_ms: Option<f64>,
+    /// Signal recorded → `StartChildWorkflowExecutionInitiated` of the new build's rollout, ms.
+    pub signal_to_child_initiated_ms: Option<f64>,
+    /// What the TWD workflow ran between the signal and the child's start.
+    pub twd_between: Option<Between>,
+    /// Child initiated → the rollout's `WorkflowExecutionStarted`, ms.
+    pub child_initiated_to_started_ms: Option<f64>,
+    /// Rollout started → `create_deployment` scheduled, ms.
+    pub started_to_create_scheduled_ms: Option<f64>,
+    /// What the rollout ran between its start and scheduling `create_deployment`.
+    pub rollout_between: Option<Between>,
+    /// `create_deployment` scheduled → started, ms.
+    pub create_scheduled_to_started_ms: Option<f64>,
+    /// `create_deployment` started → completed, ms.
+    pub create_started_to_completed_ms: Option<f64>,
+    /// `create_deployment` completed → the Deployment seen by the benchmark's watch, ms
+    /// (negative when the watch saw the Deployment before Temporal recorded the completion).
+    pub create_completed_to_seen_ms: Option<f64>,
+    /// `create_deployment` started → the Deployment seen by the benchmark's watch, ms (the
+    /// create call and the watch's fan-out, without the completion's report to Temporal).
+    pub create_started_to_seen_ms: Option<f64>,
+}
+
+/// What the reaction ledger is read from.
+#[derive(Debug, Clone, Copy)]
+pub struct ReactionInput<'a> {
+    /// The TWD workflow's timeline.
+    pub twd: &'a Timeline,
+    /// The new build's rollout workflow's timeline.
+    pub rollout: &'a Timeline,
+    /// The TWD's new `metadata.generation`.
+    pub generation: i64,
+    /// The new build's rollout workflow ID.
+    pub rollout_workflow_id: &'a str,
+    /// When the benchmark's TWD watch saw the new generation (its clock).
+    pub watch_seen: Option<SystemTime>,
+    /// When the benchmark's Deployment watch saw the new Deployment (its clock).
+    pub deployment_seen: Option<SystemTime>,
+}
+
+impl ReactionLedger {
+    /// The ledger of one reaction.
+    pub fn read(input: ReactionInput<'_>) -> Self {
+        let ReactionInput {
+            twd,
+            rollout,
+            generation,
+            rollout_workflow_id,
+            watch_seen,
+            deployment_seen,
+        } = input;
+        let signal = twd.find(0, |k| match k {
+            Kind::Signaled(name, Some(arg)) => {
+                name == SPEC_CHANGED
+                    && arg.get("generation").and_then(serde_json::Value::as_i64) == Some(generation)
+            }
+            _ => false,
+        });
+        // The child is looked for after the signal when there is one (an older build's rollout
+        // may share nothing with it, but a retried start could).
+        let child = twd.find(
+            signal.unwrap_or(0),
+            |k| matches!(k, Kind::ChildInitiated(id) if id == rollout_workflow_id),
+        );
+        let started = rollout.find(0, |k| matches!(k, Kind::Started));
+        let create = rollout.find(started.unwrap_or(0), |k| {
+            matches!(k, Kind::ActivityScheduled(i) if rollout.activities[*i].kind == CREATE_DEPLOYMENT)
+        });
+        let create_activity = create.and_then(|p| match rollout.events[p].kind {
+            Kind::ActivityScheduled(i) => rollout.activities.get(i),
+            _ => None,
+        });
+        let signal_at = signal.and_then(|p| twd.at(p));
+        let child_at = child.and_then(|p| twd.at(p));
+        let started_at = started.and_then(|p| rollout.at(p));
+        Self {
+            watch_to_signal_ms: ms(watch_seen, signal_at),
+            signal_to_child_initiated_ms: ms(signal_at, child_at),
+            twd_between: signal
+                .zip(child)
+                .filter(|(s, c)| s < c)
+                .map(|(s, c)| twd.between(s, c)),
+            child_initiated_to_started_ms: ms(child_at, started_at),
+            started_to_create_scheduled_ms: ms(started_at, create.and_then(|p| rollout.at(p))),
+            rollout_between: started.zip(create).map(|(s, c)| rollout.between(s, c)),
+            create_scheduled_to_started_ms: create_activity
+                .and_then(|a| ms(a.scheduled, a.started)),
+            create_started_to_completed_ms: create_activity
+                .and_then(|a| ms(a.started, a.completed)),
+            create_completed_to_seen_ms: create_activity
+                .and_then(|a| ms(a.completed, deployment_seen)),
+            create_started_to_seen_ms: create_activity.and_then(|a| ms(a.started, deployment_seen)),
+        }
+    }
+
+    /// The timed hops, named as in the report.
+    pub fn hops(&self) -> [(&'static str, Option<f64>); 8] {
+        [
+            (
+                "TWD watch event → spec_changed recorded",
+                self.watch_to_signal_ms,
+            ),
+            (
+                "signal recorded → child rollout initiated",
+                self.signal_to_child_initiated_ms,
+            ),
+            (
+                "child initiated → rollout started",
+                self.child_initiated_to_started_ms,
+            ),
+            (
+                "rollout started → create_deployment scheduled",
+                self.started_to_create_scheduled_ms,
+            ),
+            (
+                "create_deployment scheduled → started",
+                self.create_scheduled_to_started_ms,
+            ),
+            (
+                "create_deployment started → completed",
+                self.create_started_to_completed_ms,
+            ),
+            (
+                "create_deployment completed → Deployment seen",
+                self.create_completed_to_seen_ms,
+            ),
+            (
+                "create_deployment started → Deployment seen",
+                self.create_started_to_seen_ms,
+            ),
+        ]
+    }
+}
+
+/// The hops of one promotion: the Deployment Available → the build Current in Temporal, through
+/// the rollout workflow.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PromotionLedger {
+    /// The Deployment seen Available by the benchmark's watch → `wait_for_pollers` completed,
+    /// ms.
+    pub available_to_wait_completed_ms: Option<f64>,
+    /// `wait_for_pollers` completed → the next activity scheduled, ms.
+    pub wait_completed_to_next_scheduled_ms: Option<f64>,
+    /// What the rollout ran between `wait_for_pollers` completing and `set_routing` scheduled
+    /// (`set_routing` itself not included).
+    pub wait_to_routing_between: Option<Between>,
+    /// `wait_for_pollers` completed → `set_routing` scheduled, ms.
+    pub wait_completed_to_routing_scheduled_ms: Option<f64>,
+    /// `set_routing` scheduled → started, ms.
+    pub routing_scheduled_to_started_ms: Option<f64>,
+    /// `set_routing` started → Temporal's `currentVersionChangedTime`, ms.
+    pub routing_started_to_current_ms: Option<f64>,
+    /// `set_routing` started → completed, ms.
+    pub routing_started_to_completed_ms: Option<f64>,
+}
+
+impl PromotionLedger {
+    /// The ledger of one promotion from the rollout's timeline, when the benchmark saw the
+    /// Deployment Available and Temporal's `currentVersionChangedTime` of the build.
+    pub fn read(
+        rollout: &Timeline,
+        available_seen: Option<SystemTime>,
+        current_since: Option<SystemTime>,
+    ) -> Self {
+        let routing_calls: Vec<usize> = (0..rollout.events.len())
+            .filter(|&p| matches!(rollout.events[p].kind, Kind::ActivityScheduled(i) if rollout.activities[i].kind == SET_ROUTING))
+            .collect();
+        let activity_at = |p: usize| match rollout.events[p].kind {
+            Kind::ActivityScheduled(i) | Kind::ActivityCompleted(i) => rollout.activities.get(i),
+            _ => None,
+        };
+        // The call that made the build Current completes after the change; without the change's
+        // time, the first call after the last wait.
+        let last_wait_before = |end: usize| {
+            (0..end).rev().find(|&p| {
+                matches!(rollout.events[p].kind, Kind::ActivityCompleted(i) if rollout.activities[i].kind == WAIT_FOR_POLLERS)
+            })
+        };
+        let routing = match current_since {
+            Some(current) => routing_calls.iter().copied().find(|&p| {
+                activity_at(p)
+                    .and_then(|a| a.completed)
+                    .is_some_and(|c| c >= current)
+            }),
+            None => None,
+        }
+        .or_else(|| {
+            let wait = last_wait_before(rollout.events.len())?;
+            routing_calls.iter().copied().find(|&p| p > wait)
+        });
+        let wait = match routing {
+            Some(r) => last_wait_before(r),
+            None => last_wait_before(rollout.events.len()),
+        };
+        let wait_done = wait.and_then(|p| rollout.at(p));
+        let next =
+            wait.and_then(|w| rollout.find(w + 1, |k| matches!(k, Kind::ActivityScheduled(_))));
+        let call = routing.and_then(activity_at);
+        Self {
+            available_to_wait_completed_ms: ms(available_seen, wait_done),
+            wait_completed_to_next_scheduled_ms: ms(wait_done, next.and_then(|p| rollout.at(p))),
+            wait_to_routing_between: wait
+                .zip(routing)
+                .filter(|(w, r)| w < r)
+                .map(|(w, r)| rollout.between(w, r)),
+            wait_completed_to_routing_scheduled_ms: ms(wait_done, call.and_then(|a| a.scheduled)),
+            routing_scheduled_to_started_ms: call.and_then(|a| ms(a.scheduled, a.started)),
+            routing_started_to_current_ms: call.and_then(|a| ms(a.started, current_since)),
+            routing_started_to_completed_ms: call.and_then(|a| ms(a.started, a.completed)),
+        }
+    }
+
+    /// The timed hops, named as in the report.
+    pub fn hops(&self) -> [(&'static str, Option<f64>); 6] {
+        [
+            (
+                "Deployment seen Available → wait_for_pollers completed",
+                self.available_to_wait_completed_ms,
+            ),
+            (
+                "wait_for_pollers completed → next activity scheduled",
+                self.wait_completed_to_next_scheduled_ms,
+            ),
+            (
+                "wait_for_pollers completed → set_routing scheduled",
+                self.wait_completed_to_routing_scheduled_ms,
+            ),
+            (
+                "set_routing scheduled → started",
+                self.routing_scheduled_to_started_ms,
+            ),
+            (
+                "set_routing started → Current in Temporal",
+                self.routing_started_to_current_ms,
+            ),
+            (
+                "set_routing started → completed",
+                self.routing_started_to_completed_ms,
+            ),
+        ]
+    }
+}
+
+/// One hop over many rollouts.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct HopSummary {
+    /// The hop.
+    pub hop: String,
+    /// Its duration over the rollouts where both ends were found, ms.
+    pub ms: Option<Summary>,
+    /// Rollouts where an end was not found.
+    pub missing: usize,
+}
+
+/// Summaries of the same hops over many ledgers (each given as its `hops()`).
+pub fn summarize<const N: usize>(ledgers: &[[(&'static str, Option<f64>); N]]) -> Vec<HopSummary> {
+    let Some(first) = ledgers.first() else {
+        return Vec::new();
+    };
+    (0..N)
+        .map(|k| {
+            let values: Vec<f64> = ledgers.iter().filter_map(|l| l[k].1).collect();
+            HopSummary {
+                hop: first[k].0.to_owned(),
+                missing: ledgers.len() - values.len(),
+                ms: Summary::of(&values),
+            }
+        })
+        .collect()
+}
+
+/// How often each "what ran in between" occurred over many ledgers (`missing` for ledgers
+/// where it could not be read), most frequent first.
+pub fn tally<'a>(between: impl IntoIterator<Item = Option<&'a Between>>) -> Vec<(String, usize)> {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for b in between {
+        let key = b.map_or_else(|| "missing".to_owned(), Between::describe);
+        *counts.entry(key).or_default() += 1;
+    }
+    let mut counts: Vec<(String, usize)> = counts.into_iter().collect();
+    counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    counts
+}
+
+/// What an idle TWD workflow spent in a window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct IdleTurns {
+    /// Events stamped inside the window.
+    pub events: usize,
+    /// `TimerFired` events inside the window (each wakes the workflow for a turn).
+    pub timers_fired: usize,
+    /// `WorkflowTaskCompleted` events inside the window.
+    pub workflow_tasks: usize,
+}
+
+impl IdleTurns {
+    /// What the workflow with `runs` recorded in `[from, to]`.
+    pub fn read(runs: &[Vec<HistoryEvent>], from: SystemTime, to: SystemTime) -> Self {
+        let mut turns = Self::default();
+        for event in runs.iter().flatten() {
+            let Some(at) = system_time(event.event_time.as_ref()) else {
+                continue;
+            };
+            if at < from || at > to {
+                continue;
+            }
+            turns.events += 1;
+            match &event.attributes {
+                Some(Attributes::TimerFiredEventAttributes(_)) => turns.timers_fired += 1,
+                Some(Attributes::WorkflowTaskCompletedEventAttributes(_)) => {
+                    turns.workflow_tasks += 1;
+                }
+                _ => {}
+            }
+        }
+        turns
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use temporalio_common::protos::temporal::api::common::v1::{ActivityType, Payload};
+    use temporalio_common::protos::temporal::api::history::v1::{
+        ActivityTaskCompletedEventAttributes, ActivityTaskScheduledEventAttributes,
+        ActivityTaskStartedEventAttributes, StartChildWorkflowExecutionInitiatedEventAttributes,
+        TimerFiredEventAttributes, WorkflowExecutionSignaledEventAttributes,
+        WorkflowExecutionStartedEventAttributes, WorkflowTaskCompletedEventAttributes,
+        WorkflowTaskScheduledEventAttributes,
+    };
+
+    use super::*;
+
+    /// A run's events, numbered from 1, stamped `ms` after a fixed origin.
+    struct Run(Vec<HistoryEvent>);
+
+    fn t(ms: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000) + Duration::from_millis(ms)
+    }
+
+    impl Run {
+        fn new() -> Self {
+            Self(Vec::new())
+        }
+
+        fn push(mut self, ms: u64, attributes: Attributes) -> Self {
+            let at = t(ms)
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default();
+            self.0.push(HistoryEvent {
+                event_id: self.0.len() as i64 + 1,
+                event_time: Some(prost_wkt_types::Timestamp {
+                    seconds: at.as_secs() as i64,
+                    nanos: at.subsec_nanos() as i32,
+                }),
+                attributes: Some(attributes),
+                ..Default::default()
+            });
+            self
+        }
+
+        fn started(self, ms: u64) -> Self {
+            self.push(
+                ms,
+                WorkflowExecutionStartedEventAttributes::default().into(),
+            )
+        }
+
+        fn task(self, ms: u64) -> Self {
+            self.push(ms, WorkflowTaskScheduledEventAttributes::default().into())
+                .push(ms, WorkflowTaskCompletedEventAttributes::default().into())
+        }
+
+        fn signal(self, ms: u64, name: &str, generation: i64) -> Self {
+            let input = Payloads {
+                payloads: vec![Payload {
+                    data: serde_json::to_vec(&serde_json::json!({
+                        "generation": generation, "build_id": "b", "deleting": false
+                    }))
+                    .unwrap_or_default(),
+                    ..Default::default()
+                }],
+            };
+            self.push(
+                ms,
+                WorkflowExecutionSignaledEventAttributes {
+                    signal_name: name.to_owned(),
+                    input: Some(input),
+                    ..Default::default()
+                }
+                .into(),
+            )
+        }
+
+        fn child(self, ms: u64, workflow_id: &str) -> Self {
+            self.push(
+                ms,
+                StartChildWorkflowExecutionInitiatedEventAttributes {
+                    workflow_id: workflow_id.to_owned(),
+                    ..Default::default()
+                }
+                .into(),
+            )
+        }
+
+        /// An activity of `kind` scheduled, started and completed at the given times; returns
+        /// the run and the scheduled event's ID.
+        fn scheduled(self, ms: u64, kind: &str) -> (Self, i64) {
+            let run = self.push(
+                ms,
+                ActivityTaskScheduledEventAttributes {
+                    activity_type: Some(ActivityType {
+                        name: kind.to_owned(),
+                    }),
+                    ..Default::default()
+                }
+                .into(),
+            );
+            let id = run.0.len() as i64;
+            (run, id)
+        }
+
+        fn activity_done(self, scheduled: i64, started: u64, completed: u64) -> Self {
+            self.push(
+                started,
+                ActivityTaskStartedEventAttributes {
+                    scheduled_event_id: scheduled,
+                    ..Default::default()
+                }
+                .into(),
+            )
+            .push(
+                completed,
+                ActivityTaskCompletedEventAttributes {
+                    scheduled_event_id: scheduled,
+                    ..Default::default()
+                }
+                .into(),
+            )
+        }
+
+        fn activity(self, ms: u64, kind: &str, started: u64, completed: u64) -> Self {
+            let (run, id) = self.scheduled(ms, kind);
+            run.activity_done(id, started, completed)
+        }
+
+        fn timer(self, ms: u64) -> Self {
+            self.push(ms, TimerFiredEventAttributes::default().into())
+        }
+    }
+
+    const ROLLOUT: &str = "rollout/ns/w/b2";
+
+    fn twd_history() -> Timeline {
+        let run = Run::new()
+            .started(0)
+            .task(1)
+            .signal(100, SPEC_CHANGED, 1)
+            .task(110)
+            .signal(1_000, SPEC_CHANGED, 2)
+            .task(1_010)
+            .activity(1_012, "ensure_finalizers", 1_013, 1_020)
+            .task(1_030)
+            .child(1_030, ROLLOUT);
+        Timeline::of(&[run.0])
+    }
+
+    #[test]
+    fn reaction_ledger_times_each_hop_when_the_rollout_observes_before_creating() {
+        let rollout = Run::new()
+            .started(1_040)
+            .task(1_050)
+            .activity(1_050, "observe", 1_052, 1_080)
+            .task(1_090);
+        let (rollout, create) = rollout.scheduled(1_090, CREATE_DEPLOYMENT);
+        let rollout = rollout.activity_done(create, 1_095, 1_120);
+        let rollout = Timeline::of(&[rollout.0]);
+        let ledger = ReactionLedger::read(ReactionInput {
+            twd: &twd_history(),
+            rollout: &rollout,
+            generation: 2,
+            rollout_workflow_id: ROLLOUT,
+            watch_seen: Some(t(990)),
+            deployment_seen: Some(t(1_125)),
+        });
+        assert_eq!(
+            ledger.hops().map(|(_, ms)| ms.map(|v| v.round() as i64)),
+            [
+                Some(10),
+                Some(30),
+                Some(10),
+                Some(50),
+                Some(5),
+                Some(25),
+                Some(5),
+                Some(30)
+            ]
+        );
+        assert_eq!(
+            ledger.twd_between,
+            Some(Between {
+                workflow_tasks: 2,
+                activities: vec!["ensure_finalizers".to_owned()],
+            })
+        );
+        assert_eq!(
+            ledger.rollout_between.as_ref().map(Between::describe),
+            Some("2 WFTs; observe".to_owned())
+        );
+    }
+
+    #[test]
+    fn reaction_ledger_handles_create_as_the_first_activity() {
+        let (rollout, create) = Run::new()
+            .started(1_040)
+            .task(1_045)
+            .scheduled(1_045, CREATE_DEPLOYMENT);
+        let rollout = rollout
+            .activity(1_045, "observe", 1_046, 1_070)
+            .activity_done(create, 1_046, 1_060);
+        let rollout = Timeline::of(&[rollout.0]);
+        let ledger = ReactionLedger::read(ReactionInput {
+            twd: &twd_history(),
+            rollout: &rollout,
+            generation: 2,
+            rollout_workflow_id: ROLLOUT,
+            watch_seen: None,
+            deployment_seen: Some(t(1_061)),
+        });
+        assert_eq!(ledger.watch_to_signal_ms, None, "no watch time: missing");
+        assert_eq!(ledger.started_to_create_scheduled_ms, Some(5.0));
+        assert_eq!(
+            ledger.rollout_between,
+            Some(Between {
+                workflow_tasks: 1,
+                activities: Vec::new(),
+            })
+        );
+        assert_eq!(ledger.create_started_to_completed_ms, Some(14.0));
+        assert_eq!(ledger.create_completed_to_seen_ms, Some(1.0));
+    }
+
+    #[test]
+    fn reaction_ledger_reports_hops_it_cannot_find_as_missing() {
+        let empty = Timeline::default();
+        let ledger = ReactionLedger::read(ReactionInput {
+            twd: &twd_history(),
+            rollout: &empty,
+            generation: 3,
+            rollout_workflow_id: "rollout/ns/w/other",
+            watch_seen: Some(t(0)),
+            deployment_seen: Some(t(2_000)),
+        });
+        assert!(ledger.hops().iter().all(|(_, ms)| ms.is_none()));
+        assert_eq!(ledger.twd_between, None);
+        assert_eq!(ledger.rollout_between, None);
+    }
+
+    #[test]
+    fn timeline_orders_runs_and_matches_activities_within_each_run() {
+        // Event IDs restart in each run: run 2's activity must not complete run 1's.
+        let (first, id) = Run::new().started(0).scheduled(5, "observe");
+        let first = first.activity_done(id, 6, 9);
+        let second = Run::new().started(100).activity(105, "observe", 106, 150);
+        let timeline = Timeline::of(&[second.0, first.0]);
+        assert_eq!(timeline.activities.len(), 2);
+        assert_eq!(timeline.activities[0].completed, Some(t(9)));
+        assert_eq!(timeline.activities[1].completed, Some(t(150)));
+        assert_eq!(timeline.event_count(), 8);
+    }
+
+    #[test]
+    fn promotion_ledger_follows_the_wait_to_the_routing_call_that_made_the_build_current() {
+        let rollout = Run::new()
+            .started(0)
+            .task(1)
+            .activity(1, CREATE_DEPLOYMENT, 2, 10)
+            .task(11)
+            .activity(11, WAIT_FOR_POLLERS, 12, 2_000)
+            .task(2_010)
+            .activity(2_010, "observe", 2_011, 2_040)
+            .task(2_050)
+            .activity(2_050, SET_ROUTING, 2_052, 2_080)
+            .task(2_090)
+            .activity(2_090, "observe", 2_091, 2_100);
+        let rollout = Timeline::of(&[rollout.0]);
+        let ledger = PromotionLedger::read(&rollout, Some(t(1_900)), Some(t(2_070)));
+        assert_eq!(
+            ledger.hops().map(|(_, ms)| ms.map(|v| v.round() as i64)),
+            [Some(100), Some(10), Some(50), Some(2), Some(18), Some(28)]
+        );
+        assert_eq!(
+            ledger
+                .wait_to_routing_between
+                .as_ref()
+                .map(Between::describe),
+            Some("2 WFTs; observe".to_owned())
+        );
+    }
+
+    #[test]
+    fn promotion_ledger_without_a_wait_reports_the_wait_hops_missing() {
+        let rollout = Run::new()
+            .started(0)
+            .task(1)
+            .activity(1, SET_ROUTING, 2, 30);
+        let rollout = Timeline::of(&[rollout.0]);
+        let ledger = PromotionLedger::read(&rollout, Some(t(0)), Some(t(20)));
+        assert_eq!(ledger.available_to_wait_completed_ms, None);
+        assert_eq!(ledger.wait_completed_to_routing_scheduled_ms, None);
+        assert_eq!(ledger.wait_to_routing_between, None);
+        assert_eq!(ledger.routing_started_to_current_ms, Some(18.0));
+    }
+
+    #[test]
+    fn summaries_count_missing_hops_apart_from_measured_ones() {
+        let a = [("hop", Some(10.0))];
+        let b = [("hop", None)];
+        let c = [("hop", Some(30.0))];
+        let summary = summarize(&[a, b, c]);
+        assert_eq!(summary.len(), 1);
+        assert_eq!(summary[0].missing, 1);
+        assert_eq!(
+            summary[0].ms.as_ref().map(|s| (s.n, s.median)),
+            Some((2, 10.0))
+        );
+        let one = Between {
+            workflow_tasks: 1,
+            activities: Vec::new(),
+        };
+        assert_eq!(
+            tally([Some(&one), None, Some(&one)]),
+            vec![
+                ("1 WFT; no activity".to_owned(), 2),
+                ("missing".to_owned(), 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn idle_turns_count_only_events_inside_the_window() {
+        let run = Run::new()
+            .started(0)
+            .task(1)
+            .timer(1_000)
+            .task(1_001)
+            .activity(1_002, "observe", 1_003, 1_010)
+            .task(1_011)
+            .timer(5_000)
+            .task(5_001);
+        let turns = IdleTurns::read(&[run.0], t(500), t(1_500));
+        assert_eq!(
+            turns,
+            IdleTurns {
+                events: 8,
+                timers_fired: 1,
+                workflow_tasks: 2,
+            }
+        );
+    }
+}
