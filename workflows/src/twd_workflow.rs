@@ -77,6 +77,10 @@ const PATCH_DELETION_BACKOFF: &str = "deletion-backoff";
 /// longer waits for the signal to a rollout that already ended (it is still sent, after the
 /// start, to one in flight).
 const PATCH_DISPATCH_FIRST: &str = "dispatch-first";
+/// Patch: a version Temporal lists that nothing else would retire (no Deployment, not
+/// remembered, not targeted or routed to) is adopted by the sunset and deleted after the
+/// delete delay ([`sunset::adopt_orphans`]).
+const PATCH_ADOPT_ORPHAN_VERSIONS: &str = "adopt-orphan-versions";
 /// Patch: routing a rollout reports having written is shown in the status at the start of the
 /// next turn, before anything is read.
 const PATCH_STATUS_FROM_REPORT: &str = "status-from-report";
@@ -964,6 +968,14 @@ async fn retire_versions(
     {
         spec.target_build_id.clear();
     }
+    // Versions nothing else would retire are adopted (`adopt-orphan-versions`); histories
+    // from before it left them in Temporal.
+    let adopted = sunset::adopt_orphans(&observation, &memory, now);
+    let memory = if adopted.len() > memory.len() && ctx.patched(PATCH_ADOPT_ORPHAN_VERSIONS) {
+        adopted
+    } else {
+        memory
+    };
     let plan = sunset::plan(&observation, &memory, now);
     ctx.state_mut(|s| s.sunset = plan.memory.clone());
     let policy = observation

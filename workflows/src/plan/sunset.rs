@@ -155,6 +155,42 @@ pub fn plan(observation: &Observation, memory: &[SunsetMemory], now: UnixMillis)
     planner.plan
 }
 
+/// `memory` with an entry for every version Temporal lists that nothing else would retire: not
+/// the target, not Current or Ramping, without a Deployment and not remembered. Such a version
+/// is left behind when its Deployment went away first: a superseded rollout's routing write
+/// that landed late made it Current after its sunset, or its Deployment was deleted by hand.
+/// It is taken as retired and scaled down now, so [`plan`] deletes it after the delete delay.
+/// Unchanged while Temporal is unreadable or the TWD is gone or being deleted.
+pub fn adopt_orphans(
+    observation: &Observation,
+    memory: &[SunsetMemory],
+    now: UnixMillis,
+) -> Vec<SunsetMemory> {
+    let mut adopted = memory.to_vec();
+    let (Some(spec), Ok(temporal)) = (
+        observation.spec.as_ref().filter(|s| !s.deleting),
+        observation.temporal.as_ref(),
+    ) else {
+        return adopted;
+    };
+    for version in &temporal.versions {
+        let build = version.build_id.as_str();
+        let orphan = version.state != VersionState::NotRegistered
+            && !is_active(spec, temporal, build)
+            && observation.deployment(build).is_none()
+            && find(memory, build).is_none();
+        if orphan {
+            adopted.push(SunsetMemory {
+                build_id: build.to_owned(),
+                retired_at: now,
+                scaled_down_at: Some(now),
+                drain: DrainMemory::default(),
+            });
+        }
+    }
+    adopted
+}
+
 /// Whether so many retired versions are not yet eligible for deletion that creating another
 /// version could hit Temporal's version cap (reference §3.11). False while Temporal is unreadable.
 pub fn version_limit_reached(observation: &Observation, max_ineligible: usize) -> bool {
@@ -783,6 +819,52 @@ mod tests {
                 .actions
                 .is_empty()
         );
+    }
+
+    /// A version Temporal lists that is neither targeted nor routed to, with no Deployment and
+    /// nothing remembered (a superseded rollout's late SetCurrent made it Current after its
+    /// Deployment was deleted, and a newer build then replaced it): it is deleted like any
+    /// retired version, once its delete delay has passed.
+    #[test]
+    fn a_version_without_deployment_or_memory_is_still_deleted() {
+        let t0 = secs(1_000_000);
+        let mut observation = with_retired(drained(t0), up());
+        observation.deployments.retain(|d| d.build_id != RETIRED);
+        // What the TWD workflow does each turn: adopt, then plan.
+        let retire = |memory: &[SunsetMemory], now: UnixMillis| {
+            let memory = adopt_orphans(&observation, memory, now);
+            plan(&observation, &memory, now)
+        };
+        let first = retire(&[], t0);
+        assert!(first.actions.is_empty(), "{first:?}");
+        assert_eq!(
+            find(&first.memory, RETIRED).map(|m| (m.retired_at, m.scaled_down_at)),
+            Some((t0, Some(t0)))
+        );
+        assert_eq!(first.next_check_at, Some(t0 + DAY));
+        let later = retire(&first.memory, t0 + DAY);
+        assert_eq!(later.actions, vec![delete_version()]);
+        // Active builds, versions with a Deployment, remembered ones and unregistered ones
+        // are not adopted.
+        for build in [NEW, OLD] {
+            let mut observation = observation.clone();
+            observation.deployments.retain(|d| d.build_id != build);
+            let adopted = adopt_orphans(&observation, &[], t0);
+            assert!(adopted.iter().all(|m| m.build_id != build), "{build}");
+        }
+        assert_eq!(
+            adopt_orphans(&with_retired(drained(t0), up()), &[], t0),
+            Vec::new()
+        );
+        assert_eq!(
+            adopt_orphans(&observation, &remembered(t0 - HOUR, None), t0),
+            remembered(t0 - HOUR, None)
+        );
+        let mut unregistered = observation.clone();
+        if let Ok(t) = unregistered.temporal.as_mut() {
+            t.versions.retain(|v| v.build_id != RETIRED);
+        }
+        assert_eq!(adopt_orphans(&unregistered, &[], t0), Vec::new());
     }
 
     #[test]
