@@ -380,24 +380,25 @@ impl EngineActivities {
                     observed_at,
                 });
             };
-            let (spec, uid, temporal) = match resolved {
+            let (spec, temporal, deployments) = match resolved {
                 Ok(r) => {
-                    let state = temporal::describe_worker_deployment(
-                        &r.temporal,
-                        &r.spec.temporal_namespace,
-                        &twd.key(),
-                    )
-                    .await;
+                    // Temporal and the Deployments are read at once.
+                    let uid = r.resource.metadata.uid.clone().unwrap_or_default();
+                    let deployment_name = twd.key();
+                    let (state, deployments) = tokio::join!(
+                        temporal::describe_worker_deployment(
+                            &r.temporal,
+                            &r.spec.temporal_namespace,
+                            &deployment_name,
+                        ),
+                        k8s::list_versioned_deployments(&self.kube, &twd, &uid),
+                    );
                     if state.is_ok() {
                         let reference = &r.resource.spec.worker_options.connection_ref;
                         self.note_connection(&twd.namespace, reference, Ok(()))
                             .await;
                     }
-                    (
-                        r.spec,
-                        r.resource.metadata.uid.clone().unwrap_or_default(),
-                        state,
-                    )
+                    (r.spec, state, deployments.map_err(retryable)?)
                 }
                 Err(blocked) => {
                     let resource = k8s::get_twd(&self.kube, &twd).await.map_err(retryable)?;
@@ -410,12 +411,12 @@ impl EngineActivities {
                         });
                     };
                     let uid = resource.metadata.uid.clone().unwrap_or_default();
-                    (spec_view(&resource), uid, Err(blocked))
+                    let deployments = k8s::list_versioned_deployments(&self.kube, &twd, &uid)
+                        .await
+                        .map_err(retryable)?;
+                    (spec_view(&resource), Err(blocked), deployments)
                 }
             };
-            let deployments = k8s::list_versioned_deployments(&self.kube, &twd, &uid)
-                .await
-                .map_err(retryable)?;
             Ok(Observation {
                 spec: Some(spec),
                 deployments,

@@ -128,19 +128,29 @@ async fn confirm_stale_draining(
     state: &mut TemporalState,
     now: i64,
 ) {
-    for version in &mut state.versions {
-        if !draining_for_long(version, now) {
+    let stale: Vec<String> = state
+        .versions
+        .iter()
+        .filter(|v| draining_for_long(v, now))
+        .map(|v| v.build_id.clone())
+        .collect();
+    // The versions are asked at once (each read still takes a token of the read budget).
+    let mut reads = Vec::with_capacity(stale.len());
+    for build_id in &stale {
+        reads.push(with_busy_retries(deployment_name, move || {
+            describe_version_once(client, namespace, deployment_name, build_id)
+        }));
+    }
+    let answers = futures::future::join_all(reads).await;
+    for (build_id, drainage) in stale.iter().zip(answers) {
+        let Some(version) = state.versions.iter_mut().find(|v| v.build_id == *build_id) else {
             continue;
-        }
-        let drainage = with_busy_retries(deployment_name, || {
-            describe_version_once(client, namespace, deployment_name, &version.build_id)
-        })
-        .await;
+        };
         match drainage {
             Ok(Some(described)) => apply_version_drainage(version, &described),
             Ok(None) => {}
             Err(err) => {
-                debug!(%deployment_name, build_id = %version.build_id, error = %err, "could not confirm drainage; keeping the summary's status");
+                debug!(%deployment_name, %build_id, error = %err, "could not confirm drainage; keeping the summary's status");
             }
         }
     }
