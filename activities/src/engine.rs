@@ -20,8 +20,8 @@ use twc_workflows::contract::{
     AnalysisRequest, AnalysisResult, BacklogReport, BacklogRequest, BuildRequest, CleanupBlock,
     CleanupOutcome, CreateDeploymentOutcome, DeleteVersionOutcome, DeleteVersionRequest,
     DeploymentRequest, DrainOutcome, DrainRequest, EventRequest, GateOutcome, GateRequest,
-    Measurement, PinnedCount, PinnedRequest, PollerWaitOutcome, RoutingChange, RoutingOutcome,
-    RoutingRequest, ScaleRequest, StatusRequest, WaitForPollersRequest,
+    Measurement, PinnedCount, PinnedRequest, PollerWaitOutcome, RecheckOutcome, RoutingChange,
+    RoutingOutcome, RoutingRequest, ScaleRequest, StatusRequest, WaitForPollersRequest,
 };
 use twc_workflows::model::{
     BlockReason, Blocked, CheckProvider, CheckView, Observation, SpecView, TemporalState, TwdRef,
@@ -1097,6 +1097,32 @@ impl EngineActivities {
             k8s::reassert_resources(&self.kube, self.cluster_access, &twd)
                 .await
                 .map_err(retryable)
+        })
+        .await
+    }
+
+    /// Re-asserts the TWD's resources (a failure is logged and retried at a later turn), then
+    /// observes.
+    #[activity(name = "recheck")]
+    pub async fn recheck(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        twd: TwdRef,
+    ) -> Result<RecheckOutcome, ActivityError> {
+        with_heartbeats(&ctx, async {
+            let reasserted =
+                match k8s::reassert_resources(&self.kube, self.cluster_access, &twd).await {
+                    Ok(outcome) => outcome,
+                    Err(e) => {
+                        tracing::warn!(twd = %twd.key(), "re-asserting resources failed (retried at a later turn): {e}");
+                        twc_workflows::contract::ReassertOutcome::default()
+                    }
+                };
+            let observation = self.observe_now(&twd).await?;
+            Ok(RecheckOutcome {
+                reasserted,
+                observation,
+            })
         })
         .await
     }

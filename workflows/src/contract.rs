@@ -117,6 +117,14 @@ activity!(
 );
 
 activity!(
+    /// `reassert_resources`, then `observe`, as one activity: a TWD workflow turn that has
+    /// nothing to do before its observation spends one activity on both (a quiet turn's
+    /// history is 11 events instead of 17). A failed re-assertion does not fail the
+    /// observation: it is retried at a later turn, as on its own.
+    Recheck, "recheck", TwdRef => RecheckOutcome
+);
+
+activity!(
     /// Measures canary analysis checks of a build over a window (Temporal visibility counts of
     /// the new and the Current version, or a Prometheus query); one measurement per check.
     RunAnalysis, "run_analysis", AnalysisRequest => AnalysisResult
@@ -486,6 +494,15 @@ pub struct DrainOutcome {
 pub struct ReassertOutcome {
     /// What was changed.
     pub changes: Vec<ResourceChange>,
+}
+
+/// Result of `recheck`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecheckOutcome {
+    /// What the re-assertion changed (empty when it failed).
+    pub reasserted: ReassertOutcome,
+    /// The observation made after it.
+    pub observation: Observation,
 }
 
 /// A change `reassert_resources` made.

@@ -24,7 +24,7 @@ use crate::contract::{
     BacklogReport, BacklogRequest, CleanupBlock, CleanupDeleted, CleanupOutcome, CountPinned,
     DeleteDeployment, DeleteVersion, DeleteVersionOutcome, DeleteVersionRequest, DeploymentRequest,
     DrainAction, DrainRequest, DrainVersion, EmitEvent, EnsureFinalizers, EventKind, EventRequest,
-    Observe, PinnedRequest, ReadBacklog, ReassertResources, ReleaseWithoutTemporal,
+    Observe, PinnedRequest, ReadBacklog, ReassertResources, Recheck, ReleaseWithoutTemporal,
     ScaleDeployment, ScaleRequest, StatusRequest, WriteStatus,
 };
 use crate::control::{self, ControlEffect, ControlState};
@@ -81,6 +81,9 @@ const PATCH_DISPATCH_FIRST: &str = "dispatch-first";
 /// remembered, not targeted or routed to) is adopted by the sunset and deleted after the
 /// delete delay ([`sunset::adopt_orphans`]).
 const PATCH_ADOPT_ORPHAN_VERSIONS: &str = "adopt-orphan-versions";
+/// Patch: after the first turn of a run, re-assertion and observation are one activity
+/// (`recheck`) instead of two: a quiet turn costs 11 history events instead of 17.
+const PATCH_COMBINED_RECHECK: &str = "combined-recheck";
 /// Patch: routing a rollout reports having written is shown in the status at the start of the
 /// next turn, before anything is read.
 const PATCH_STATUS_FROM_REPORT: &str = "status-from-report";
@@ -317,34 +320,40 @@ impl TwdWorkflow {
             if dispatch_first {
                 dispatch_rollout(ctx, &twd, &spec).await;
             }
-            if reassert {
+            // The re-assertion then goes with the observation, in one activity.
+            let combined = dispatch_first && ctx.patched(PATCH_COMBINED_RECHECK);
+            if reassert && !combined {
                 reassert_resources(ctx, &twd).await;
             }
             if !dispatch_first {
                 dispatch_rollout(ctx, &twd, &spec).await;
             }
             forward_controls(ctx, &twd, &spec).await;
-            next_wake =
-                match run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await {
-                    Ok(observation) => {
-                        ctx.state_mut(|s| s.last_observation = Some(observation.clone()));
-                        if adopt_observed_spec(ctx, &observation) {
-                            // A change the watcher did not signal: act on it now.
-                            Duration::ZERO
-                        } else {
-                            write_status(ctx, &twd, &observation, spec.generation).await;
-                            let retire = retire_versions(ctx, &twd, &observation)
-                                .await
-                                .unwrap_or(resync)
-                                .min(resync);
-                            match autoscale(ctx, &twd, &observation).await {
-                                Some(scale) => retire.min(scale),
-                                None => retire,
-                            }
+            let observed = if combined && take_reassert_due(ctx) {
+                recheck(ctx, &twd).await
+            } else {
+                run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await
+            };
+            next_wake = match observed {
+                Ok(observation) => {
+                    ctx.state_mut(|s| s.last_observation = Some(observation.clone()));
+                    if adopt_observed_spec(ctx, &observation) {
+                        // A change the watcher did not signal: act on it now.
+                        Duration::ZERO
+                    } else {
+                        write_status(ctx, &twd, &observation, spec.generation).await;
+                        let retire = retire_versions(ctx, &twd, &observation)
+                            .await
+                            .unwrap_or(resync)
+                            .min(resync);
+                        match autoscale(ctx, &twd, &observation).await {
+                            Some(scale) => retire.min(scale),
+                            None => retire,
                         }
                     }
-                    Err(_) => Duration::from_secs(30),
-                };
+                }
+                Err(_) => Duration::from_secs(30),
+            };
             let continue_now = if ctx.patched(PATCH_BOUNDED_HISTORY) {
                 turns >= MAX_TURNS_PER_RUN
                     || history_full(ctx, ctx.state(|s| s.input.history_event_bound))
@@ -538,17 +547,7 @@ async fn autoscale(
 /// otherwise at most every [`REASSERT_EVERY`], so the turns a rollout's reports cause stay
 /// cheap.
 async fn reassert_resources(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) {
-    let now = now_millis(ctx);
-    let due = ctx.state_mut(|s| {
-        let signalled = std::mem::take(&mut s.spec_signalled);
-        let every = i64::try_from(REASSERT_EVERY.as_millis()).unwrap_or(i64::MAX);
-        let due = signalled || s.reasserted_at.is_none_or(|at| now - at >= every);
-        if due {
-            s.reasserted_at = Some(now);
-        }
-        due
-    });
-    if !due {
+    if !take_reassert_due(ctx) {
         return;
     }
     let Ok(outcome) = run_activity(
@@ -595,6 +594,41 @@ async fn show_reported_routing(
     }
     ctx.state_mut(|s| s.routing_shown = sequence);
     write_status(ctx, twd, &observation, generation).await;
+}
+
+/// Whether resources are to be re-asserted this turn (a spec signal came, or
+/// [`REASSERT_EVERY`] passed); if so, the time is taken as the last re-assertion.
+fn take_reassert_due(ctx: &mut WorkflowContext<TwdWorkflow>) -> bool {
+    let now = now_millis(ctx);
+    ctx.state_mut(|s| {
+        let signalled = std::mem::take(&mut s.spec_signalled);
+        let every = i64::try_from(REASSERT_EVERY.as_millis()).unwrap_or(i64::MAX);
+        let due = signalled || s.reasserted_at.is_none_or(|at| now - at >= every);
+        if due {
+            s.reasserted_at = Some(now);
+        }
+        due
+    })
+}
+
+/// `recheck` (`combined-recheck`): re-assertion and observation in one activity; each change
+/// re-asserted is a Normal event.
+async fn recheck(
+    ctx: &mut WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+) -> Result<Observation, crate::model::Blocked> {
+    let outcome = run_activity(
+        ctx,
+        Recheck,
+        twd.clone(),
+        "reassert resources and observe",
+        short_options(),
+    )
+    .await?;
+    for change in outcome.reasserted.changes {
+        event(ctx, twd, EventKind::Normal, &change.reason, change.message).await;
+    }
+    Ok(outcome.observation)
 }
 
 /// Takes the observed spec when it is newer than the last spec signal (the watcher missed or
