@@ -10,10 +10,14 @@ use anyhow::anyhow;
 use futures::{StreamExt, TryStreamExt, stream};
 use serde::Serialize;
 use serde_json::json;
+use twc_workflows::model::TwdRef;
 
 use crate::cluster::{Cluster, seconds_between, system_time, worker};
-use crate::latency;
-use crate::ledger::IdleTurns;
+use crate::latency::{self, Tracker};
+use crate::ledger::{
+    BurstMilestones, IdleTurns, MilestoneSummary, QueueWaits, ReactionInput, Timeline,
+    summarize_milestones,
+};
 use crate::procstat;
 use crate::prom;
 use crate::sampler::{Counters, Sampler, Tick, peak_rate, peak_rate_over, wait_quiet};
@@ -23,6 +27,9 @@ use crate::stats::Summary;
 const APPLY_CONCURRENCY: usize = 16;
 /// Concurrent reads after a burst (history lengths, version create times).
 const READ_CONCURRENCY: usize = 8;
+/// How long after the last new Deployment the TWD watch may take to report every new
+/// generation before the missing ones are left out of the hop ledger.
+const GENERATION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The burst results.
 #[derive(Debug, Clone, Serialize)]
@@ -77,6 +84,50 @@ pub struct ChangeRound {
     pub all_ready_ms: f64,
     /// Per TWD: first apply sent → its new Deployment seen, ms.
     pub created_ms: Vec<f64>,
+    /// Where the reactions queued: each TWD's milestones from its apply to its new Deployment.
+    pub hop_ledger: BurstLedger,
+}
+
+/// The milestones of a round's reactions, read from the TWD and rollout workflows' histories
+/// once the round is over and the controller quiet, and the benchmark's own watch events; all
+/// in ms after the round's first apply sent (wall clock, Temporal's event times on the same
+/// machine's clock).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BurstLedger {
+    /// Per TWD.
+    pub reactions: Vec<TwdReaction>,
+    /// Each milestone over the TWDs: when reached (min, p50, max), the spread (max − min), and
+    /// the hop from the previous milestone.
+    pub milestones: Vec<MilestoneSummary>,
+    /// Tasks' waits for a worker (started − scheduled), for the tasks scheduled between the
+    /// first apply sent and the last new Deployment seen.
+    pub queue_waits_to_last_created: QueueWaits,
+    /// The same, up to the last build Current in Temporal.
+    pub queue_waits_to_all_current: QueueWaits,
+    /// TWD and rollout workflow histories that could not be read (their milestones missing).
+    pub unread_histories: usize,
+}
+
+/// One TWD's reaction in a round.
+#[derive(Debug, Clone, Serialize)]
+pub struct TwdReaction {
+    /// The TWD's name.
+    pub twd: String,
+    /// The new build (Temporal's Current after the round).
+    pub build_id: Option<String>,
+    /// Its milestones.
+    #[serde(flatten)]
+    pub milestones: BurstMilestones,
+}
+
+/// What the benchmark saw of one TWD in a round.
+struct Sighting {
+    name: String,
+    apply_sent: Option<SystemTime>,
+    /// The new `metadata.generation` and when the TWD watch saw it.
+    generation: Option<(i64, SystemTime)>,
+    deployment_seen: Option<SystemTime>,
+    build_id: Option<String>,
 }
 
 /// The change-burst results.
@@ -126,10 +177,18 @@ pub async fn change_burst(
         wait_quiet(cluster, Duration::from_secs(3), Duration::from_secs(180)).await?;
         let tag = format!("chg{round}");
         let prefixes: Vec<String> = names.iter().map(|n| format!("{n}-{tag}-")).collect();
+        // Reports that arrived while idle carry no new generation.
+        while let Ok(next) = seen.try_recv() {
+            tracker.note(next);
+        }
+        let old_generations: BTreeMap<&str, i64> = names
+            .iter()
+            .map(|n| (n.as_str(), tracker.generation(n)))
+            .collect();
         let applied = Instant::now();
         let applied_at = SystemTime::now();
         let expected = ready_with(&tag);
-        let (ready, ()) = tokio::try_join!(
+        let (ready, sent) = tokio::try_join!(
             cluster.wait_all_ready(namespace, &expected, timeout),
             apply_all(cluster, namespace, &names, &tag),
         )?;
@@ -152,17 +211,53 @@ pub async fn change_burst(
         .await?;
         let first = created.iter().min().copied().unwrap_or(applied);
         let last = created.iter().max().copied().unwrap_or(applied);
+        // The TWD watch reported each new generation before the Deployments, normally; a
+        // generation it never reports leaves that TWD's watch milestone missing.
+        let new_generation = |t: &Tracker, name: &str| {
+            let old = old_generations.get(name).copied().unwrap_or(0);
+            t.generations_at
+                .iter()
+                .filter(|((n, g), _)| n == name && *g > old)
+                .map(|((_, g), at)| (*g, *at))
+                .min_by_key(|(g, _)| *g)
+        };
+        latency::wait_within(&mut seen, &mut tracker, GENERATION_TIMEOUT, |t| {
+            names
+                .iter()
+                .all(|n| new_generation(t, n).is_some())
+                .then_some(())
+        })
+        .await;
         let deployment_names: Vec<String> =
             names.iter().map(|n| format!("{namespace}/{n}")).collect();
         let current = current_since(cluster, namespace, &deployment_names, &tag).await?;
         let last_current = current
-            .iter()
+            .values()
+            .map(|(_, at)| *at)
             .max()
-            .copied()
             .ok_or_else(|| anyhow!("no build became Current"))?;
+        let sightings: Vec<Sighting> = names
+            .iter()
+            .zip(&prefixes)
+            .map(|(name, prefix)| Sighting {
+                name: name.clone(),
+                apply_sent: sent.get(name).copied(),
+                generation: new_generation(&tracker, name),
+                deployment_seen: tracker
+                    .created_at
+                    .iter()
+                    .find(|(n, _)| n.starts_with(prefix.as_str()))
+                    .map(|(_, at)| *at),
+                build_id: current
+                    .get(&format!("{namespace}/{name}"))
+                    .map(|(build, _)| build.clone()),
+            })
+            .collect();
+        // The round's first apply sent: the origin of the milestones.
+        let origin = sent.values().min().copied().unwrap_or(applied_at);
         let all_ready = ready.values().max().copied().unwrap_or(applied);
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let one = ChangeRound {
+        let mut one = ChangeRound {
             last_created_ms: ms(last.saturating_duration_since(applied)),
             created_spread_ms: ms(last.saturating_duration_since(first)),
             all_current_ms: seconds_between(applied_at, last_current) * 1e3,
@@ -171,6 +266,7 @@ pub async fn change_burst(
                 .iter()
                 .map(|c| ms(c.saturating_duration_since(applied)))
                 .collect(),
+            hop_ledger: BurstLedger::default(),
             tag,
         };
         tracing::info!(
@@ -180,6 +276,27 @@ pub async fn change_burst(
             all_current_ms = one.all_current_ms,
             all_ready_ms = one.all_ready_ms,
             "change burst"
+        );
+        // The histories are read once the controller is quiet, so the reads cost no round time.
+        wait_quiet(cluster, Duration::from_secs(3), Duration::from_secs(180)).await?;
+        one.hop_ledger = burst_ledger(cluster, namespace, &sightings, origin, last_current).await;
+        for m in &one.hop_ledger.milestones {
+            tracing::info!(
+                round,
+                milestone = %m.milestone,
+                p50_ms = m.at_ms.as_ref().map(|s| s.median),
+                spread_ms = m.spread_ms,
+                hop_p50_ms = m.hop_ms.as_ref().map(|s| s.median),
+                hop_max_ms = m.hop_ms.as_ref().map(|s| s.max),
+                missing = m.missing,
+                "change burst milestone"
+            );
+        }
+        tracing::info!(
+            round,
+            to_last_created = ?one.hop_ledger.queue_waits_to_last_created,
+            to_all_current = ?one.hop_ledger.queue_waits_to_all_current,
+            "change burst queue waits"
         );
         measured.push(one);
     }
@@ -195,14 +312,14 @@ pub async fn change_burst(
     })
 }
 
-/// When each deployment's build with prefix `tag-` became Current (Temporal's
-/// `currentVersionChangedTime`).
+/// Per deployment name: its Current build, which has prefix `tag-`, and when it became Current
+/// (Temporal's `currentVersionChangedTime`).
 async fn current_since(
     cluster: &Cluster,
     temporal_namespace: &str,
     deployment_names: &[String],
     tag: &str,
-) -> anyhow::Result<Vec<SystemTime>> {
+) -> anyhow::Result<BTreeMap<String, (String, SystemTime)>> {
     let prefix = format!("{tag}-");
     let prefix = prefix.as_str();
     stream::iter(deployment_names)
@@ -220,12 +337,107 @@ async fn current_since(
                 build.starts_with(prefix),
                 "{name}: Current is {build:?}, not {prefix}*"
             );
-            system_time(routing.current_version_changed_time.as_ref())
-                .ok_or_else(|| anyhow!("{name}: no currentVersionChangedTime"))
+            let since = system_time(routing.current_version_changed_time.as_ref())
+                .ok_or_else(|| anyhow!("{name}: no currentVersionChangedTime"))?;
+            Ok((name.clone(), (build, since)))
         })
         .buffer_unordered(READ_CONCURRENCY)
         .try_collect()
         .await
+}
+
+/// Reads every TWD workflow and new rollout workflow of a round and times each reaction's
+/// milestones from `origin`. A history that cannot be read leaves its milestones missing (and
+/// says so in the log).
+async fn burst_ledger(
+    cluster: &Cluster,
+    namespace: &str,
+    sightings: &[Sighting],
+    origin: SystemTime,
+    last_current: SystemTime,
+) -> BurstLedger {
+    let read = |id: String| async move {
+        match cluster.histories(&id).await {
+            Ok(runs) => Some(Timeline::of(&runs)),
+            Err(e) => {
+                tracing::warn!("reading the history of {id}: {e:#}");
+                None
+            }
+        }
+    };
+    let timelines: Vec<(Option<Timeline>, Option<Timeline>)> = stream::iter(sightings)
+        .map(|s| {
+            let twd = TwdRef {
+                namespace: namespace.to_owned(),
+                name: s.name.clone(),
+            };
+            let rollout_id = s.build_id.as_deref().map(|b| twd.rollout_workflow_id(b));
+            async move {
+                let rollout = match rollout_id {
+                    Some(id) => read(id).await,
+                    None => None,
+                };
+                (read(twd.twd_workflow_id()).await, rollout)
+            }
+        })
+        .buffered(READ_CONCURRENCY)
+        .collect()
+        .await;
+    let unread_histories = timelines
+        .iter()
+        .map(|(t, r)| usize::from(t.is_none()) + usize::from(r.is_none()))
+        .sum();
+    let (twds, rollouts): (Vec<Timeline>, Vec<Timeline>) = timelines
+        .into_iter()
+        .map(|(t, r)| (t.unwrap_or_default(), r.unwrap_or_default()))
+        .unzip();
+    let reactions: Vec<TwdReaction> = sightings
+        .iter()
+        .zip(twds.iter().zip(&rollouts))
+        .map(|(s, (twd, rollout))| {
+            let rollout_workflow_id = s
+                .build_id
+                .as_deref()
+                .map(|b| {
+                    TwdRef {
+                        namespace: namespace.to_owned(),
+                        name: s.name.clone(),
+                    }
+                    .rollout_workflow_id(b)
+                })
+                .unwrap_or_default();
+            let input = ReactionInput {
+                twd,
+                rollout,
+                // Generation 0 matches no signal: the signal's milestones are then missing.
+                generation: s.generation.map_or(0, |(g, _)| g),
+                rollout_workflow_id: &rollout_workflow_id,
+                watch_seen: s.generation.map(|(_, at)| at),
+                deployment_seen: s.deployment_seen,
+            };
+            TwdReaction {
+                twd: s.name.clone(),
+                build_id: s.build_id.clone(),
+                milestones: BurstMilestones::read(input, s.apply_sent, origin),
+            }
+        })
+        .collect();
+    let last_created = sightings
+        .iter()
+        .filter_map(|s| s.deployment_seen)
+        .max()
+        .unwrap_or(last_current);
+    let all: Vec<_> = reactions
+        .iter()
+        .map(|r| r.milestones.milestones())
+        .collect();
+    BurstLedger {
+        milestones: summarize_milestones(&all),
+        queue_waits_to_last_created: QueueWaits::read(&twds, &rollouts, origin, last_created),
+        queue_waits_to_all_current: QueueWaits::read(&twds, &rollouts, origin, last_current),
+        unread_histories,
+        reactions,
+    }
 }
 
 /// The idle results.
@@ -291,7 +503,7 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
     let cpu_before = controller_cpu(cluster)?;
     let started = Instant::now();
     let started_at = SystemTime::now();
-    let (ready, ()) = tokio::try_join!(
+    let (ready, _) = tokio::try_join!(
         cluster.wait_all_ready(namespace, &expected, Duration::from_secs(900)),
         apply_all(cluster, namespace, &names, "burst"),
     )?;
@@ -338,8 +550,13 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
     })
 }
 
-/// Makes the fleet `total` TWDs strong (adding TWDs named `i000`… in `namespace`), waits until
-/// all are rolled out and quiet, then measures for `window`.
+/// Most idle-fleet TWDs per Kubernetes and Temporal namespace (Temporal's default limit of
+/// worker deployments per namespace is 100).
+const IDLE_PER_NAMESPACE: usize = 100;
+
+/// Makes the fleet `total` TWDs strong (adding TWDs named `i000`… in `namespace`, and in
+/// `namespace-2`, … past [`IDLE_PER_NAMESPACE`]), waits until all are rolled out and quiet,
+/// then measures for `window`.
 pub async fn idle(
     cluster: &Cluster,
     existing: usize,
@@ -348,17 +565,23 @@ pub async fn idle(
     window: Duration,
 ) -> anyhow::Result<Idle> {
     let added = total.saturating_sub(existing);
-    if added > 0 {
-        cluster.namespace(namespace).await?;
-        cluster.temporal_namespace(namespace).await?;
-        let names: Vec<String> = (0..added).map(|i| format!("i{i:03}")).collect();
+    // A Temporal namespace holds at most 100 worker deployments by default: the added TWDs
+    // go to `namespace`, `namespace-2`, ... in groups of at most IDLE_PER_NAMESPACE.
+    let names: Vec<String> = (0..added).map(|i| format!("i{i:03}")).collect();
+    for (group, names) in names.chunks(IDLE_PER_NAMESPACE).enumerate() {
+        let namespace = match group {
+            0 => namespace.to_owned(),
+            n => format!("{namespace}-{}", n + 1),
+        };
+        cluster.namespace(&namespace).await?;
+        cluster.temporal_namespace(&namespace).await?;
         let expected: BTreeMap<String, String> = names
             .iter()
             .map(|n| (n.clone(), "idle-".to_owned()))
             .collect();
         tokio::try_join!(
-            cluster.wait_all_ready(namespace, &expected, Duration::from_secs(900)),
-            apply_all(cluster, namespace, &names, "idle"),
+            cluster.wait_all_ready(&namespace, &expected, Duration::from_secs(900)),
+            apply_all(cluster, &namespace, names, "idle"),
         )?;
     }
     wait_quiet(cluster, Duration::from_secs(10), Duration::from_secs(180)).await?;
@@ -520,29 +743,29 @@ fn controller_cpu(cluster: &Cluster) -> anyhow::Result<f64> {
 }
 
 /// Applies one TWD per name (AllAtOnce, image tag `tag`), in the Kubernetes namespace and the
-/// Temporal namespace named `namespace`.
+/// Temporal namespace named `namespace`; returns when each apply was sent (wall clock).
 async fn apply_all(
     cluster: &Cluster,
     namespace: &str,
     names: &[String],
     tag: &str,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<BTreeMap<String, SystemTime>> {
     stream::iter(names)
         .map(|name| async move {
-            cluster
-                .apply(&worker(
-                    namespace,
-                    namespace,
-                    name,
-                    tag,
-                    json!({ "strategy": "AllAtOnce" }),
-                ))
-                .await
+            let manifest = worker(
+                namespace,
+                namespace,
+                name,
+                tag,
+                json!({ "strategy": "AllAtOnce" }),
+            );
+            let sent = SystemTime::now();
+            cluster.apply(&manifest).await?;
+            Ok::<_, anyhow::Error>((name.clone(), sent))
         })
         .buffer_unordered(APPLY_CONCURRENCY)
-        .try_collect::<Vec<()>>()
-        .await?;
-    Ok(())
+        .try_collect()
+        .await
 }
 
 /// When each deployment's current build first polled (its version's create time).

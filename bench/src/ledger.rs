@@ -34,6 +34,13 @@ struct Activity {
     completed: Option<SystemTime>,
 }
 
+/// One workflow task of a history: the times of its scheduled and started events.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct WorkflowTask {
+    scheduled: Option<SystemTime>,
+    started: Option<SystemTime>,
+}
+
 /// What an event of a history is, as far as the ledgers care.
 #[derive(Debug, Clone, PartialEq)]
 enum Kind {
@@ -41,6 +48,10 @@ enum Kind {
     Started,
     /// `WorkflowExecutionSignaled`: the signal's name and its first argument as JSON.
     Signaled(String, Option<serde_json::Value>),
+    /// `WorkflowTaskScheduled` of the task with this index in [`Timeline::workflow_tasks`].
+    WorkflowTaskScheduled(usize),
+    /// `WorkflowTaskStarted` of the task with this index.
+    WorkflowTaskStarted(usize),
     /// `WorkflowTaskCompleted`.
     WorkflowTaskCompleted,
     /// `ActivityTaskScheduled` of the activity with this index in [`Timeline::activities`].
@@ -63,11 +74,13 @@ struct Event {
 }
 
 /// Every run of one workflow as one sequence of events (runs in the order they started), with
-/// its activities matched up across their scheduled, started and completed events.
+/// its activities and workflow tasks matched up across their scheduled, started and completed
+/// events.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Timeline {
     events: Vec<Event>,
     activities: Vec<Activity>,
+    workflow_tasks: Vec<WorkflowTask>,
 }
 
 impl Timeline {
@@ -87,14 +100,34 @@ impl Timeline {
     }
 
     fn push_run(&mut self, run: &[HistoryEvent]) {
-        // Event IDs are per run: scheduled event ID → activity index.
+        // Event IDs are per run: scheduled event ID → activity index, and → workflow task
+        // index.
         let mut by_scheduled: HashMap<i64, usize> = HashMap::new();
+        let mut tasks_by_scheduled: HashMap<i64, usize> = HashMap::new();
         for event in run {
             let at = system_time(event.event_time.as_ref());
             let kind = match &event.attributes {
                 Some(Attributes::WorkflowExecutionStartedEventAttributes(_)) => Kind::Started,
                 Some(Attributes::WorkflowExecutionSignaledEventAttributes(a)) => {
                     Kind::Signaled(a.signal_name.clone(), first_argument(a.input.as_ref()))
+                }
+                Some(Attributes::WorkflowTaskScheduledEventAttributes(_)) => {
+                    let index = self.workflow_tasks.len();
+                    self.workflow_tasks.push(WorkflowTask {
+                        scheduled: at,
+                        started: None,
+                    });
+                    tasks_by_scheduled.insert(event.event_id, index);
+                    Kind::WorkflowTaskScheduled(index)
+                }
+                Some(Attributes::WorkflowTaskStartedEventAttributes(a)) => {
+                    match tasks_by_scheduled.get(&a.scheduled_event_id) {
+                        Some(&i) => {
+                            self.workflow_tasks[i].started = at;
+                            Kind::WorkflowTaskStarted(i)
+                        }
+                        None => Kind::Other,
+                    }
                 }
                 Some(Attributes::WorkflowTaskCompletedEventAttributes(_)) => {
                     Kind::WorkflowTaskCompleted
@@ -168,6 +201,36 @@ impl Timeline {
     pub fn event_count(&self) -> usize {
         self.events.len()
     }
+
+    /// Started − scheduled, ms, of every workflow task scheduled in `[from, to]` that started.
+    pub fn workflow_task_waits(&self, from: SystemTime, to: SystemTime) -> Vec<f64> {
+        waits(
+            self.workflow_tasks.iter().map(|t| (t.scheduled, t.started)),
+            from,
+            to,
+        )
+    }
+
+    /// Started − scheduled, ms, of every activity scheduled in `[from, to]` that started.
+    pub fn activity_waits(&self, from: SystemTime, to: SystemTime) -> Vec<f64> {
+        waits(
+            self.activities.iter().map(|a| (a.scheduled, a.started)),
+            from,
+            to,
+        )
+    }
+}
+
+/// Started − scheduled, ms, of the tasks scheduled in `[from, to]` that started.
+fn waits(
+    tasks: impl Iterator<Item = (Option<SystemTime>, Option<SystemTime>)>,
+    from: SystemTime,
+    to: SystemTime,
+) -> Vec<f64> {
+    tasks
+        .filter(|(scheduled, _)| scheduled.is_some_and(|s| s >= from && s <= to))
+        .filter_map(|(scheduled, started)| ms(scheduled, started))
+        .collect()
 }
 
 /// The first argument of a signal or activity, when it is JSON.
@@ -251,17 +314,27 @@ pub struct ReactionInput<'a> {
     pub deployment_seen: Option<SystemTime>,
 }
 
-impl ReactionLedger {
-    /// The ledger of one reaction.
-    pub fn read(input: ReactionInput<'_>) -> Self {
+/// Where the events of one reaction are: positions in the TWD's and the rollout's timelines.
+struct ReactionEvents {
+    /// `spec_changed` carrying the new generation (TWD timeline).
+    signal: Option<usize>,
+    /// `StartChildWorkflowExecutionInitiated` of the new build's rollout (TWD timeline).
+    child: Option<usize>,
+    /// The rollout's `WorkflowExecutionStarted` (rollout timeline).
+    started: Option<usize>,
+    /// The rollout's first `ActivityTaskScheduled` of `create_deployment` (rollout timeline).
+    create: Option<usize>,
+}
+
+impl ReactionEvents {
+    fn find(input: &ReactionInput<'_>) -> Self {
         let ReactionInput {
             twd,
             rollout,
             generation,
             rollout_workflow_id,
-            watch_seen,
-            deployment_seen,
-        } = input;
+            ..
+        } = *input;
         let signal = twd.find(0, |k| match k {
             Kind::Signaled(name, Some(arg)) => {
                 name == SPEC_CHANGED
@@ -270,19 +343,52 @@ impl ReactionLedger {
             _ => false,
         });
         // The child is looked for after the signal when there is one (an older build's rollout
-        // may share nothing with it, but a retried start could).
-        let child = twd.find(
-            signal.unwrap_or(0),
-            |k| matches!(k, Kind::ChildInitiated(id) if id == rollout_workflow_id),
-        );
+        // may share nothing with it, but a retried start could), else anywhere: the workflow's
+        // own observation can see the new spec and start the child before the signal arrives.
+        let is_child =
+            |k: &Kind| matches!(k, Kind::ChildInitiated(id) if id == rollout_workflow_id);
+        let child = twd
+            .find(signal.unwrap_or(0), is_child)
+            .or_else(|| twd.find(0, is_child));
         let started = rollout.find(0, |k| matches!(k, Kind::Started));
         let create = rollout.find(started.unwrap_or(0), |k| {
             matches!(k, Kind::ActivityScheduled(i) if rollout.activities[*i].kind == CREATE_DEPLOYMENT)
         });
-        let create_activity = create.and_then(|p| match rollout.events[p].kind {
+        Self {
+            signal,
+            child,
+            started,
+            create,
+        }
+    }
+
+    /// The `create_deployment` activity.
+    fn create_activity<'a>(&self, rollout: &'a Timeline) -> Option<&'a Activity> {
+        self.create.and_then(|p| match rollout.events[p].kind {
             Kind::ActivityScheduled(i) => rollout.activities.get(i),
             _ => None,
-        });
+        })
+    }
+}
+
+impl ReactionLedger {
+    /// The ledger of one reaction.
+    pub fn read(input: ReactionInput<'_>) -> Self {
+        let ReactionInput {
+            twd,
+            rollout,
+            watch_seen,
+            deployment_seen,
+            ..
+        } = input;
+        let found = ReactionEvents::find(&input);
+        let ReactionEvents {
+            signal,
+            child,
+            started,
+            create,
+        } = found;
+        let create_activity = found.create_activity(rollout);
         let signal_at = signal.and_then(|p| twd.at(p));
         let child_at = child.and_then(|p| twd.at(p));
         let started_at = started.and_then(|p| rollout.at(p));
@@ -454,6 +560,203 @@ impl PromotionLedger {
     }
 }
 
+/// Where one reaction of a burst stood at each milestone, ms after the burst's first apply was
+/// sent (wall clock; Temporal's event times are on the same machine's clock). A milestone that
+/// cannot be found is `None` (missing), never 0.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct BurstMilestones {
+    /// The benchmark sent this TWD's apply.
+    pub apply_sent_ms: Option<f64>,
+    /// The benchmark's TWD watch saw the new generation.
+    pub twd_watch_ms: Option<f64>,
+    /// `spec_changed` carrying the new generation recorded in the TWD workflow.
+    pub signal_recorded_ms: Option<f64>,
+    /// `WorkflowTaskScheduled` of the TWD workflow task that handled the signal (earlier than
+    /// the signal when a task was already scheduled and took it).
+    pub twd_task_scheduled_ms: Option<f64>,
+    /// `WorkflowTaskStarted` of the TWD workflow task that handled the signal (the first
+    /// started after it).
+    pub twd_task_started_ms: Option<f64>,
+    /// `StartChildWorkflowExecutionInitiated` of the new build's rollout.
+    pub child_initiated_ms: Option<f64>,
+    /// The rollout's `WorkflowExecutionStarted`.
+    pub rollout_started_ms: Option<f64>,
+    /// The rollout's first `WorkflowTaskScheduled`.
+    pub rollout_task_scheduled_ms: Option<f64>,
+    /// That workflow task's `WorkflowTaskStarted`.
+    pub rollout_task_started_ms: Option<f64>,
+    /// The rollout's first `create_deployment` scheduled.
+    pub create_scheduled_ms: Option<f64>,
+    /// That activity started.
+    pub create_started_ms: Option<f64>,
+    /// That activity completed.
+    pub create_completed_ms: Option<f64>,
+    /// The benchmark's Deployment watch saw the new Deployment.
+    pub deployment_seen_ms: Option<f64>,
+}
+
+impl BurstMilestones {
+    /// The milestones of one reaction, from the same events as its [`ReactionLedger`], with
+    /// when the benchmark sent the TWD's apply, counted from `origin` (the burst's first apply
+    /// sent).
+    pub fn read(
+        input: ReactionInput<'_>,
+        apply_sent: Option<SystemTime>,
+        origin: SystemTime,
+    ) -> Self {
+        let ReactionInput {
+            twd,
+            rollout,
+            watch_seen,
+            deployment_seen,
+            ..
+        } = input;
+        let found = ReactionEvents::find(&input);
+        // The TWD workflow task that handled the signal: the first to start after it.
+        let twd_task = found
+            .signal
+            .and_then(|s| twd.find(s, |k| matches!(k, Kind::WorkflowTaskStarted(_))))
+            .and_then(|p| match twd.events[p].kind {
+                Kind::WorkflowTaskStarted(i) => twd.workflow_tasks.get(i),
+                _ => None,
+            });
+        let rollout_task = found
+            .started
+            .and_then(|s| rollout.find(s, |k| matches!(k, Kind::WorkflowTaskScheduled(_))))
+            .and_then(|p| match rollout.events[p].kind {
+                Kind::WorkflowTaskScheduled(i) => rollout.workflow_tasks.get(i),
+                _ => None,
+            });
+        let create = found.create_activity(rollout);
+        let after = |at: Option<SystemTime>| ms(Some(origin), at);
+        Self {
+            apply_sent_ms: after(apply_sent),
+            twd_watch_ms: after(watch_seen),
+            signal_recorded_ms: after(found.signal.and_then(|p| twd.at(p))),
+            twd_task_scheduled_ms: after(twd_task.and_then(|t| t.scheduled)),
+            twd_task_started_ms: after(twd_task.and_then(|t| t.started)),
+            child_initiated_ms: after(found.child.and_then(|p| twd.at(p))),
+            rollout_started_ms: after(found.started.and_then(|p| rollout.at(p))),
+            rollout_task_scheduled_ms: after(rollout_task.and_then(|t| t.scheduled)),
+            rollout_task_started_ms: after(rollout_task.and_then(|t| t.started)),
+            create_scheduled_ms: after(create.and_then(|a| a.scheduled)),
+            create_started_ms: after(create.and_then(|a| a.started)),
+            create_completed_ms: after(create.and_then(|a| a.completed)),
+            deployment_seen_ms: after(deployment_seen),
+        }
+    }
+
+    /// The milestones in the order a reaction passes them, named as in the report.
+    pub fn milestones(&self) -> [(&'static str, Option<f64>); 13] {
+        [
+            ("apply sent", self.apply_sent_ms),
+            ("TWD watch event", self.twd_watch_ms),
+            ("spec_changed recorded", self.signal_recorded_ms),
+            ("TWD workflow task scheduled", self.twd_task_scheduled_ms),
+            ("TWD workflow task started", self.twd_task_started_ms),
+            ("child rollout initiated", self.child_initiated_ms),
+            ("rollout started", self.rollout_started_ms),
+            (
+                "rollout's first workflow task scheduled",
+                self.rollout_task_scheduled_ms,
+            ),
+            (
+                "rollout's first workflow task started",
+                self.rollout_task_started_ms,
+            ),
+            ("create_deployment scheduled", self.create_scheduled_ms),
+            ("create_deployment started", self.create_started_ms),
+            ("create_deployment completed", self.create_completed_ms),
+            ("Deployment seen", self.deployment_seen_ms),
+        ]
+    }
+}
+
+/// One milestone over the reactions of a burst.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct MilestoneSummary {
+    /// The milestone.
+    pub milestone: String,
+    /// When the reactions reached it, ms after the first apply (over those where it was found).
+    pub at_ms: Option<Summary>,
+    /// Latest − earliest, ms: how far apart the reactions reached it.
+    pub spread_ms: Option<f64>,
+    /// Per reaction, this milestone − the previous one, ms (`None` for the first milestone).
+    pub hop_ms: Option<Summary>,
+    /// Reactions where the milestone was not found.
+    pub missing: usize,
+}
+
+/// Summaries of the same milestones over the reactions of a burst (each given as its
+/// `milestones()`): when they were reached, how far apart, and the hop from the previous one.
+pub fn summarize_milestones<const N: usize>(
+    reactions: &[[(&'static str, Option<f64>); N]],
+) -> Vec<MilestoneSummary> {
+    let Some(first) = reactions.first() else {
+        return Vec::new();
+    };
+    (0..N)
+        .map(|k| {
+            let at: Vec<f64> = reactions.iter().filter_map(|r| r[k].1).collect();
+            let hops: Vec<f64> = match k.checked_sub(1) {
+                Some(previous) => reactions
+                    .iter()
+                    .filter_map(|r| Some(r[k].1? - r[previous].1?))
+                    .collect(),
+                None => Vec::new(),
+            };
+            let at_ms = Summary::of(&at);
+            MilestoneSummary {
+                milestone: first[k].0.to_owned(),
+                spread_ms: at_ms.as_ref().map(|s| s.max - s.min),
+                hop_ms: Summary::of(&hops),
+                missing: reactions.len() - at.len(),
+                at_ms,
+            }
+        })
+        .collect()
+}
+
+/// How long tasks waited for a worker (started − scheduled) in a window of a burst: a queue of
+/// workflow tasks or activities shows here.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct QueueWaits {
+    /// Workflow tasks of the TWD workflows scheduled in the window, ms.
+    pub twd_workflow_tasks_ms: Option<Summary>,
+    /// Workflow tasks of the rollout workflows scheduled in the window, ms.
+    pub rollout_workflow_tasks_ms: Option<Summary>,
+    /// Activities (any type) of both scheduled in the window, ms.
+    pub activities_ms: Option<Summary>,
+}
+
+impl QueueWaits {
+    /// The waits of the tasks scheduled in `[from, to]` in these timelines.
+    pub fn read(
+        twds: &[Timeline],
+        rollouts: &[Timeline],
+        from: SystemTime,
+        to: SystemTime,
+    ) -> Self {
+        let tasks = |timelines: &[Timeline]| {
+            let waits: Vec<f64> = timelines
+                .iter()
+                .flat_map(|t| t.workflow_task_waits(from, to))
+                .collect();
+            Summary::of(&waits)
+        };
+        let activities: Vec<f64> = twds
+            .iter()
+            .chain(rollouts)
+            .flat_map(|t| t.activity_waits(from, to))
+            .collect();
+        Self {
+            twd_workflow_tasks_ms: tasks(twds),
+            rollout_workflow_tasks_ms: tasks(rollouts),
+            activities_ms: Summary::of(&activities),
+        }
+    }
+}
+
 /// One hop over many rollouts.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct HopSummary {
@@ -540,7 +843,7 @@ mod tests {
         ActivityTaskStartedEventAttributes, StartChildWorkflowExecutionInitiatedEventAttributes,
         TimerFiredEventAttributes, WorkflowExecutionSignaledEventAttributes,
         WorkflowExecutionStartedEventAttributes, WorkflowTaskCompletedEventAttributes,
-        WorkflowTaskScheduledEventAttributes,
+        WorkflowTaskScheduledEventAttributes, WorkflowTaskStartedEventAttributes,
     };
 
     use super::*;
@@ -583,6 +886,32 @@ mod tests {
         fn task(self, ms: u64) -> Self {
             self.push(ms, WorkflowTaskScheduledEventAttributes::default().into())
                 .push(ms, WorkflowTaskCompletedEventAttributes::default().into())
+        }
+
+        /// A workflow task scheduled, started and completed at the given times.
+        fn timed_task(self, scheduled: u64, started: u64, completed: u64) -> Self {
+            let run = self.push(
+                scheduled,
+                WorkflowTaskScheduledEventAttributes::default().into(),
+            );
+            let id = run.0.len() as i64;
+            run.task_done(id, started, completed)
+        }
+
+        /// The workflow task scheduled as event `scheduled` started and completed.
+        fn task_done(self, scheduled: i64, started: u64, completed: u64) -> Self {
+            self.push(
+                started,
+                WorkflowTaskStartedEventAttributes {
+                    scheduled_event_id: scheduled,
+                    ..Default::default()
+                }
+                .into(),
+            )
+            .push(
+                completed,
+                WorkflowTaskCompletedEventAttributes::default().into(),
+            )
         }
 
         fn signal(self, ms: u64, name: &str, generation: i64) -> Self {
@@ -871,5 +1200,195 @@ mod tests {
                 workflow_tasks: 2,
             }
         );
+    }
+    /// The rollout of the burst tests: started at 1_040, its first task queued 300 ms,
+    /// `create_deployment` scheduled in that task and queued 200 ms.
+    fn burst_rollout() -> Timeline {
+        let (rollout, create) = Run::new()
+            .started(1_040)
+            .timed_task(1_040, 1_340, 1_350)
+            .scheduled(1_350, CREATE_DEPLOYMENT);
+        Timeline::of(&[rollout.activity_done(create, 1_550, 1_600).0])
+    }
+
+    fn burst_input<'a>(twd: &'a Timeline, rollout: &'a Timeline) -> ReactionInput<'a> {
+        ReactionInput {
+            twd,
+            rollout,
+            generation: 2,
+            rollout_workflow_id: ROLLOUT,
+            watch_seen: Some(t(520)),
+            deployment_seen: Some(t(1_590)),
+        }
+    }
+
+    #[test]
+    fn burst_milestones_take_the_signal_s_task_even_when_it_was_scheduled_before_the_signal() {
+        // A task already scheduled (not started) when the signal arrives handles it.
+        let (twd, task) = Run::new()
+            .started(0)
+            .timed_task(1, 2, 3)
+            .scheduled(4, "observe");
+        let twd = twd
+            .activity_done(task, 5, 400)
+            .push(400, WorkflowTaskScheduledEventAttributes::default().into());
+        let scheduled = twd.0.len() as i64;
+        let twd = twd
+            .signal(530, SPEC_CHANGED, 2)
+            .task_done(scheduled, 900, 1_010)
+            .child(1_010, ROLLOUT);
+        let twd = Timeline::of(&[twd.0]);
+        let rollout = burst_rollout();
+        let milestones = BurstMilestones::read(burst_input(&twd, &rollout), Some(t(510)), t(500));
+        assert_eq!(
+            milestones
+                .milestones()
+                .map(|(_, ms)| ms.map(|v| v.round() as i64)),
+            [
+                Some(10),
+                Some(20),
+                Some(30),
+                Some(-100),
+                Some(400),
+                Some(510),
+                Some(540),
+                Some(540),
+                Some(840),
+                Some(850),
+                Some(1_050),
+                Some(1_100),
+                Some(1_090),
+            ]
+        );
+    }
+
+    #[test]
+    fn burst_milestones_take_the_next_task_when_the_signal_arrives_during_one() {
+        // A task in flight when the signal arrives does not see it: the server buffers the
+        // signal after that task's completion and schedules another.
+        let twd = Run::new().started(0).timed_task(1, 2, 3);
+        let in_flight = twd.push(500, WorkflowTaskScheduledEventAttributes::default().into());
+        let id = in_flight.0.len() as i64;
+        let twd = in_flight
+            .push(
+                510,
+                WorkflowTaskStartedEventAttributes {
+                    scheduled_event_id: id,
+                    ..Default::default()
+                }
+                .into(),
+            )
+            .push(600, WorkflowTaskCompletedEventAttributes::default().into())
+            .signal(530, SPEC_CHANGED, 2)
+            .timed_task(600, 700, 710)
+            .child(710, ROLLOUT);
+        let twd = Timeline::of(&[twd.0]);
+        let rollout = burst_rollout();
+        let milestones = BurstMilestones::read(burst_input(&twd, &rollout), None, t(500));
+        assert_eq!(milestones.apply_sent_ms, None, "no apply time: missing");
+        assert_eq!(milestones.twd_task_scheduled_ms, Some(100.0));
+        assert_eq!(milestones.twd_task_started_ms, Some(200.0));
+        assert_eq!(milestones.child_initiated_ms, Some(210.0));
+    }
+
+    #[test]
+    fn burst_milestones_without_the_signal_leave_the_twd_task_missing() {
+        let twd = Timeline::of(&[Run::new().started(0).timed_task(1, 2, 3).0]);
+        let rollout = burst_rollout();
+        let milestones = BurstMilestones::read(burst_input(&twd, &rollout), Some(t(500)), t(500));
+        assert_eq!(milestones.apply_sent_ms, Some(0.0));
+        assert_eq!(milestones.signal_recorded_ms, None);
+        assert_eq!(milestones.twd_task_scheduled_ms, None);
+        assert_eq!(milestones.twd_task_started_ms, None);
+        assert_eq!(milestones.child_initiated_ms, None);
+        assert_eq!(milestones.rollout_task_started_ms, Some(840.0));
+    }
+
+    #[test]
+    fn burst_milestones_keep_a_child_started_before_the_signal_arrived() {
+        // The workflow's own turn saw the new spec and started the rollout; the signal came
+        // later.
+        let twd = Run::new()
+            .started(0)
+            .timed_task(300, 310, 320)
+            .child(320, ROLLOUT)
+            .signal(530, SPEC_CHANGED, 2)
+            .timed_task(530, 540, 550);
+        let twd = Timeline::of(&[twd.0]);
+        let rollout = burst_rollout();
+        let milestones = BurstMilestones::read(burst_input(&twd, &rollout), None, t(500));
+        assert_eq!(milestones.signal_recorded_ms, Some(30.0));
+        assert_eq!(milestones.twd_task_started_ms, Some(40.0));
+        assert_eq!(milestones.child_initiated_ms, Some(-180.0));
+    }
+
+    #[test]
+    fn milestone_summaries_give_spread_and_hops_over_the_reactions() {
+        let a = [
+            ("apply", Some(0.0)),
+            ("signal", Some(10.0)),
+            ("task", Some(100.0)),
+        ];
+        let b = [
+            ("apply", Some(5.0)),
+            ("signal", Some(20.0)),
+            ("task", Some(2_000.0)),
+        ];
+        let c = [
+            ("apply", Some(8.0)),
+            ("signal", None),
+            ("task", Some(1_000.0)),
+        ];
+        let summary = summarize_milestones(&[a, b, c]);
+        let shown: Vec<_> = summary
+            .iter()
+            .map(|m| {
+                (
+                    m.milestone.as_str(),
+                    m.at_ms.as_ref().map(|s| s.median),
+                    m.spread_ms,
+                    m.hop_ms.as_ref().map(|s| (s.n, s.median, s.max)),
+                    m.missing,
+                )
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                ("apply", Some(5.0), Some(8.0), None, 0),
+                ("signal", Some(10.0), Some(10.0), Some((2, 10.0, 15.0)), 1),
+                (
+                    "task",
+                    Some(1_000.0),
+                    Some(1_900.0),
+                    Some((2, 90.0, 1_980.0)),
+                    0
+                ),
+            ]
+        );
+        assert!(summarize_milestones::<1>(&[]).is_empty());
+    }
+
+    #[test]
+    fn queue_waits_count_tasks_scheduled_inside_the_window() {
+        let twd = Run::new()
+            .started(0)
+            .timed_task(0, 5, 6)
+            .timed_task(1_000, 1_400, 1_410)
+            .activity(1_410, "observe", 1_420, 1_500);
+        let rollout = Run::new()
+            .started(1_100)
+            .timed_task(1_100, 1_900, 1_910)
+            .timed_task(3_000, 3_001, 3_002);
+        let waits = QueueWaits::read(
+            &[Timeline::of(&[twd.0])],
+            &[Timeline::of(&[rollout.0])],
+            t(1_000),
+            t(2_000),
+        );
+        let show = |s: &Option<Summary>| s.as_ref().map(|s| (s.n, s.median));
+        assert_eq!(show(&waits.twd_workflow_tasks_ms), Some((1, 400.0)));
+        assert_eq!(show(&waits.rollout_workflow_tasks_ms), Some((1, 800.0)));
+        assert_eq!(show(&waits.activities_ms), Some((1, 10.0)));
     }
 }

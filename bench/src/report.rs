@@ -11,7 +11,7 @@ use crate::autoscaling::Autoscaling;
 use crate::drain::Drain;
 use crate::fleet::{Burst, ChangeBurst, Idle};
 use crate::latency::Latency;
-use crate::ledger::HopSummary;
+use crate::ledger::{HopSummary, QueueWaits};
 use crate::stats::Summary;
 use crate::steps::Steps;
 
@@ -613,8 +613,82 @@ impl Results {
         if let Some(l) = &self.latency {
             out.push_str(&hop_ledger(l));
         }
+        if let Some(c) = &self.change_burst {
+            out.push_str(&burst_ledger(c));
+        }
         out
     }
+}
+
+/// The milestones of the change burst's reactions, as Markdown: one table per round (when the
+/// TWDs reached each milestone, how far apart, the hop from the previous one) and the tasks'
+/// waits for a worker.
+fn burst_ledger(c: &ChangeBurst) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n**Burst of {} changed at once: where the reactions queue** (each TWD's milestones in \
+         ms after the round's first apply sent, wall clock; Temporal's event times from the TWD \
+         and rollout workflows' histories, read once the round was over and the controller \
+         quiet; the benchmark's watch events; spread = max − min over the TWDs, hop = this \
+         milestone − the previous one per TWD):",
+        c.twds
+    );
+    let cell = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:.0}"));
+    let waits = |w: &QueueWaits| {
+        let one = |s: Option<&Summary>| {
+            s.map_or_else(
+                || "none".to_owned(),
+                |s| format!("p50 {:.0} / max {:.0} ms (n = {})", s.median, s.max, s.n),
+            )
+        };
+        format!(
+            "TWD workflow tasks {}, rollout workflow tasks {}, activities {}",
+            one(w.twd_workflow_tasks_ms.as_ref()),
+            one(w.rollout_workflow_tasks_ms.as_ref()),
+            one(w.activities_ms.as_ref())
+        )
+    };
+    for (i, round) in c.rounds.iter().enumerate() {
+        let ledger = &round.hop_ledger;
+        let _ = writeln!(out, "\nRound {} (`{}`):\n", i + 1, round.tag);
+        out.push_str(
+            "| Milestone | min | p50 | max | spread | hop p50 | hop max | missing |\n\
+             |---|---|---|---|---|---|---|---|\n",
+        );
+        for m in &ledger.milestones {
+            let at = m.at_ms.as_ref();
+            let hop = m.hop_ms.as_ref();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                m.milestone,
+                cell(at.map(|s| s.min)),
+                cell(at.map(|s| s.median)),
+                cell(at.map(|s| s.max)),
+                cell(m.spread_ms),
+                cell(hop.map(|s| s.median)),
+                cell(hop.map(|s| s.max)),
+                m.missing
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\nWait for a worker (started − scheduled) of the tasks scheduled from the first apply \
+             to the last new Deployment seen: {}; up to the last build Current: {}.{}",
+            waits(&ledger.queue_waits_to_last_created),
+            waits(&ledger.queue_waits_to_all_current),
+            if ledger.unread_histories > 0 {
+                format!(
+                    " {} histories could not be read; their milestones are missing.",
+                    ledger.unread_histories
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    out
 }
 
 /// The hop ledgers of the latency rollouts, as Markdown: one small table per ledger and what
@@ -805,6 +879,50 @@ mod tests {
         assert_eq!(Target::p50(1.0).met(None), "–");
         assert_eq!(Target::p95(250.0).show(Unit::Ms), "p95 ≤ 250 ms");
         assert_eq!(Target::NONE.show(Unit::Ms), "–");
+    }
+
+    #[test]
+    fn burst_ledger_shows_a_row_per_milestone_and_the_queue_waits() {
+        use crate::fleet::{BurstLedger, ChangeRound};
+        use crate::ledger::{BurstMilestones, summarize_milestones};
+
+        let reaction = |signal: f64| BurstMilestones {
+            apply_sent_ms: Some(0.0),
+            signal_recorded_ms: Some(signal),
+            ..Default::default()
+        };
+        let all = [reaction(10.0), reaction(2_010.0)].map(|r| r.milestones());
+        let burst = ChangeBurst {
+            twds: 2,
+            rounds: vec![ChangeRound {
+                tag: "chg1".to_owned(),
+                last_created_ms: 0.0,
+                created_spread_ms: 0.0,
+                all_current_ms: 0.0,
+                all_ready_ms: 0.0,
+                created_ms: Vec::new(),
+                hop_ledger: BurstLedger {
+                    milestones: summarize_milestones(&all),
+                    ..Default::default()
+                },
+            }],
+            last_created_ms: None,
+            created_spread_ms: None,
+            all_current_ms: None,
+            all_ready_ms: None,
+        };
+        let text = burst_ledger(&burst);
+        assert!(text.contains("Round 1 (`chg1`)"), "{text}");
+        // The hop is from the previous milestone, missing here: no hop.
+        assert!(
+            text.contains("| spec_changed recorded | 10 | 10 | 2010 | 2000 | – | – | 0 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| TWD watch event | – | – | – | – | – | – | 2 |"),
+            "{text}"
+        );
+        assert!(text.contains("TWD workflow tasks none"), "{text}");
     }
 
     #[test]
