@@ -424,6 +424,7 @@ async fn signal_twd(
     let options =
         WorkflowStartOptions::new(config.task_queue.clone(), twd_ref.twd_workflow_id()).build();
     let sent_at = std::time::SystemTime::now();
+    let started = std::time::Instant::now();
     let result = engine
         .signal_with_start_workflow(
             TwdWorkflow::run,
@@ -454,7 +455,8 @@ async fn signal_twd(
     }
     match result {
         Ok(_) => {
-            tracing::info!(twd = %twd_ref.key(), generation, build_id = %signal.build_id, deleting, "signalled TWD workflow");
+            let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+            tracing::info!(twd = %twd_ref.key(), generation, build_id = %signal.build_id, deleting, elapsed_ms, "signalled TWD workflow");
             config.metrics.watcher_signal("spec_changed", true);
             config
                 .metrics

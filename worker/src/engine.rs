@@ -7,6 +7,7 @@ use std::time::Duration;
 use temporalio_client::{
     Client, ClientOptions, ClientTlsOptions, Connection, ConnectionOptions, TlsOptions, Url,
 };
+use temporalio_sdk::runtime::PollerBehavior;
 use temporalio_sdk::runtime::worker_tuner::{FixedSizeSlotSupplier, TunerHolder};
 use temporalio_sdk::{Runtime, Worker, WorkerOptions};
 use twc_activities::engine::EngineActivities;
@@ -45,6 +46,10 @@ pub struct EngineConfig {
 /// workflows that woke recently stay cached; an idle TWD workflow, which wakes every few
 /// minutes, is replayed from its (short) history instead.
 pub const DEFAULT_MAX_CACHED_WORKFLOWS: usize = 100;
+
+/// Workflow-task polls open at once (half on the normal queue, half on this worker's sticky
+/// queue).
+const WORKFLOW_TASK_POLLS: usize = 16;
 
 /// Default of [`EngineConfig::max_concurrent_waits`]: a wait costs a watch and a timer, not a
 /// thread, so a burst of a thousand rollouts waits at once.
@@ -183,6 +188,11 @@ pub async fn run_engine_worker_reporting(
         // controller's activity is retried within seconds); the SDK would otherwise send only
         // every 4 s (0.8 x the timeout), leaving about 1 s of margin.
         .max_heartbeat_throttle_interval(Duration::from_secs(2))
+        // A burst of changes is a burst of workflow tasks on both queues at once (new rollouts
+        // start on the normal one, cached TWD workflows continue on the sticky one): the
+        // SDK's default of 5 polls, one of them normal, left tasks waiting for a poll.
+        .workflow_task_poller_behavior(PollerBehavior::SimpleMaximum(WORKFLOW_TASK_POLLS))
+        .nonsticky_to_sticky_poll_ratio(0.5)
         .register_activities(activities.clone())
         .register_workflow::<TwdWorkflow>()
         .map_err(|e| worker_error(&e))?
