@@ -449,12 +449,29 @@ impl EngineActivities {
         request: BuildRequest,
     ) -> Result<CreateDeploymentOutcome, ActivityError> {
         with_heartbeats(&ctx, async {
+            // A rollout creating before its first observation (`version_limit` set) creates
+            // only what that observation would: not while Temporal cannot be read, nor past
+            // the version limit; otherwise its observation decides.
+            if let Some(limit) = request.version_limit {
+                let observation = self.observe_now(&request.twd).await?;
+                let others = observation
+                    .deployments
+                    .iter()
+                    .filter(|d| !d.deleting && d.build_id != request.build_id)
+                    .count();
+                let others = u32::try_from(others).unwrap_or(u32::MAX);
+                let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+                if observation.temporal.is_err()
+                    || twc_workflows::plan::sunset::version_limit_reached(&observation, limit)
+                {
+                    return Ok(CreateDeploymentOutcome::Deferred { others });
+                }
+            }
             match k8s::create_versioned_deployment(
                 &self.kube,
                 self.cluster_access,
                 &request.twd,
                 &request.build_id,
-                request.version_limit,
             )
             .await
             {

@@ -144,10 +144,11 @@ pub struct BuildRequest {
     pub twd: TwdRef,
     /// The build ID.
     pub build_id: String,
-    /// `create_deployment` only: create only while the TWD has fewer other versioned
-    /// Deployments than this (so Temporal's version cap cannot be in reach), else answer
-    /// [`CreateDeploymentOutcome::Deferred`]. Set by a fresh rollout that creates before its
-    /// first observation; `None` (every older history) creates regardless.
+    /// `create_deployment` only: observe first, and create only if Temporal can be read and
+    /// fewer retired versions than this are not yet eligible for deletion (what the rollout's
+    /// first observation would decide), else answer [`CreateDeploymentOutcome::Deferred`]. Set
+    /// by a fresh rollout that creates before its first observation; `None` (every older
+    /// history) creates regardless.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version_limit: Option<u32>,
 }
@@ -169,9 +170,8 @@ pub enum CreateDeploymentOutcome {
     Superseded,
     /// Cannot create (connection missing, version limit, ...).
     Blocked(Blocked),
-    /// Not created: the TWD has [`BuildRequest::version_limit`] or more other versioned
-    /// Deployments, so the rollout's first observation decides whether the version limit is
-    /// reached.
+    /// Not created: Temporal could not be read or the version limit is reached
+    /// ([`BuildRequest::version_limit`]); the rollout's first observation decides and reports.
     Deferred {
         /// Versioned Deployments of other builds.
         others: u32,

@@ -466,15 +466,50 @@ pub struct AppliedRouting {
 }
 
 impl AppliedRouting {
-    /// `observation` as it would read after this routing was written (unchanged when Temporal
-    /// could not be read: nothing to correct).
-    pub fn applied_to(&self, observation: &Observation) -> Observation {
+    /// `observation` as it would read after this routing was written: routing, and the state
+    /// of each version it moved (a build that left routing is Draining until Temporal says
+    /// more; a build Temporal had not listed yet is added). `None` when the observation cannot
+    /// say enough: Temporal was unreadable, or nobody managed the worker deployment yet (the
+    /// write claimed it, and only Temporal knows with which identity).
+    pub fn applied_to(&self, observation: &Observation) -> Option<Observation> {
         let mut observation = observation.clone();
-        if let Ok(temporal) = observation.temporal.as_mut() {
-            temporal.current_build_id = self.current_build_id.clone();
-            temporal.ramping_build_id = self.ramping_build_id.clone();
-            temporal.ramp_percentage = self.ramp_percentage.map(f32::from);
+        let temporal = observation.temporal.as_mut().ok()?;
+        if temporal.manager_identity.is_empty() {
+            return None;
         }
-        observation
+        let before = [
+            temporal.current_build_id.take(),
+            temporal.ramping_build_id.take(),
+        ];
+        temporal.current_build_id = self.current_build_id.clone();
+        temporal.ramping_build_id = self.ramping_build_id.clone();
+        temporal.ramp_percentage = self.ramp_percentage.map(f32::from);
+        let routed = [
+            (self.current_build_id.as_deref(), VersionState::Current),
+            (self.ramping_build_id.as_deref(), VersionState::Ramping),
+        ];
+        for (build, state) in routed {
+            let Some(build) = build else { continue };
+            match temporal.versions.iter_mut().find(|v| v.build_id == build) {
+                Some(version) => version.state = state,
+                None => temporal.versions.push(TemporalVersion {
+                    build_id: build.to_owned(),
+                    state,
+                    drained_since: None,
+                    drainage_known: false,
+                    last_current_at: None,
+                    deactivated_at: None,
+                }),
+            }
+        }
+        for build in before.iter().flatten() {
+            let still_routed = routed.iter().any(|(b, _)| *b == Some(build.as_str()));
+            if let Some(version) = temporal.versions.iter_mut().find(|v| v.build_id == *build)
+                && !still_routed
+            {
+                version.state = VersionState::Draining;
+            }
+        }
+        Some(observation)
     }
 }

@@ -1515,6 +1515,8 @@ fn ramp_of(observation: &Observation, build_id: &str) -> Option<u8> {
 mod tests {
     use twc_crds::worker_deployment::RolloutStrategy;
 
+    use twc_crds::worker_deployment::VersionState;
+
     use super::*;
     use crate::model::TemporalState;
     use crate::plan::fixtures::{
@@ -1582,7 +1584,7 @@ mod tests {
             let after = routing_after(&observed, &change);
             assert_eq!(after, expected, "{name}");
             // The observation the TWD workflow shows then reads the same routing.
-            let shown = after.applied_to(&observed);
+            let shown = after.applied_to(&observed).expect("managed and readable");
             let t = shown.temporal.as_ref().expect("readable");
             assert_eq!(t.current_build_id, expected.current_build_id, "{name}");
             assert_eq!(t.ramping_build_id, expected.ramping_build_id, "{name}");
@@ -1592,6 +1594,41 @@ mod tests {
                 "{name}"
             );
             assert_eq!(shown.deployments, observed.deployments, "{name}");
+            let state = |build: &str| t.version(build).map(|v| v.state);
+            if let Some(current) = &expected.current_build_id {
+                assert_eq!(state(current), Some(VersionState::Current), "{name}");
+            }
+            if let Some(ramping) = &expected.ramping_build_id {
+                assert_eq!(state(ramping), Some(VersionState::Ramping), "{name}");
+            }
         }
+        // Nothing shown before anybody managed the deployment (the write claimed it) or while
+        // Temporal was unreadable.
+        let mut unmanaged = temporal_with_old_current();
+        unmanaged.manager_identity.clear();
+        let observed = observation(spec(RolloutStrategy::AllAtOnce), vec![], unmanaged);
+        let routing = routing_after(&observed, &current(NEW));
+        assert_eq!(routing.applied_to(&observed), None);
+        let mut unreadable = observed.clone();
+        unreadable.temporal = Err(Blocked {
+            reason: BlockReason::TemporalStateFetchFailed,
+            message: "down".into(),
+        });
+        assert_eq!(routing.applied_to(&unreadable), None);
+        // The build that left routing drains; a build Temporal had not listed is added.
+        let observed = observation(
+            spec(RolloutStrategy::AllAtOnce),
+            vec![],
+            temporal_with_old_current(),
+        );
+        let shown = routing_after(&observed, &current(NEW))
+            .applied_to(&observed)
+            .expect("managed and readable");
+        let t = shown.temporal.as_ref().expect("readable");
+        assert_eq!(
+            t.version(OLD).map(|v| v.state),
+            Some(VersionState::Draining)
+        );
+        assert_eq!(t.version(NEW).map(|v| v.state), Some(VersionState::Current));
     }
 }

@@ -310,7 +310,7 @@ impl TwdWorkflow {
             if spec.deleting {
                 return delete(ctx, &twd).await;
             }
-            show_reported_routing(ctx, &twd, spec.generation).await;
+            show_reported_routing(ctx, &twd).await;
             // A rollout is dispatched before resources are re-asserted (the new build's
             // Deployment need not wait for it), except on a run's first turn, which asserts the
             // finalizers first. Histories before the `dispatch-first` patch re-asserted first.
@@ -570,29 +570,35 @@ async fn reassert_resources(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef
 /// (`status-from-report`): this run's latest observation with that routing, so a routing
 /// change shows without reading Temporal again (the turn's own observation, which follows,
 /// corrects anything else). Histories before the patch showed it after that observation.
-async fn show_reported_routing(
-    ctx: &mut WorkflowContext<TwdWorkflow>,
-    twd: &TwdRef,
-    generation: i64,
-) {
-    let pending = ctx.state(|s| {
+async fn show_reported_routing(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) {
+    // Each report's routing is considered once, even when it cannot be shown.
+    let pending = ctx.state_mut(|s| {
         let report = s.last_report.as_ref()?;
         let routing = report.routing.as_ref()?;
+        if report.sequence <= s.routing_shown {
+            return None;
+        }
+        s.routing_shown = report.sequence;
         let from_active = s
             .active
             .as_ref()
             .is_some_and(|a| a.workflow_id == report.workflow_id);
-        let observation = s.last_observation.as_ref()?;
-        (from_active && report.sequence > s.routing_shown)
-            .then(|| (report.sequence, routing.applied_to(observation)))
+        if !from_active {
+            return None;
+        }
+        routing.applied_to(s.last_observation.as_ref()?)
     });
-    let Some((sequence, observation)) = pending else {
+    let Some(observation) = pending else {
         return;
     };
     if !ctx.patched(PATCH_STATUS_FROM_REPORT) {
         return;
     }
-    ctx.state_mut(|s| s.routing_shown = sequence);
+    // The status describes the spec that observation read, not a newer one a signal brought
+    // meanwhile (that one is shown once observed).
+    let Some(generation) = observation.spec.as_ref().map(|s| s.generation) else {
+        return;
+    };
     write_status(ctx, twd, &observation, generation).await;
 }
 

@@ -9,7 +9,7 @@ use twc_workflows::plan::spec_view::spec_view;
 
 use super::connection::{ClusterAccess, resolve_connection};
 use super::deployment_builder::build_deployment;
-use super::deployments::{CreateOutcome, create_deployment_if_absent, list_versioned_deployments};
+use super::deployments::{CreateOutcome, create_deployment_if_absent};
 use super::error::{K8sError, ResolveError};
 use super::injection::ServerCa;
 use super::twd::get_twd;
@@ -17,15 +17,12 @@ use super::twd::get_twd;
 /// Creates the versioned Deployment of `build_id` unless it exists. `Superseded` when the TWD is
 /// gone, being deleted or now asks for another build; `Blocked` for an invalid spec, a
 /// connection problem or a request the API server will keep refusing. Transient failures are
-/// errors, for the activity to retry. With a `version_limit`, `Deferred` when the TWD already
-/// has that many versioned Deployments of other builds (whether Temporal's version cap is in
-/// reach then needs Temporal's view, which the caller's observation brings).
+/// errors, for the activity to retry.
 pub async fn create_versioned_deployment(
     client: &Client,
     access: ClusterAccess,
     twd: &TwdRef,
     build_id: &str,
-    version_limit: Option<u32>,
 ) -> Result<CreateDeploymentOutcome, K8sError> {
     let Some(resource) = get_twd(client, twd).await? else {
         return Ok(CreateDeploymentOutcome::Superseded);
@@ -41,19 +38,6 @@ pub async fn create_versioned_deployment(
             reason: BlockReason::InvalidSpec,
             message,
         }));
-    }
-    if let Some(limit) = version_limit {
-        let uid = resource.metadata.uid.clone().unwrap_or_default();
-        let others = list_versioned_deployments(client, twd, &uid)
-            .await?
-            .iter()
-            .filter(|d| !d.deleting && d.build_id != build_id)
-            .count();
-        let others = u32::try_from(others).unwrap_or(u32::MAX);
-        if others >= limit {
-            tracing::info!(twd = %twd.key(), build_id, others, limit, "many versioned Deployments; creating after the rollout's observation");
-            return Ok(CreateDeploymentOutcome::Deferred { others });
-        }
     }
     let (connection, config) = match resolve_connection(
         client,
