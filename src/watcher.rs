@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -52,8 +52,6 @@ pub struct WatcherConfig {
     pub traces: Option<twc_worker::traces::Traces>,
 }
 
-/// Most TWD events handled as one batch (their signals sent concurrently).
-const MAX_BATCH: usize = 512;
 /// Most signals in flight at once.
 const MAX_SIGNALS_IN_FLIGHT: usize = 64;
 
@@ -106,36 +104,28 @@ pub async fn run(
     let watches = config.namespaces.len().max(1);
     let mut sync = InitialSync::new(watches, synced);
     let mut gauges = Gauges::default();
+    let mut signals = Signals::default();
     loop {
         tokio::select! {
             () = &mut shutdown => return,
-            Some(event) = twds.next() => {
-                // Every event already waiting is taken with this one, so a burst of changes is
-                // signalled concurrently (in order per TWD, and before any later list marker).
-                let mut batch = Vec::new();
-                let mut next = Some(event);
-                while let Some(event) = next.take() {
-                    match event {
-                        Ok(Watched::Applied(watch, twd)) => {
-                            gauges.applied(&config.metrics, watch, &twd);
-                            batch.push(twd);
-                        }
-                        Ok(Watched::Deleted(watch, twd)) => {
-                            gauges.deleted(&config.metrics, watch, &twd);
-                        }
-                        Ok(Watched::Listing(watch)) => gauges.listing(watch),
-                        Ok(Watched::Listed(watch)) => {
-                            failed.extend(handle_twds(&kube, &engine, &config, &mut state, std::mem::take(&mut batch)).await);
-                            gauges.listed(&config.metrics, watch);
-                            sync.listed(Kind::Twd, watch);
-                        }
-                        Err(e) => tracing::warn!("watching TemporalWorkerDeployments: {e}"),
-                    }
-                    if batch.len() < MAX_BATCH {
-                        next = twds.next().now_or_never().flatten();
-                    }
+            Some(event) = twds.next() => match event {
+                Ok(Watched::Applied(watch, twd)) => {
+                    gauges.applied(&config.metrics, watch, &twd);
+                    signals.submit(&engine, &config, &state.sent, twd);
                 }
-                failed.extend(handle_twds(&kube, &engine, &config, &mut state, batch).await);
+                Ok(Watched::Deleted(watch, twd)) => gauges.deleted(&config.metrics, watch, &twd),
+                Ok(Watched::Listing(watch)) => gauges.listing(watch),
+                Ok(Watched::Listed(watch)) => {
+                    gauges.listed(&config.metrics, watch);
+                    sync.listed(Kind::Twd, watch);
+                }
+                Err(e) => tracing::warn!("watching TemporalWorkerDeployments: {e}"),
+            },
+            Some((twd, fresh, outcome)) = signals.in_flight.next(), if !signals.in_flight.is_empty() => {
+                if !after_signal(&kube, &engine, &config, &mut state, &twd, fresh, outcome).await {
+                    failed.push(twd.clone());
+                }
+                signals.done(&engine, &config, &state.sent, &twd);
             }
             Some(event) = connections.next() => match event {
                 Ok(Watched::Listed(watch)) => sync.listed(Kind::Connection, watch),
@@ -169,8 +159,9 @@ pub async fn run(
                 Err(e) => tracing::warn!("watching ClusterConnections: {e}"),
             },
             _ = retry.tick() => {
-                let again = std::mem::take(&mut failed);
-                failed = handle_twds(&kube, &engine, &config, &mut state, again).await;
+                for twd in std::mem::take(&mut failed) {
+                    signals.submit(&engine, &config, &state.sent, twd);
+                }
                 for control in std::mem::take(&mut state.unsent) {
                     if !send_control(&kube, &engine, &config, &control).await {
                         state.unsent.push(control);
@@ -534,61 +525,127 @@ async fn nudge_cluster_users(
     signal_twds(engine, config, sent, &users, true).await;
 }
 
-/// Signals the workflows of a batch of changed TWDs (concurrently; each TWD once, with its
-/// latest object), then acts on their rollout-action annotations. Returns the TWDs to handle
-/// again later (a control taken from an annotation is retried on its own).
-async fn handle_twds(
+/// What follows a TWD's signal: remembering it, the `ClusterConnectionUnsupported` warning on
+/// a generation seen first, and its rollout-action annotation. False when the TWD must be
+/// handled again later (a control taken from the annotation is retried on its own).
+async fn after_signal(
     kube: &kube::Client,
     engine: &Client,
     config: &WatcherConfig,
     state: &mut TwdSignals,
-    batch: Vec<TemporalWorkerDeployment>,
-) -> Vec<TemporalWorkerDeployment> {
-    let batch = latest_per_twd(batch);
-    if batch.is_empty() {
-        return batch;
+    twd: &TemporalWorkerDeployment,
+    fresh: bool,
+    outcome: Signalled,
+) -> bool {
+    match outcome {
+        Signalled::Failed => return false,
+        Signalled::Sent(key, seen) => {
+            state.sent.insert(key, seen);
+        }
+        Signalled::Unchanged => {}
     }
-    let fresh: Vec<bool> = batch.iter().map(|twd| is_fresh(&state.sent, twd)).collect();
-    let refs: Vec<&TemporalWorkerDeployment> = batch.iter().collect();
-    let delivered = signal_twds(engine, config, &mut state.sent, &refs, false).await;
-    let mut again = Vec::new();
-    for ((twd, fresh), delivered) in batch.into_iter().zip(fresh).zip(delivered) {
-        if !delivered {
-            again.push(twd);
-            continue;
-        }
-        if fresh {
-            warn_unsupported_connection(kube, config, &twd).await;
-        }
-        match take_rollout_action(kube, &mut state.actions, &twd).await {
-            Taken::Nothing => {}
-            Taken::Retry => again.push(twd),
-            Taken::Control(control) => {
-                if !send_control(kube, engine, config, &control).await {
-                    state.unsent.push(control);
-                }
+    if fresh {
+        warn_unsupported_connection(kube, config, twd).await;
+    }
+    match take_rollout_action(kube, &mut state.actions, twd).await {
+        Taken::Nothing => true,
+        Taken::Retry => false,
+        Taken::Control(control) => {
+            if !send_control(kube, engine, config, &control).await {
+                state.unsent.push(control);
             }
+            true
         }
     }
-    again
 }
 
-/// The latest object of each TWD in `batch` (by namespace and name), in order of each TWD's
-/// first appearance.
-fn latest_per_twd(batch: Vec<TemporalWorkerDeployment>) -> Vec<TemporalWorkerDeployment> {
-    let mut index: HashMap<(Option<String>, Option<String>), usize> = HashMap::new();
-    let mut latest: Vec<TemporalWorkerDeployment> = Vec::with_capacity(batch.len());
-    for twd in batch {
-        let key = (twd.metadata.namespace.clone(), twd.metadata.name.clone());
-        match index.get(&key) {
-            Some(&at) => latest[at] = twd,
-            None => {
-                index.insert(key, latest.len());
-                latest.push(twd);
-            }
+/// A TWD's signal in flight: the object, whether its generation was new, and the outcome.
+type SignalInFlight =
+    futures::future::BoxFuture<'static, (TemporalWorkerDeployment, bool, Signalled)>;
+
+/// TWD signals sent concurrently as the watch reports changes, so a burst of changes is not
+/// signalled one after another: at most [`MAX_SIGNALS_IN_FLIGHT`] at once, one per TWD at a
+/// time (a newer object of a TWD whose signal is in flight waits, and replaces any older one
+/// waiting), the rest in arrival order.
+#[derive(Default)]
+struct Signals {
+    in_flight: futures::stream::FuturesUnordered<SignalInFlight>,
+    /// TWDs with a signal in flight.
+    busy: HashSet<(String, String)>,
+    /// The latest object of each busy TWD that changed again meanwhile.
+    queued: HashMap<(String, String), TemporalWorkerDeployment>,
+    /// TWDs waiting for room, oldest first.
+    backlog: std::collections::VecDeque<TemporalWorkerDeployment>,
+}
+
+impl Signals {
+    fn key(twd: &TemporalWorkerDeployment) -> (String, String) {
+        (
+            twd.metadata.namespace.clone().unwrap_or_default(),
+            twd.metadata.name.clone().unwrap_or_default(),
+        )
+    }
+
+    /// Signals `twd` now, or as soon as its TWD's signal in flight and the room allow.
+    fn submit(
+        &mut self,
+        engine: &Client,
+        config: &WatcherConfig,
+        sent: &Sent,
+        twd: TemporalWorkerDeployment,
+    ) {
+        let key = Self::key(&twd);
+        if self.busy.contains(&key) {
+            self.queued.insert(key, twd);
+        } else if self.in_flight.len() >= MAX_SIGNALS_IN_FLIGHT {
+            self.backlog.push_back(twd);
+        } else {
+            self.start(engine, config, sent, twd);
         }
     }
-    latest
+
+    fn start(
+        &mut self,
+        engine: &Client,
+        config: &WatcherConfig,
+        sent: &Sent,
+        twd: TemporalWorkerDeployment,
+    ) {
+        let key = Self::key(&twd);
+        let fresh = is_fresh(sent, &twd);
+        let known: Sent = sent
+            .get(&key)
+            .map(|seen| (key.clone(), seen.clone()))
+            .into_iter()
+            .collect();
+        let (engine, config) = (engine.clone(), config.clone());
+        self.busy.insert(key);
+        self.in_flight.push(Box::pin(async move {
+            let outcome = signal_twd(&engine, &config, &known, &twd, false).await;
+            (twd, fresh, outcome)
+        }));
+    }
+
+    /// `twd`'s signal ended: its waiting successor, else the oldest in the backlog, goes next.
+    fn done(
+        &mut self,
+        engine: &Client,
+        config: &WatcherConfig,
+        sent: &Sent,
+        twd: &TemporalWorkerDeployment,
+    ) {
+        let key = Self::key(twd);
+        self.busy.remove(&key);
+        if let Some(next) = self.queued.remove(&key) {
+            self.start(engine, config, sent, next);
+            return;
+        }
+        while self.in_flight.len() < MAX_SIGNALS_IN_FLIGHT
+            && let Some(next) = self.backlog.pop_front()
+        {
+            self.submit(engine, config, sent, next);
+        }
+    }
 }
 
 /// Whether the TWD's generation or deletion state has not been signalled yet.
@@ -831,40 +888,6 @@ mod tests {
             spec: twc_crds::worker_deployment::test_support::spec_with_image("w:v1"),
             status: None,
         }
-    }
-
-    #[test]
-    fn a_batch_keeps_the_latest_object_of_each_twd_in_first_seen_order() {
-        let with_generation = |namespace: &str, name: &str, generation: i64| {
-            let mut t = twd(namespace, name);
-            t.metadata.generation = Some(generation);
-            t
-        };
-        let batch = vec![
-            with_generation("a", "x", 1),
-            with_generation("a", "y", 1),
-            with_generation("b", "x", 4),
-            with_generation("a", "x", 2),
-            with_generation("a", "y", 3),
-        ];
-        let latest: Vec<(String, String, i64)> = latest_per_twd(batch)
-            .into_iter()
-            .map(|t| {
-                (
-                    t.metadata.namespace.unwrap_or_default(),
-                    t.metadata.name.unwrap_or_default(),
-                    t.metadata.generation.unwrap_or_default(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            latest,
-            vec![
-                ("a".into(), "x".into(), 2),
-                ("a".into(), "y".into(), 3),
-                ("b".into(), "x".into(), 4),
-            ]
-        );
     }
 
     /// The `twc_versions` sample lines, sorted (a family's series render in no set order).
