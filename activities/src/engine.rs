@@ -369,61 +369,58 @@ impl EngineActivities {
 
     /// What `observe` returns, read now.
     async fn observe_now(&self, twd: &TwdRef) -> Result<Observation, ActivityError> {
-        {
-            let twd = twd.clone();
-            let observed_at = now_millis();
-            let Some(resolved) = self.resolve(&twd).await? else {
-                return Ok(Observation {
-                    spec: None,
-                    deployments: Vec::new(),
-                    temporal: Ok(TemporalState::default()),
-                    observed_at,
-                });
-            };
-            let (spec, temporal, deployments) = match resolved {
-                Ok(r) => {
-                    // Temporal and the Deployments are read at once.
-                    let uid = r.resource.metadata.uid.clone().unwrap_or_default();
-                    let deployment_name = twd.key();
-                    let (state, deployments) = tokio::join!(
-                        temporal::describe_worker_deployment(
-                            &r.temporal,
-                            &r.spec.temporal_namespace,
-                            &deployment_name,
-                        ),
-                        k8s::list_versioned_deployments(&self.kube, &twd, &uid),
-                    );
-                    if state.is_ok() {
-                        let reference = &r.resource.spec.worker_options.connection_ref;
-                        self.note_connection(&twd.namespace, reference, Ok(()))
-                            .await;
-                    }
-                    (r.spec, state, deployments.map_err(retryable)?)
-                }
-                Err(blocked) => {
-                    let resource = k8s::get_twd(&self.kube, &twd).await.map_err(retryable)?;
-                    let Some(resource) = resource else {
-                        return Ok(Observation {
-                            spec: None,
-                            deployments: Vec::new(),
-                            temporal: Ok(TemporalState::default()),
-                            observed_at,
-                        });
-                    };
-                    let uid = resource.metadata.uid.clone().unwrap_or_default();
-                    let deployments = k8s::list_versioned_deployments(&self.kube, &twd, &uid)
-                        .await
-                        .map_err(retryable)?;
-                    (spec_view(&resource), Err(blocked), deployments)
-                }
-            };
-            Ok(Observation {
-                spec: Some(spec),
-                deployments,
-                temporal,
+        let observed_at = now_millis();
+        let Some(resolved) = self.resolve(twd).await? else {
+            return Ok(Observation {
+                spec: None,
+                deployments: Vec::new(),
+                temporal: Ok(TemporalState::default()),
                 observed_at,
-            })
-        }
+            });
+        };
+        let (spec, temporal, deployments) = match resolved {
+            Ok(r) => {
+                // Temporal and the Deployments are read at once.
+                let uid = r.resource.metadata.uid.clone().unwrap_or_default();
+                let deployment_name = twd.key();
+                let (state, deployments) = tokio::join!(
+                    temporal::describe_worker_deployment(
+                        &r.temporal,
+                        &r.spec.temporal_namespace,
+                        &deployment_name,
+                    ),
+                    k8s::list_versioned_deployments(&self.kube, twd, &uid),
+                );
+                if state.is_ok() {
+                    let reference = &r.resource.spec.worker_options.connection_ref;
+                    self.note_connection(&twd.namespace, reference, Ok(()))
+                        .await;
+                }
+                (r.spec, state, deployments.map_err(retryable)?)
+            }
+            Err(blocked) => {
+                let resource = k8s::get_twd(&self.kube, twd).await.map_err(retryable)?;
+                let Some(resource) = resource else {
+                    return Ok(Observation {
+                        spec: None,
+                        deployments: Vec::new(),
+                        temporal: Ok(TemporalState::default()),
+                        observed_at,
+                    });
+                };
+                let uid = resource.metadata.uid.clone().unwrap_or_default();
+                let deployments = k8s::list_versioned_deployments(&self.kube, twd, &uid)
+                    .await
+                    .map_err(retryable)?;
+                (spec_view(&resource), Err(blocked), deployments)
+            }
+        };
+        Ok(Observation {
+            spec: Some(spec),
+            deployments,
+            temporal,
+            observed_at,
+        })
     }
 
     /// Adds the delete-protection finalizers.
