@@ -10,6 +10,7 @@ use twc_crds::worker_deployment::RolloutPhase;
 
 use crate::chaos::cluster::{Cluster, Private, status_text};
 use crate::harness::twd::{condition, get_twd, target_build, worker};
+use crate::harness::wait::wait_for;
 
 /// The test controller's history bound (the production default is 10,000 events).
 const BOUND: u64 = 100;
@@ -160,9 +161,17 @@ async fn held_rollouts_continue_as_new_under_signals_and_finish() {
     cluster.signal(&rollout_id, "promote").await;
     let twd = cluster.wait_ready(&ns, "held", "v2", ROLLOUT).await;
     assert_eq!(target_build(&twd).as_deref(), Some(v2.as_str()));
-    let held_runs = runs(cluster, &rollout_id)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    // Ready comes from the rollout's report, sent once routing is written; its run closes
+    // right after (its last events): wait for the chain to end before reading it.
+    let held_runs = wait_for("the held rollout's last run closes", ROLLOUT, || async {
+        let runs = runs(cluster, &rollout_id).await?;
+        if runs.iter().any(|r| r.1 == "RUNNING") {
+            Err(format!("{runs:?}"))
+        } else {
+            Ok(runs)
+        }
+    })
+    .await;
     // Five or more runs chained by continue-as-new, the last completed; the replicas change
     // made during the rollout may add a fresh run that applies it and ends at once.
     assert!(
