@@ -15,7 +15,9 @@ use tokio::time::MissedTickBehavior;
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 use twc_crds::TemporalWorkerDeployment;
-use twc_crds::worker_deployment::{ConnectionReference, TemporalWorkerDeploymentStatus};
+use twc_crds::worker_deployment::{
+    ConnectionReference, TemporalWorkerDeploymentStatus, VersionState,
+};
 use twc_workflows::contract::{
     AnalysisRequest, AnalysisResult, BacklogReport, BacklogRequest, BuildRequest, CleanupBlock,
     CleanupOutcome, CreateDeploymentOutcome, DeleteVersionOutcome, DeleteVersionRequest,
@@ -75,6 +77,21 @@ struct Resolved {
     resource: TemporalWorkerDeployment,
     spec: SpecView,
     temporal: TemporalClient,
+}
+
+/// Where a `wait_for_pollers` spent its time, for its debug log line.
+#[derive(Default)]
+struct WaitLooks {
+    /// When the Deployment was first seen Available, after the wait started.
+    available_after: Option<Duration>,
+    /// The last look's Deployment list.
+    list: Duration,
+    /// The last look's Temporal read, if it made one.
+    ask: Option<Duration>,
+    /// Looks woken by a change of the Deployments (the watch).
+    by_change: u32,
+    /// Looks woken by the recheck timer.
+    by_timer: u32,
 }
 
 impl EngineActivities {
@@ -546,12 +563,21 @@ impl EngineActivities {
             // Temporal is asked on the first look, whenever the Deployment is Available, and every
             // UNAVAILABLE_TEMPORAL_RECHECK otherwise: pods that are not up cannot have polled, and
             // a burst of rollouts must not spend the namespace's read budget on such reads.
-            let mut queues: Result<Option<Vec<(String, TaskQueueKind)>>, Blocked> = Ok(None);
+            // Registration is read as the rollout's planner reads it: the build listed by
+            // `DescribeWorkerDeployment` in a state other than NotRegistered. (A
+            // `DescribeWorkerDeploymentVersion` right after the first poll answers in ~300 ms on
+            // the dev server, the deployment's description in a few.)
+            let mut registration: Result<bool, Blocked> = Ok(false);
             let mut asked_at: Option<tokio::time::Instant> = None;
+            // Where the wait's time goes (logged at debug level when it ends): the last look's
+            // Deployment list and Temporal read, and what woke each look.
+            let mut looks = WaitLooks::default();
             loop {
+                let look_started = tokio::time::Instant::now();
                 let deployments = k8s::list_versioned_deployments(&self.kube, &request.twd, &uid)
                     .await
                     .map_err(retryable)?;
+                looks.list = look_started.elapsed();
                 let deployment = deployments
                     .iter()
                     .find(|d| d.build_id == request.build_id && !d.deleting);
@@ -560,41 +586,53 @@ impl EngineActivities {
                 let ask = available
                     || asked_at.is_none_or(|at| at.elapsed() >= UNAVAILABLE_TEMPORAL_RECHECK)
                     || tokio::time::Instant::now() >= deadline;
+                if available && looks.available_after.is_none() {
+                    looks.available_after = Some(started.elapsed());
+                }
                 if ask {
-                    queues = temporal::version_task_queues(
+                    let ask_started = tokio::time::Instant::now();
+                    registration = temporal::describe_worker_deployment(
                         &resolved.temporal,
                         &resolved.spec.temporal_namespace,
                         &deployment_name,
-                        &request.build_id,
                     )
-                    .await;
+                    .await
+                    .map(|state| {
+                        state
+                            .version(&request.build_id)
+                            .is_some_and(|v| v.state != VersionState::NotRegistered)
+                    });
                     asked_at = Some(tokio::time::Instant::now());
+                    looks.ask = Some(ask_started.elapsed());
                 }
-                let (registered, workflow_task_queues) = match &queues {
-                    Ok(Some(queues)) => (
-                        true,
-                        queues
-                            .iter()
-                            .filter(|(_, kind)| *kind == TaskQueueKind::Workflow)
-                            .map(|(n, _)| n.clone())
-                            .collect(),
-                    ),
-                    Ok(None) | Err(_) => (false, Vec::new()),
-                };
+                let registered = matches!(registration, Ok(true));
                 let done = registered && available;
                 if done || tokio::time::Instant::now() >= deadline || ctx.is_cancelled() {
                     self.metrics.waited_for_pollers(started.elapsed(), done);
-                    let blocked = queues.err();
+                    let blocked = registration.err();
+                    let observe_started = tokio::time::Instant::now();
                     let observation = if done && request.observe_when_ready {
                         Some(Box::new(self.observe_now(&request.twd).await?))
                     } else {
                         None
                     };
+                    tracing::debug!(
+                        twd = %request.twd.key(),
+                        build = %request.build_id,
+                        done,
+                        total_ms = started.elapsed().as_millis() as u64,
+                        available_after_ms = looks.available_after.map(|d| d.as_millis() as u64),
+                        last_list_ms = looks.list.as_millis() as u64,
+                        last_ask_ms = looks.ask.map(|d| d.as_millis() as u64),
+                        observe_ms = observe_started.elapsed().as_millis() as u64,
+                        woken_by_change = looks.by_change,
+                        woken_by_timer = looks.by_timer,
+                        "wait for pollers ended"
+                    );
                     return Ok(PollerWaitOutcome {
                         registered,
                         available,
                         problem,
-                        workflow_task_queues,
                         blocked,
                         observation,
                     });
@@ -607,8 +645,8 @@ impl EngineActivities {
                     AVAILABILITY_RECHECK
                 };
                 tokio::select! {
-                    () = tokio::time::sleep(interval) => {}
-                    _ = changes.next() => {}
+                    () = tokio::time::sleep(interval) => looks.by_timer += 1,
+                    _ = changes.next() => looks.by_change += 1,
                 }
             }
         })
@@ -1379,7 +1417,6 @@ fn not_ready(blocked: Option<Blocked>, problem: Option<String>) -> PollerWaitOut
         registered: false,
         available: false,
         problem,
-        workflow_task_queues: Vec::new(),
         blocked,
         observation: None,
     }

@@ -217,14 +217,14 @@ pub struct WaitForPollersRequest {
 /// Result of `wait_for_pollers`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PollerWaitOutcome {
-    /// Temporal lists the build as a version of the worker deployment.
+    /// Temporal lists the build as a version of the worker deployment (in a state other than
+    /// NotRegistered). Outcomes recorded before 2026-11-24 also carry the version's workflow task
+    /// queues (`workflow_task_queues`), which nothing read; they are ignored when read back.
     pub registered: bool,
     /// The Deployment is Available.
     pub available: bool,
     /// Why not, in words (e.g. the Deployment's own failure message).
     pub problem: Option<String>,
-    /// Workflow task queues the version polls (known once registered).
-    pub workflow_task_queues: Vec<String>,
     /// Connection-level failure that makes waiting pointless until fixed.
     pub blocked: Option<Blocked>,
     /// The observation made once ready, when the request asked for it.
