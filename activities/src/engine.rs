@@ -40,14 +40,16 @@ use crate::temporal::{
 
 /// How often `run_gate` looks again.
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
-/// How often `wait_for_pollers` looks again once the Deployment is Available (waiting for the
-/// version to register in Temporal).
+/// How soon `wait_for_pollers` looks again once the Deployment is Available (waiting for the
+/// version to register in Temporal); the interval doubles at each such look up to
+/// [`POLLER_RECHECK_MAX`], so a burst of rollouts whose workers are slow to poll does not spend
+/// the namespace's read budget on them.
 const POLLER_RECHECK: Duration = Duration::from_millis(200);
+/// The longest interval between `wait_for_pollers`' looks once the Deployment is Available.
+const POLLER_RECHECK_MAX: Duration = Duration::from_secs(2);
 /// How often `wait_for_pollers` looks again while the Deployment is not Available, unless a
 /// watch event about it comes first.
 const AVAILABILITY_RECHECK: Duration = Duration::from_secs(1);
-/// How often `wait_for_pollers` asks Temporal while the Deployment is not Available.
-const UNAVAILABLE_TEMPORAL_RECHECK: Duration = Duration::from_secs(10);
 /// How long `cancel_gates` lets cancelled gate workflows close before terminating them.
 const GATE_STOP_GRACE: Duration = Duration::from_secs(10);
 /// How often every activity heartbeats while it runs. The workflows give each activity a
@@ -86,7 +88,7 @@ struct WaitLooks {
     available_after: Option<Duration>,
     /// The last look's Deployment list.
     list: Duration,
-    /// The last look's Temporal read, if it made one.
+    /// The last Temporal read (once Available, the whole observation), if any.
     ask: Option<Duration>,
     /// Looks woken by a change of the Deployments (the watch).
     by_change: u32,
@@ -560,18 +562,21 @@ impl EngineActivities {
             let uid = resolved.resource.metadata.uid.clone().unwrap_or_default();
             let deployment_name = request.twd.key();
             let mut changes = Box::pin(k8s::versioned_deployment_changes(&self.kube, &request.twd));
-            // Temporal is asked on the first look, whenever the Deployment is Available, and every
-            // UNAVAILABLE_TEMPORAL_RECHECK otherwise: pods that are not up cannot have polled, and
-            // a burst of rollouts must not spend the namespace's read budget on such reads.
-            // Registration is read as the rollout's planner reads it: the build listed by
-            // `DescribeWorkerDeployment` in a state other than NotRegistered. (A
-            // `DescribeWorkerDeploymentVersion` right after the first poll answers in ~300 ms on
-            // the dev server, the deployment's description in a few.)
+            // Temporal is read on the first look (a connection that cannot work is reported at
+            // once), whenever the Deployment is Available, and at the deadline: pods that are not
+            // Available do not end the wait, and a burst of rollouts must not spend the
+            // namespace's read budget on reads that cannot. Once Available, one observation (the
+            // TWD, Temporal's worker deployment, the Deployments) says both whether the build is
+            // registered, read as the rollout's planner reads it (listed by
+            // `DescribeWorkerDeployment` in a state other than NotRegistered), and what the
+            // rollout decides next. (`DescribeWorkerDeploymentVersion` right after the first
+            // poll answers in ~300 ms on the dev server; the deployment's description in a few.)
             let mut registration: Result<bool, Blocked> = Ok(false);
-            let mut asked_at: Option<tokio::time::Instant> = None;
+            let mut asked = false;
             // Where the wait's time goes (logged at debug level when it ends): the last look's
             // Deployment list and Temporal read, and what woke each look.
             let mut looks = WaitLooks::default();
+            let mut poller_recheck = POLLER_RECHECK;
             loop {
                 let look_started = tokio::time::Instant::now();
                 let deployments = k8s::list_versioned_deployments(&self.kube, &request.twd, &uid)
@@ -581,41 +586,46 @@ impl EngineActivities {
                 let deployment = deployments
                     .iter()
                     .find(|d| d.build_id == request.build_id && !d.deleting);
-                let available = deployment.is_some_and(|d| d.available);
-                let problem = deployment.and_then(|d| d.problem.clone());
-                let ask = available
-                    || asked_at.is_none_or(|at| at.elapsed() >= UNAVAILABLE_TEMPORAL_RECHECK)
-                    || tokio::time::Instant::now() >= deadline;
+                let mut available = deployment.is_some_and(|d| d.available);
+                let mut problem = deployment.and_then(|d| d.problem.clone());
                 if available && looks.available_after.is_none() {
                     looks.available_after = Some(started.elapsed());
                 }
-                if ask {
+                let at_deadline = tokio::time::Instant::now() >= deadline;
+                let mut observation = None;
+                if available {
                     let ask_started = tokio::time::Instant::now();
-                    registration = temporal::describe_worker_deployment(
+                    let observed = self.observe_now(&request.twd).await?;
+                    looks.ask = Some(ask_started.elapsed());
+                    registration = registered_in(&observed.temporal, &request.build_id);
+                    // The observation's own list is the newer one.
+                    let deployment = observed
+                        .deployments
+                        .iter()
+                        .find(|d| d.build_id == request.build_id && !d.deleting);
+                    available = deployment.is_some_and(|d| d.available);
+                    problem = deployment.and_then(|d| d.problem.clone());
+                    observation = Some(observed);
+                } else if !asked || at_deadline {
+                    let ask_started = tokio::time::Instant::now();
+                    let state = temporal::describe_worker_deployment(
                         &resolved.temporal,
                         &resolved.spec.temporal_namespace,
                         &deployment_name,
                     )
-                    .await
-                    .map(|state| {
-                        state
-                            .version(&request.build_id)
-                            .is_some_and(|v| v.state != VersionState::NotRegistered)
-                    });
-                    asked_at = Some(tokio::time::Instant::now());
+                    .await;
                     looks.ask = Some(ask_started.elapsed());
+                    registration = registered_in(&state, &request.build_id);
                 }
+                asked = true;
                 let registered = matches!(registration, Ok(true));
                 let done = registered && available;
-                if done || tokio::time::Instant::now() >= deadline || ctx.is_cancelled() {
+                if done || at_deadline || ctx.is_cancelled() {
                     self.metrics.waited_for_pollers(started.elapsed(), done);
                     let blocked = registration.err();
-                    let observe_started = tokio::time::Instant::now();
-                    let observation = if done && request.observe_when_ready {
-                        Some(Box::new(self.observe_now(&request.twd).await?))
-                    } else {
-                        None
-                    };
+                    let observation = observation
+                        .filter(|_| done && request.observe_when_ready)
+                        .map(Box::new);
                     tracing::debug!(
                         twd = %request.twd.key(),
                         build = %request.build_id,
@@ -624,7 +634,6 @@ impl EngineActivities {
                         available_after_ms = looks.available_after.map(|d| d.as_millis() as u64),
                         last_list_ms = looks.list.as_millis() as u64,
                         last_ask_ms = looks.ask.map(|d| d.as_millis() as u64),
-                        observe_ms = observe_started.elapsed().as_millis() as u64,
                         woken_by_change = looks.by_change,
                         woken_by_timer = looks.by_timer,
                         "wait for pollers ended"
@@ -637,10 +646,13 @@ impl EngineActivities {
                         observation,
                     });
                 }
-                // Pods up: pollers register within moments, so look again soon. Until then a
-                // change of the Deployment (its status turning Available) ends the wait early.
+                // Pods up: pollers register within moments, so look again soon (then less and
+                // less often). Until then a change of the Deployment (its status turning
+                // Available) ends the wait early.
                 let interval = if available {
-                    POLLER_RECHECK
+                    let interval = poller_recheck;
+                    poller_recheck = (poller_recheck * 2).min(POLLER_RECHECK_MAX);
+                    interval
                 } else {
                     AVAILABILITY_RECHECK
                 };
@@ -1410,6 +1422,20 @@ fn known_versions(status: Option<&TemporalWorkerDeploymentStatus>) -> Vec<(Strin
         }
     }
     versions
+}
+
+/// Whether `temporal` lists `build_id` as a registered version (as the rollout's planner reads
+/// it: listed, in a state other than NotRegistered).
+fn registered_in(
+    temporal: &Result<TemporalState, Blocked>,
+    build_id: &str,
+) -> Result<bool, Blocked> {
+    match temporal {
+        Ok(state) => Ok(state
+            .version(build_id)
+            .is_some_and(|v| v.state != VersionState::NotRegistered)),
+        Err(blocked) => Err(blocked.clone()),
+    }
 }
 
 fn not_ready(blocked: Option<Blocked>, problem: Option<String>) -> PollerWaitOutcome {

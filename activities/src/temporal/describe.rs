@@ -184,11 +184,14 @@ fn now_millis() -> i64 {
 /// How long a read refused because the worker deployment is busy is retried. The server
 /// refuses reads of a deployment while it applies a routing change (1-3 s on a dev server).
 const BUSY_PATIENCE: Duration = Duration::from_secs(4);
-/// Delay before the first retry of such a read; each retry waits 100 ms longer, up to
-/// [`BUSY_MAX_DELAY`], so the read lands soon after the busy period ends.
+/// Delay before the first retry of such a read; each retry waits twice as long, up to
+/// [`BUSY_MAX_DELAY`]. The refusals also come while versions register under a burst (579 in a
+/// burst of 100, all before the deployment's routing changed), and every retry is paid from the
+/// namespace's read budget: doubling spends at most 6 retries in [`BUSY_PATIENCE`] where growing
+/// by 100 ms spent up to 14, which the burst's other reads queued behind.
 const BUSY_FIRST_DELAY: Duration = Duration::from_millis(100);
 /// Longest delay between two such retries.
-const BUSY_MAX_DELAY: Duration = Duration::from_millis(300);
+const BUSY_MAX_DELAY: Duration = Duration::from_millis(1000);
 
 /// Whether the server refused a call because the worker deployment is busy applying a change
 /// ("too many requests issued to Worker Deployment '...'"), which clears within moments, unlike
@@ -219,7 +222,7 @@ where
             Err(err) if is_busy_deployment(&err) && started.elapsed() + delay < BUSY_PATIENCE => {
                 debug!(%deployment_name, error = %err, ?delay, "worker deployment busy; reading again");
                 tokio::time::sleep(delay).await;
-                delay = (delay + BUSY_FIRST_DELAY).min(BUSY_MAX_DELAY);
+                delay = (delay * 2).min(BUSY_MAX_DELAY);
             }
             other => return other,
         }
@@ -642,6 +645,31 @@ mod tests {
         let other =
             TemporalError::rpc("DescribeWorkerDeployment", "ns/d", &Status::unavailable(""));
         assert!(!is_busy_deployment(&other));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_deployment_is_read_again_at_doubling_intervals_within_the_patience() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        use temporalio_client::tonic::Status;
+        let calls = AtomicU32::new(0);
+        let started = tokio::time::Instant::now();
+        let result: Result<(), TemporalError> = with_busy_retries("ns/d", || {
+            calls.fetch_add(1, Ordering::Relaxed);
+            async {
+                Err(TemporalError::rpc(
+                    "DescribeWorkerDeployment",
+                    "ns/d",
+                    &Status::resource_exhausted(
+                        "too many requests issued to Worker Deployment 'ns/d'. Please try again later",
+                    ),
+                ))
+            }
+        })
+        .await;
+        assert!(result.is_err_and(|e| is_busy_deployment(&e)));
+        // Retries after 0.1, 0.3, 0.7, 1.5, 2.5 and 3.5 s; the next would pass the 4 s patience.
+        assert_eq!(calls.load(Ordering::Relaxed), 7);
+        assert_eq!(started.elapsed(), Duration::from_millis(3500));
     }
 
     #[test]
