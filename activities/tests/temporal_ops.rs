@@ -633,47 +633,41 @@ async fn scenario_routing_gates_deletion(ctx: &Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Version metadata written after a routing change (by a background task: it may land after
-/// `set_routing` returns).
+/// Version metadata written after a routing change.
 async fn check_metadata(client: &TemporalClient, dep: &str, build_id: &str) -> Result<()> {
-    let expected_controller = format!("\"{IDENTITY}\"");
-    let expected_version = format!("\"{}\"", env!("CARGO_PKG_VERSION"));
-    eventually("the version metadata stamp", WAIT, || async {
-        let request = DescribeWorkerDeploymentVersionRequest {
-            namespace: NAMESPACE.to_owned(),
-            deployment_version: Some(
-                temporalio_common::protos::temporal::api::deployment::v1::WorkerDeploymentVersion {
-                    build_id: build_id.to_owned(),
-                    deployment_name: dep.to_owned(),
-                },
-            ),
-            ..Default::default()
-        };
-        let mut raw = client.raw().clone();
-        let info =
-            WorkflowService::describe_worker_deployment_version(&mut raw, request.into_request())
-                .await?
-                .into_inner()
-                .worker_deployment_version_info
-                .context("no version info")?;
-        let entries = info.metadata.map(|m| m.entries).unwrap_or_default();
-        let value = |key: &str| {
-            entries
-                .get(key)
-                .map(|p| String::from_utf8_lossy(&p.data).into_owned())
-                .unwrap_or_default()
-        };
-        ensure!(
-            value(METADATA_CONTROLLER) == expected_controller,
-            "metadata: {entries:?}"
-        );
-        ensure!(
-            value(METADATA_CONTROLLER_VERSION) == expected_version,
-            "metadata: {entries:?}"
-        );
-        Ok(Some(()))
-    })
-    .await
+    let request = DescribeWorkerDeploymentVersionRequest {
+        namespace: NAMESPACE.to_owned(),
+        deployment_version: Some(
+            temporalio_common::protos::temporal::api::deployment::v1::WorkerDeploymentVersion {
+                build_id: build_id.to_owned(),
+                deployment_name: dep.to_owned(),
+            },
+        ),
+        ..Default::default()
+    };
+    let mut raw = client.raw().clone();
+    let info =
+        WorkflowService::describe_worker_deployment_version(&mut raw, request.into_request())
+            .await?
+            .into_inner()
+            .worker_deployment_version_info
+            .context("no version info")?;
+    let entries = info.metadata.map(|m| m.entries).unwrap_or_default();
+    let value = |key: &str| {
+        entries
+            .get(key)
+            .map(|p| String::from_utf8_lossy(&p.data).into_owned())
+            .unwrap_or_default()
+    };
+    ensure!(
+        value(METADATA_CONTROLLER) == format!("\"{IDENTITY}\""),
+        "metadata: {entries:?}"
+    );
+    ensure!(
+        value(METADATA_CONTROLLER_VERSION) == format!("\"{}\"", env!("CARGO_PKG_VERSION")),
+        "metadata: {entries:?}"
+    );
+    Ok(())
 }
 
 /// Gate workflows pinned to the ramping v2: pass, retry attaches, fail, cancel.

@@ -38,8 +38,8 @@ pub const CONTROLLER_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// and the write uses the token the claim returns. One held by another identity gives
 /// `Blocked(PlanExecutionFailed)` with the CLI command that frees it. Writes never allow missing
 /// task queues or versions without pollers. After SetCurrent/SetRamping the version metadata gets
-/// [`METADATA_CONTROLLER`] and [`METADATA_CONTROLLER_VERSION`], written by a background task that
-/// may finish after this returns (a metadata failure is only logged: routing is already changed).
+/// [`METADATA_CONTROLLER`] and [`METADATA_CONTROLLER_VERSION`] (a metadata failure is only logged:
+/// routing is already changed).
 ///
 /// `Err` only for transient failures (unreachable, timeouts, rate limits): retry the activity.
 pub async fn set_routing(
@@ -116,26 +116,10 @@ pub async fn set_routing(
     info!(%namespace, %deployment_name, ?change, "routing changed");
     if let RoutingChange::SetCurrent { build_id } | RoutingChange::SetRamping { build_id, .. } =
         &change
+        && let Err(err) =
+            stamp_metadata(client, namespace, deployment_name, build_id, identity).await
     {
-        // The stamp is written in the background: right after a version's first poll its
-        // Temporal workflow takes ~300 ms to accept an update, and the rollout (and the TWD's
-        // status, which follows the rollout's report) need not wait for it. Every stamp carries
-        // the same values (identity, controller version), so a late one overwrites nothing
-        // newer; a failed one is logged, as it always was.
-        let (client, namespace, deployment_name, build_id, identity) = (
-            client.clone(),
-            namespace.to_owned(),
-            deployment_name.to_owned(),
-            build_id.clone(),
-            identity.to_owned(),
-        );
-        tokio::spawn(async move {
-            if let Err(err) =
-                stamp_metadata(&client, &namespace, &deployment_name, &build_id, &identity).await
-            {
-                warn!(%namespace, %deployment_name, %build_id, error = %err, "routing changed but the version metadata update failed");
-            }
-        });
+        warn!(%namespace, %deployment_name, %build_id, error = %err, "routing changed but the version metadata update failed");
     }
     Ok(RoutingOutcome::Applied)
 }
