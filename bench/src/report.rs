@@ -427,7 +427,7 @@ impl Results {
             );
             row(
                 &format!("Idle, {n} TWDs: controller RSS (1 s samples)"),
-                Target::p50(64.0),
+                Target::p50(idle_rss_target_mib(n)),
                 i.controller_rss_mib.as_ref(),
                 Unit::Mib,
             );
@@ -863,9 +863,35 @@ fn splice(existing: &str, section: &str) -> String {
     }
 }
 
+/// The idle controller's RSS goal for a fleet of `twds` TWDs (issue 15): 64 MiB up to 200
+/// TWDs, 128 MiB at 1,000, and the same 0.08 MiB per TWD between and beyond.
+fn idle_rss_target_mib(twds: usize) -> f64 {
+    const BASE_TWDS: f64 = 200.0;
+    const BASE_MIB: f64 = 64.0;
+    const MIB_PER_TWD: f64 = (128.0 - BASE_MIB) / (1000.0 - BASE_TWDS);
+    BASE_MIB + (twds as f64 - BASE_TWDS).max(0.0) * MIB_PER_TWD
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_idle_rss_goal_grows_with_the_fleet_past_200_twds() {
+        for (twds, mib) in [
+            (40, 64.0),
+            (200, 64.0),
+            (600, 96.0),
+            (1000, 128.0),
+            (2000, 208.0),
+        ] {
+            assert!(
+                (idle_rss_target_mib(twds) - mib).abs() < 1e-9,
+                "{twds} TWDs: {} MiB",
+                idle_rss_target_mib(twds)
+            );
+        }
+    }
 
     #[test]
     fn targets_compare_the_statistic_they_name() {
