@@ -203,8 +203,9 @@ async fn a_controller_killed_during_create_deployment_or_set_routing_resumes_wit
         .await;
     let rollout_id = format!("rollout/{ns}/hello/{build}");
 
-    let (_, restarted, _) =
-        kill_while_running(&mut private, &rollout_id, "create_deployment").await;
+    // The TWD workflow creates the build's Deployment as it starts the rollout.
+    let twd_id = format!("twd/{ns}/hello");
+    let (_, restarted, _) = kill_while_running(&mut private, &twd_id, "create_deployment").await;
     private
         .cluster
         .wait(

@@ -80,7 +80,7 @@ fn check_rollout_trace(trace: &Value, ns: &str, build: &str) -> Result<(), Strin
             rollout["spanID"]
         ));
     }
-    for activity in ["create_deployment", "wait_for_pollers", "set_routing"] {
+    for activity in ["wait_for_pollers", "set_routing"] {
         let child = spans.iter().find(|s| {
             s["operationName"] == activity
                 && references(s, "CHILD_OF")
@@ -118,6 +118,32 @@ fn check_rollout_trace(trace: &Value, ns: &str, build: &str) -> Result<(), Strin
     if !references(signal, "FOLLOWS_FROM").contains(&expected_link) {
         return Err(format!(
             "signal span not linked to the TWD workflow run: {signal}"
+        ));
+    }
+    // The TWD workflow creates the build's Deployment as it starts the rollout: that span is
+    // in the rollout's trace too, linked to the TWD workflow run.
+    let created = spans
+        .iter()
+        .find(|s| {
+            s["operationName"] == "create_deployment"
+                && tag(s, "twc.build_id").as_deref() == Some(build)
+        })
+        .ok_or_else(|| format!("no create_deployment span in the trace; spans {names:?}"))?;
+    // `exists` when the rollout's first observation created it a moment before.
+    if tag(created, "twc.outcome").as_deref() != Some("ok")
+        || !matches!(
+            tag(created, "twc.result").as_deref(),
+            Some("created" | "exists")
+        )
+        || tag(created, "temporalAttempt").is_none()
+    {
+        return Err(format!(
+            "create_deployment span lacks outcome, result or attempt: {created}"
+        ));
+    }
+    if !references(created, "FOLLOWS_FROM").contains(&expected_link) {
+        return Err(format!(
+            "create_deployment span not linked to the TWD workflow run: {created}"
         ));
     }
     Ok(())

@@ -126,6 +126,11 @@ pub struct RolloutInput {
     pub history_event_bound: Option<u32>,
     /// Memory carried over a continue-as-new (None on the first run).
     pub carried: Option<CarriedRollout>,
+    /// The TWD workflow creates the build's Deployment alongside this rollout's start
+    /// (`create-with-start`), so the rollout does not create first; its first observation
+    /// decides as always (absent in inputs from before it existed).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub created_by_parent: bool,
 }
 
 /// What survives a continue-as-new. The fields after `sequence` are absent in inputs carried
@@ -241,7 +246,9 @@ impl RolloutWorkflow {
         let outcome_blocked =
             ctx.search_attributes().get(&SA_OUTCOME).as_deref() == Some("Blocked");
         ctx.state_mut(|s| s.outcome_blocked = outcome_blocked);
-        if ctx.state(|s| s.input.carried.is_none()) && ctx.patched(PATCH_CREATE_FIRST) {
+        if ctx.state(|s| s.input.carried.is_none() && !s.input.created_by_parent)
+            && ctx.patched(PATCH_CREATE_FIRST)
+        {
             create_first(ctx, &twd, &build_id).await;
         }
         let mut turns = 0u32;
@@ -268,6 +275,7 @@ impl RolloutWorkflow {
                     build_id: build_id.clone(),
                     history_event_bound: ctx.state(|s| s.input.history_event_bound),
                     carried: Some(carried),
+                    created_by_parent: false,
                 };
                 ctx.continue_as_new(input, Default::default())?;
             }

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use temporalio_common::data_converters::RawValue;
 use temporalio_common::search_attributes::SearchAttributes;
 use temporalio_macros::{workflow, workflow_methods};
-use temporalio_sdk::workflows::select;
+use temporalio_sdk::workflows::{join, select};
 use temporalio_sdk::{
     ChildWorkflowOptions, ParentClosePolicy, SignalWorkflowOptions, SyncWorkflowContext,
     WorkflowContext, WorkflowContextView, WorkflowIdReusePolicy, WorkflowResult,
@@ -21,11 +21,12 @@ use temporalio_sdk::{
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 
 use crate::contract::{
-    BacklogReport, BacklogRequest, CleanupBlock, CleanupDeleted, CleanupOutcome, CountPinned,
-    DeleteDeployment, DeleteVersion, DeleteVersionOutcome, DeleteVersionRequest, DeploymentRequest,
-    DrainAction, DrainRequest, DrainVersion, EmitEvent, EnsureFinalizers, EventKind, EventRequest,
-    Observe, PinnedRequest, ReadBacklog, ReassertResources, Recheck, ReleaseWithoutTemporal,
-    ScaleDeployment, ScaleRequest, StatusRequest, WriteStatus,
+    BacklogReport, BacklogRequest, BuildRequest, CleanupBlock, CleanupDeleted, CleanupOutcome,
+    CountPinned, CreateDeployment, CreateDeploymentOutcome, DeleteDeployment, DeleteVersion,
+    DeleteVersionOutcome, DeleteVersionRequest, DeploymentRequest, DrainAction, DrainRequest,
+    DrainVersion, EmitEvent, EnsureFinalizers, EventKind, EventRequest, Observe, PinnedRequest,
+    ReadBacklog, ReassertResources, Recheck, ReleaseWithoutTemporal, ScaleDeployment, ScaleRequest,
+    StatusRequest, WriteStatus,
 };
 use crate::control::{self, ControlEffect, ControlState};
 use crate::model::{
@@ -38,7 +39,9 @@ use crate::plan::{conditions, status, sunset};
 use crate::rollout_workflow::{
     RolloutInput, RolloutWorkflow, SA_BUILD_ID, SA_NAME, SA_NAMESPACE, SA_OUTCOME,
 };
-use crate::support::{drain_options, history_full, now_millis, run_activity, short_options};
+use crate::support::{
+    drain_options, history_full, now_millis, run_activity, short_options, with_summary,
+};
 
 /// Patch: reports of a rollout other than the one in flight are ignored (histories recorded
 /// before it let a superseded rollout's last report replace the active one's).
@@ -87,6 +90,15 @@ const PATCH_COMBINED_RECHECK: &str = "combined-recheck";
 /// Patch: routing a rollout reports having written is shown in the status at the start of the
 /// next turn, before anything is read.
 const PATCH_STATUS_FROM_REPORT: &str = "status-from-report";
+/// Patch: a turn woken only by a report of the rollout in flight (no spec signal, control,
+/// nudge or due timer) shows the report on the run's latest observation instead of observing
+/// Kubernetes and Temporal again; the turn's pending timer keeps its deadline. Histories
+/// before the patch observed on every report.
+const PATCH_REPORT_TURNS: &str = "report-turns";
+/// Patch: the rollout of a new build is started together with the creation of its Deployment,
+/// in one workflow task (see [`start_new_build`]); histories before it left the creation to
+/// the rollout.
+const PATCH_CREATE_WITH_START: &str = "create-with-start";
 /// Longest interval between re-assertions of a TWD's resources while nothing signals a change.
 const REASSERT_EVERY: Duration = Duration::from_secs(30);
 /// Longest pause between cleanup attempts of the deletion path.
@@ -293,10 +305,15 @@ impl TwdWorkflow {
             if !counted_at_turn_start {
                 seen = ctx.state(|s| s.wakeups);
             }
+            // When the pending timer is due (workflow time), and whether a signal ended the
+            // wait before it.
+            let due_at = now_millis(ctx)
+                .saturating_add(i64::try_from(next_wake.as_millis()).unwrap_or(i64::MAX));
+            let mut signalled_early = false;
             if !next_wake.is_zero() {
-                select! {
-                    _ = ctx.timer(next_wake) => {}
-                    _ = ctx.wait_condition(move |s: &Self| s.wakeups != seen) => {}
+                signalled_early = select! {
+                    _ = ctx.timer(next_wake) => false,
+                    _ = ctx.wait_condition(move |s: &Self| s.wakeups != seen) => true,
                 };
             }
             if counted_at_turn_start {
@@ -310,7 +327,11 @@ impl TwdWorkflow {
             if spec.deleting {
                 return delete(ctx, &twd).await;
             }
-            show_reported_routing(ctx, &twd).await;
+            let report_only = signalled_early && ctx.state(TwdWorkflow::only_a_report_came);
+            let routing_to_show = ctx.state(TwdWorkflow::routing_to_show);
+            let shown = show_reported_routing(ctx, &twd).await;
+            // Routing reported and not shown (no manager yet) is read instead.
+            let report_only = report_only && (shown.is_some() || !routing_to_show);
             // A rollout is dispatched before resources are re-asserted (the new build's
             // Deployment need not wait for it), except on a run's first turn, which asserts the
             // finalizers first. Histories before the `dispatch-first` patch re-asserted first.
@@ -329,30 +350,13 @@ impl TwdWorkflow {
                 dispatch_rollout(ctx, &twd, &spec).await;
             }
             forward_controls(ctx, &twd, &spec).await;
-            let observed = if combined && take_reassert_due(ctx) {
-                recheck(ctx, &twd).await
+            next_wake = if report_only && combined && ctx.patched(PATCH_REPORT_TURNS) {
+                show_report(ctx, &twd, shown).await;
+                // The timer this report interrupted keeps its deadline.
+                let left = due_at.saturating_sub(now_millis(ctx)).max(0);
+                Duration::from_millis(u64::try_from(left).unwrap_or(0))
             } else {
-                run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await
-            };
-            next_wake = match observed {
-                Ok(observation) => {
-                    ctx.state_mut(|s| s.last_observation = Some(observation.clone()));
-                    if adopt_observed_spec(ctx, &observation) {
-                        // A change the watcher did not signal: act on it now.
-                        Duration::ZERO
-                    } else {
-                        write_status(ctx, &twd, &observation, spec.generation).await;
-                        let retire = retire_versions(ctx, &twd, &observation)
-                            .await
-                            .unwrap_or(resync)
-                            .min(resync);
-                        match autoscale(ctx, &twd, &observation).await {
-                            Some(scale) => retire.min(scale),
-                            None => retire,
-                        }
-                    }
-                }
-                Err(_) => Duration::from_secs(30),
+                observe_and_act(ctx, &twd, &spec, combined, resync).await
             };
             let continue_now = if ctx.patched(PATCH_BOUNDED_HISTORY) {
                 turns >= MAX_TURNS_PER_RUN
@@ -541,6 +545,42 @@ async fn autoscale(
     Some(wait(next, now))
 }
 
+/// A full turn's reading: observes (with the re-assertion when due), then writes the status,
+/// retires versions and autoscales; returns when to look again.
+async fn observe_and_act(
+    ctx: &mut WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+    spec: &SpecSignal,
+    combined: bool,
+    resync: Duration,
+) -> Duration {
+    let observed = if combined && take_reassert_due(ctx) {
+        recheck(ctx, twd).await
+    } else {
+        run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await
+    };
+    match observed {
+        Ok(observation) => {
+            ctx.state_mut(|s| s.last_observation = Some(observation.clone()));
+            if adopt_observed_spec(ctx, &observation) {
+                // A change the watcher did not signal: act on it now.
+                Duration::ZERO
+            } else {
+                write_status(ctx, twd, &observation, spec.generation).await;
+                let retire = retire_versions(ctx, twd, &observation)
+                    .await
+                    .unwrap_or(resync)
+                    .min(resync);
+                match autoscale(ctx, twd, &observation).await {
+                    Some(scale) => retire.min(scale),
+                    None => retire,
+                }
+            }
+        }
+        Err(_) => Duration::from_secs(30),
+    }
+}
+
 /// Re-asserts finalizers, connection settings and (under `unsafeCustomBuildID`) the pod
 /// template; each change is a Normal event. A failure is retried at the next turn. Done on the
 /// first turn of a run, on turns after a spec signal (the TWD or its connection changed), and
@@ -570,7 +610,12 @@ async fn reassert_resources(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef
 /// (`status-from-report`): this run's latest observation with that routing, so a routing
 /// change shows without reading Temporal again (the turn's own observation, which follows,
 /// corrects anything else). Histories before the patch showed it after that observation.
-async fn show_reported_routing(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) {
+///
+/// Returns the observation with the reported routing applied, if there was one to show.
+async fn show_reported_routing(
+    ctx: &mut WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+) -> Option<Observation> {
     // Each report's routing is considered once, even when it cannot be shown.
     let pending = ctx.state_mut(|s| {
         let report = s.last_report.as_ref()?;
@@ -588,14 +633,31 @@ async fn show_reported_routing(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &Twd
         }
         routing.applied_to(s.last_observation.as_ref()?)
     });
-    let Some(observation) = pending else {
-        return;
-    };
+    let observation = pending?;
     if !ctx.patched(PATCH_STATUS_FROM_REPORT) {
-        return;
+        return None;
     }
     // The status describes the spec that observation read, not a newer one a signal brought
     // meanwhile (that one is shown once observed).
+    let generation = observation.spec.as_ref().map(|s| s.generation)?;
+    write_status(ctx, twd, &observation, generation).await;
+    Some(observation)
+}
+
+/// A report-only turn (`report-turns`): the latest report is shown on this run's latest
+/// observation, which from now on carries the routing the rollout reported (`shown`), so a
+/// later report without routing does not take it back. Nothing is read.
+async fn show_report(
+    ctx: &mut WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+    shown: Option<Observation>,
+) {
+    if let Some(applied) = shown {
+        ctx.state_mut(|s| s.last_observation = Some(applied));
+    }
+    let Some(observation) = ctx.state(|s| s.last_observation.clone()) else {
+        return;
+    };
     let Some(generation) = observation.spec.as_ref().map(|s| s.generation) else {
         return;
     };
@@ -682,6 +744,44 @@ impl TwdWorkflow {
         self.controls.push(action);
         self.wakeups += 1;
     }
+
+    /// Whether the latest report, from the rollout in flight, carries routing not shown yet.
+    fn routing_to_show(&self) -> bool {
+        self.last_report.as_ref().is_some_and(|report| {
+            report.routing.is_some()
+                && report.sequence > self.routing_shown
+                && self
+                    .active
+                    .as_ref()
+                    .is_some_and(|a| a.workflow_id == report.workflow_id)
+        })
+    }
+
+    /// Whether what woke this turn can only have been a report of the rollout in flight, still
+    /// under way: no spec signal, control or nudge is pending, and this run's latest
+    /// observation (the base the report is shown on) read Temporal.
+    fn only_a_report_came(&self) -> bool {
+        let in_flight = self.last_report.as_ref().is_some_and(|report| {
+            self.active
+                .as_ref()
+                .is_some_and(|a| a.workflow_id == report.workflow_id)
+                && matches!(
+                    report.progress,
+                    RolloutProgress::WaitingForPollers
+                        | RolloutProgress::WaitingForPromotion
+                        | RolloutProgress::Ramping
+                        | RolloutProgress::Paused
+                )
+        });
+        in_flight
+            && !self.spec_signalled
+            && !self.poked
+            && self.controls.is_empty()
+            && self
+                .last_observation
+                .as_ref()
+                .is_some_and(|o| o.temporal.is_ok())
+    }
 }
 
 /// Starts a rollout for a new target build (superseding the old one), or tells the running one
@@ -692,7 +792,7 @@ async fn dispatch_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, 
     let poked = ctx.state_mut(|s| std::mem::take(&mut s.poked));
     let Some(active) = active else {
         if !aborted {
-            start_rollout(ctx, twd, spec).await;
+            start_new_build(ctx, twd, spec).await;
         }
         return;
     };
@@ -712,7 +812,7 @@ async fn dispatch_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, 
                 })
             });
             if !aborted {
-                start_rollout(ctx, twd, spec).await;
+                start_new_build(ctx, twd, spec).await;
             }
             if !ended {
                 nudge(ctx, &active.workflow_id, "superseded by a newer build").await;
@@ -809,13 +909,62 @@ async fn confirm_target(
     }
 }
 
+/// Starts the rollout of a build that is new to this TWD. Since `create-with-start` its
+/// Deployment is created in the same workflow task (the create is idempotent by name and
+/// creates only what the rollout's first observation would), so the new pods do not wait for
+/// the child to start and run its first task; the rollout then skips its own create-first.
+async fn start_new_build(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, spec: &SpecSignal) {
+    if !ctx.patched(PATCH_CREATE_WITH_START) {
+        return start_rollout(ctx, twd, spec).await;
+    }
+    let request = BuildRequest {
+        twd: twd.clone(),
+        build_id: spec.build_id.clone(),
+        version_limit: Some(
+            u32::try_from(crate::plan::sunset::DEFAULT_MAX_VERSIONS_INELIGIBLE_FOR_DELETION)
+                .unwrap_or(u32::MAX),
+        ),
+    };
+    let options = with_summary(short_options(), "create Deployment");
+    let (created, ()) = {
+        let creating = ctx.execute_activity(CreateDeployment, request, options);
+        let starting = launch_rollout(ctx, twd, spec, true);
+        join!(creating, starting)
+    };
+    if let Ok(CreateDeploymentOutcome::Created { name }) = created {
+        event(
+            ctx,
+            twd,
+            EventKind::Normal,
+            "DeploymentCreated",
+            format!("Created Deployment {name} for build {}", spec.build_id),
+        )
+        .await;
+    }
+}
+
 async fn start_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, spec: &SpecSignal) {
+    launch_rollout(ctx, twd, spec, false).await;
+}
+
+/// Starts the rollout child of `spec`'s build (`created`: its Deployment is being created
+/// alongside) and makes it the one in flight.
+async fn launch_rollout(
+    ctx: &WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+    spec: &SpecSignal,
+    created: bool,
+) {
+    // A new rollout's report sequence starts over: its routing is shown from its first report
+    // on (before `report-turns`, the previous rollout's count held back its first reports).
+    let sequence_per_rollout = ctx.patched(PATCH_REPORT_TURNS);
     let workflow_id = twd.rollout_workflow_id(&spec.build_id);
     let input = RolloutInput {
         twd: twd.clone(),
         build_id: spec.build_id.clone(),
         history_event_bound: ctx.state(|s| s.input.history_event_bound),
         carried: None,
+        created_by_parent: created,
     };
     let search_attributes = ctx.state(|s| s.input.search_attributes).then(|| {
         SearchAttributes::new([
@@ -852,10 +1001,13 @@ async fn start_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, spe
             started_generation: Some(spec.generation),
         });
         s.last_report = None;
+        if sequence_per_rollout {
+            s.routing_shown = 0;
+        }
     });
 }
 
-async fn nudge(ctx: &mut WorkflowContext<TwdWorkflow>, workflow_id: &str, reason: &str) {
+async fn nudge(ctx: &WorkflowContext<TwdWorkflow>, workflow_id: &str, reason: &str) {
     // A rollout that already ended cannot be signalled; nothing to do then.
     let _ = ctx
         .external_workflow(workflow_id.to_owned(), None)
@@ -1400,4 +1552,191 @@ async fn event(
         short_options(),
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(workflow_id: &str, progress: RolloutProgress) -> RolloutReport {
+        RolloutReport {
+            build_id: "v2".to_owned(),
+            workflow_id: workflow_id.to_owned(),
+            run_id: "run".to_owned(),
+            progress,
+            step: None,
+            ramp_percentage: None,
+            next_step_at: None,
+            blocked: None,
+            message: String::new(),
+            started_at: 0,
+            gate_runs: Vec::new(),
+            analysis: Vec::new(),
+            sequence: 1,
+            routing: None,
+        }
+    }
+
+    /// A run that has observed once, with rollout `r2` of `v2` in flight and waiting.
+    fn rolling() -> TwdWorkflow {
+        TwdWorkflow {
+            input: TwdInput {
+                twd: TwdRef {
+                    namespace: "ns".to_owned(),
+                    name: "w".to_owned(),
+                },
+                search_attributes: false,
+                history_event_bound: None,
+                resync_seconds: None,
+                carried: None,
+            },
+            spec: None,
+            active: Some(ActiveRollout {
+                build_id: "v2".to_owned(),
+                workflow_id: "r2".to_owned(),
+                notified_generation: 2,
+                started_generation: Some(2),
+            }),
+            last_report: Some(report("r2", RolloutProgress::WaitingForPollers)),
+            sunset: Vec::new(),
+            aborted: Vec::new(),
+            controls: Vec::new(),
+            wakeups: 0,
+            poked: false,
+            last_status: None,
+            cleanup: CleanupProgress::default(),
+            reasserted_at: Some(0),
+            spec_signalled: false,
+            autoscale: AutoscaleMemory::default(),
+            last_observation: Some(Observation {
+                spec: None,
+                deployments: Vec::new(),
+                temporal: Ok(crate::model::TemporalState::default()),
+                observed_at: 0,
+            }),
+            routing_shown: 0,
+        }
+    }
+
+    #[test]
+    fn only_reports_of_a_rollout_still_under_way_skip_the_observation() {
+        type Change = fn(&mut TwdWorkflow);
+        let cases: [(&str, Change, bool); 13] = [
+            ("waiting for pollers", |_| {}, true),
+            (
+                "waiting for promotion",
+                |s| s.last_report = Some(report("r2", RolloutProgress::WaitingForPromotion)),
+                true,
+            ),
+            (
+                "ramping",
+                |s| s.last_report = Some(report("r2", RolloutProgress::Ramping)),
+                true,
+            ),
+            (
+                "paused",
+                |s| s.last_report = Some(report("r2", RolloutProgress::Paused)),
+                true,
+            ),
+            (
+                "complete: retire and observe",
+                |s| s.last_report = Some(report("r2", RolloutProgress::Complete)),
+                false,
+            ),
+            (
+                "blocked",
+                |s| s.last_report = Some(report("r2", RolloutProgress::Blocked)),
+                false,
+            ),
+            (
+                "aborted",
+                |s| s.last_report = Some(report("r2", RolloutProgress::Aborted)),
+                false,
+            ),
+            (
+                "a report of another rollout",
+                |s| s.last_report = Some(report("r1", RolloutProgress::Ramping)),
+                false,
+            ),
+            ("a spec signal too", |s| s.spec_signalled = true, false),
+            ("a duplicate spec signal too", |s| s.poked = true, false),
+            (
+                "a control too",
+                |s| s.controls.push(ControlAction::Pause),
+                false,
+            ),
+            (
+                "nothing observed yet in this run",
+                |s| s.last_observation = None,
+                false,
+            ),
+            (
+                "the latest observation could not read Temporal",
+                |s| {
+                    if let Some(o) = s.last_observation.as_mut() {
+                        o.temporal = Err(crate::model::Blocked {
+                            reason: crate::model::BlockReason::TemporalClientCreationFailed,
+                            message: String::new(),
+                        });
+                    }
+                },
+                false,
+            ),
+        ];
+        for (case, change, expected) in cases {
+            let mut state = rolling();
+            change(&mut state);
+            assert_eq!(state.only_a_report_came(), expected, "{case}");
+        }
+    }
+
+    #[test]
+    fn routing_is_to_show_once_per_report_of_the_rollout_in_flight() {
+        fn routed(workflow_id: &str, sequence: u64) -> RolloutReport {
+            RolloutReport {
+                sequence,
+                routing: Some(crate::model::AppliedRouting {
+                    current_build_id: Some("v1".to_owned()),
+                    ramping_build_id: Some("v2".to_owned()),
+                    ramp_percentage: Some(40),
+                }),
+                ..report(workflow_id, RolloutProgress::Ramping)
+            }
+        }
+        type Change = fn(&mut TwdWorkflow);
+        let cases: [(&str, Change, bool); 5] = [
+            ("no routing in the report", |_| {}, false),
+            (
+                "new routing",
+                |s| s.last_report = Some(routed("r2", 3)),
+                true,
+            ),
+            (
+                "routing already shown",
+                |s| {
+                    s.last_report = Some(routed("r2", 3));
+                    s.routing_shown = 3;
+                },
+                false,
+            ),
+            (
+                "a new rollout's first reports after an older one's count",
+                |s| {
+                    s.last_report = Some(routed("r2", 2));
+                    s.routing_shown = 0;
+                },
+                true,
+            ),
+            (
+                "routing of another rollout",
+                |s| s.last_report = Some(routed("r1", 3)),
+                false,
+            ),
+        ];
+        for (case, change, expected) in cases {
+            let mut state = rolling();
+            change(&mut state);
+            assert_eq!(state.routing_to_show(), expected, "{case}");
+        }
+    }
 }

@@ -58,6 +58,16 @@ impl ActivityInboundInterceptor for ActivitySpans {
             attributes.push(KeyValue::new(RUN_ID, run_id.clone()));
         }
         let (twd, build, step) = subject(&input, workflow.as_ref().map(|(id, _)| id.as_str()));
+        // A build's Deployment created by a TWD workflow, not by the build's rollout.
+        let new_build = match (&twd, &build, workflow.as_ref()) {
+            (Some(twd), Some(build), Some((workflow_id, _)))
+                if info.activity_type == "create_deployment"
+                    && parse_rollout_workflow_id(workflow_id).is_none() =>
+            {
+                Some(twd.rollout_workflow_id(build))
+            }
+            _ => None,
+        };
         if let Some(twd) = &twd {
             attributes.extend(twd_attributes(twd));
         }
@@ -83,12 +93,22 @@ impl ActivityInboundInterceptor for ActivitySpans {
                 Err(_) => ("error", None),
             };
             attributes.push(KeyValue::new(OUTCOME, outcome));
-            let (trace_id, parent) = match &workflow {
-                Some((workflow_id, run_id)) => (
+            let (trace_id, parent, links) = match (&workflow, &new_build) {
+                // The TWD workflow creates a new build's Deployment alongside its rollout's
+                // start (`create-with-start`): the span belongs to that rollout's trace,
+                // linked to the TWD workflow run that made it (the rollout run's span ID is
+                // not known yet).
+                (Some((workflow_id, run_id)), Some(rollout_id)) => (
+                    Some(ids::rollout_trace_id(rollout_id)),
+                    None,
+                    vec![ids::run_span_context(workflow_id, run_id)],
+                ),
+                (Some((workflow_id, run_id)), None) => (
                     Some(ids::run_trace_id(workflow_id, run_id)),
                     Some(ids::run_span_context(workflow_id, run_id)),
+                    Vec::new(),
                 ),
-                None => (None, None),
+                (None, _) => (None, None, Vec::new()),
             };
             self.traces.record(FinishedSpan {
                 name: name.into(),
@@ -99,7 +119,7 @@ impl ActivityInboundInterceptor for ActivitySpans {
                 start,
                 end: SystemTime::now(),
                 attributes,
-                links: Vec::new(),
+                links,
                 error,
             });
             result
