@@ -194,19 +194,11 @@ async fn a_controller_killed_during_create_deployment_or_set_routing_resumes_wit
             json!({ "strategy": "AllAtOnce" }),
         ))
         .await;
-    let build = private
-        .cluster
-        .wait("the TWD's target build", ROLLOUT, || async {
-            let twd = get_twd(&private.cluster.client, &ns, "hello").await?;
-            target_build(&twd).ok_or_else(|| "no target yet".to_owned())
-        })
-        .await;
-    let rollout_id = format!("rollout/{ns}/hello/{build}");
-
-    // The TWD workflow creates the build's Deployment as it starts the rollout.
+    // The TWD workflow creates the build's Deployment as it starts the rollout (its status
+    // names the build once that turn's create has ended).
     let twd_id = format!("twd/{ns}/hello");
     let (_, restarted, _) = kill_while_running(&mut private, &twd_id, "create_deployment").await;
-    private
+    let build = private
         .cluster
         .wait(
             "the Deployment created after the restart",
@@ -214,11 +206,10 @@ async fn a_controller_killed_during_create_deployment_or_set_routing_resumes_wit
             || async {
                 let deployments =
                     crate::harness::twd::deployments(&private.cluster.client, &ns, "hello").await;
-                if deployments.iter().any(|d| d.1 == build) {
-                    Ok(())
-                } else {
-                    Err(format!("{deployments:?}"))
-                }
+                deployments
+                    .first()
+                    .map(|d| d.1.clone())
+                    .ok_or_else(|| format!("{deployments:?}"))
             },
         )
         .await;
@@ -227,6 +218,7 @@ async fn a_controller_killed_during_create_deployment_or_set_routing_resumes_wit
         created_after <= RESUMED_WITHIN,
         "create_deployment resumed {created_after:?} after the restart"
     );
+    let rollout_id = format!("rollout/{ns}/hello/{build}");
 
     let (_, restarted, _) = kill_while_running(&mut private, &rollout_id, "set_routing").await;
     private

@@ -512,4 +512,26 @@ impl AppliedRouting {
         }
         Some(observation)
     }
+
+    /// [`Self::applied_to`], with the ramp's timestamps taken as `at` where the ramp changed
+    /// (the moment the report of the write came, tens of milliseconds after Temporal's own
+    /// stamp, which the next observation reads).
+    pub fn applied_at(&self, observation: &Observation, at: UnixMillis) -> Option<Observation> {
+        let before = observation.temporal.as_ref().ok()?;
+        let (build, percentage) = (before.ramping_build_id.clone(), before.ramp_percentage);
+        let mut applied = self.applied_to(observation)?;
+        let temporal = applied.temporal.as_mut().ok()?;
+        if self.ramping_build_id.is_none() {
+            temporal.ramping_since = None;
+            temporal.ramp_changed_at = None;
+        } else {
+            if self.ramping_build_id != build {
+                temporal.ramping_since = Some(at);
+            }
+            if self.ramping_build_id != build || temporal.ramp_percentage != percentage {
+                temporal.ramp_changed_at = Some(at);
+            }
+        }
+        Some(applied)
+    }
 }

@@ -327,11 +327,27 @@ impl TwdWorkflow {
             if spec.deleting {
                 return delete(ctx, &twd).await;
             }
-            let report_only = signalled_early && ctx.state(TwdWorkflow::only_a_report_came);
-            let routing_to_show = ctx.state(TwdWorkflow::routing_to_show);
-            let shown = show_reported_routing(ctx, &twd).await;
-            // Routing reported and not shown (no manager yet) is read instead.
-            let report_only = report_only && (shown.is_some() || !routing_to_show);
+            // A turn woken only by a report of the rollout under way shows it on this run's
+            // latest observation and reads nothing (`report-turns`); the timer it interrupted
+            // keeps its deadline. Routing that cannot be shown that way (the deployment has no
+            // manager yet) is read in a full turn instead.
+            if signalled_early
+                && ctx.state(TwdWorkflow::only_a_report_came)
+                && ctx.patched(PATCH_REPORT_TURNS)
+            {
+                if show_report(ctx, &twd).await {
+                    let left = due_at.saturating_sub(now_millis(ctx)).max(0);
+                    next_wake = Duration::from_millis(u64::try_from(left).unwrap_or(0));
+                    if turns >= MAX_TURNS_PER_RUN
+                        || history_full(ctx, ctx.state(|s| s.input.history_event_bound))
+                    {
+                        continue_as_new(ctx)?;
+                    }
+                    continue;
+                }
+            } else {
+                show_reported_routing(ctx, &twd).await;
+            }
             // A rollout is dispatched before resources are re-asserted (the new build's
             // Deployment need not wait for it), except on a run's first turn, which asserts the
             // finalizers first. Histories before the `dispatch-first` patch re-asserted first.
@@ -350,14 +366,7 @@ impl TwdWorkflow {
                 dispatch_rollout(ctx, &twd, &spec).await;
             }
             forward_controls(ctx, &twd, &spec).await;
-            next_wake = if report_only && combined && ctx.patched(PATCH_REPORT_TURNS) {
-                show_report(ctx, &twd, shown).await;
-                // The timer this report interrupted keeps its deadline.
-                let left = due_at.saturating_sub(now_millis(ctx)).max(0);
-                Duration::from_millis(u64::try_from(left).unwrap_or(0))
-            } else {
-                observe_and_act(ctx, &twd, &spec, combined, resync).await
-            };
+            next_wake = observe_and_act(ctx, &twd, &spec, combined, resync).await;
             let continue_now = if ctx.patched(PATCH_BOUNDED_HISTORY) {
                 turns >= MAX_TURNS_PER_RUN
                     || history_full(ctx, ctx.state(|s| s.input.history_event_bound))
@@ -610,12 +619,7 @@ async fn reassert_resources(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef
 /// (`status-from-report`): this run's latest observation with that routing, so a routing
 /// change shows without reading Temporal again (the turn's own observation, which follows,
 /// corrects anything else). Histories before the patch showed it after that observation.
-///
-/// Returns the observation with the reported routing applied, if there was one to show.
-async fn show_reported_routing(
-    ctx: &mut WorkflowContext<TwdWorkflow>,
-    twd: &TwdRef,
-) -> Option<Observation> {
+async fn show_reported_routing(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) {
     // Each report's routing is considered once, even when it cannot be shown.
     let pending = ctx.state_mut(|s| {
         let report = s.last_report.as_ref()?;
@@ -633,35 +637,49 @@ async fn show_reported_routing(
         }
         routing.applied_to(s.last_observation.as_ref()?)
     });
-    let observation = pending?;
+    let Some(observation) = pending else {
+        return;
+    };
     if !ctx.patched(PATCH_STATUS_FROM_REPORT) {
-        return None;
+        return;
     }
     // The status describes the spec that observation read, not a newer one a signal brought
     // meanwhile (that one is shown once observed).
-    let generation = observation.spec.as_ref().map(|s| s.generation)?;
-    write_status(ctx, twd, &observation, generation).await;
-    Some(observation)
-}
-
-/// A report-only turn (`report-turns`): the latest report is shown on this run's latest
-/// observation, which from now on carries the routing the rollout reported (`shown`), so a
-/// later report without routing does not take it back. Nothing is read.
-async fn show_report(
-    ctx: &mut WorkflowContext<TwdWorkflow>,
-    twd: &TwdRef,
-    shown: Option<Observation>,
-) {
-    if let Some(applied) = shown {
-        ctx.state_mut(|s| s.last_observation = Some(applied));
-    }
-    let Some(observation) = ctx.state(|s| s.last_observation.clone()) else {
-        return;
-    };
     let Some(generation) = observation.spec.as_ref().map(|s| s.generation) else {
         return;
     };
     write_status(ctx, twd, &observation, generation).await;
+}
+
+/// A report-only turn (`report-turns`): the latest report is shown on this run's latest
+/// observation, which from then on carries the routing the report brought (with the ramp's
+/// timestamps taken as now), so a later report without routing does not take it back. Nothing
+/// is read. False when the routing cannot be shown that way (no manager yet, or nothing
+/// observed): a full turn follows.
+async fn show_report(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) -> bool {
+    let now = now_millis(ctx);
+    let base = ctx.state_mut(|s| {
+        let observation = s.last_observation.as_ref()?;
+        let report = s.last_report.as_ref()?;
+        let Some(routing) = report
+            .routing
+            .as_ref()
+            .filter(|_| report.sequence > s.routing_shown)
+        else {
+            return Some(observation.clone());
+        };
+        let applied = routing.applied_at(observation, now)?;
+        s.routing_shown = report.sequence;
+        s.last_observation = Some(applied.clone());
+        Some(applied)
+    });
+    let Some(observation) = base else {
+        return false;
+    };
+    if let Some(generation) = observation.spec.as_ref().map(|s| s.generation) {
+        write_status(ctx, twd, &observation, generation).await;
+    }
+    true
 }
 
 /// Whether resources are to be re-asserted this turn (a spec signal came, or
@@ -743,18 +761,6 @@ impl TwdWorkflow {
     fn push_control(&mut self, action: ControlAction) {
         self.controls.push(action);
         self.wakeups += 1;
-    }
-
-    /// Whether the latest report, from the rollout in flight, carries routing not shown yet.
-    fn routing_to_show(&self) -> bool {
-        self.last_report.as_ref().is_some_and(|report| {
-            report.routing.is_some()
-                && report.sequence > self.routing_shown
-                && self
-                    .active
-                    .as_ref()
-                    .is_some_and(|a| a.workflow_id == report.workflow_id)
-        })
     }
 
     /// Whether what woke this turn can only have been a report of the rollout in flight, still
@@ -1691,52 +1697,75 @@ mod tests {
     }
 
     #[test]
-    fn routing_is_to_show_once_per_report_of_the_rollout_in_flight() {
-        fn routed(workflow_id: &str, sequence: u64) -> RolloutReport {
-            RolloutReport {
-                sequence,
-                routing: Some(crate::model::AppliedRouting {
-                    current_build_id: Some("v1".to_owned()),
-                    ramping_build_id: Some("v2".to_owned()),
-                    ramp_percentage: Some(40),
-                }),
-                ..report(workflow_id, RolloutProgress::Ramping)
-            }
-        }
-        type Change = fn(&mut TwdWorkflow);
-        let cases: [(&str, Change, bool); 5] = [
-            ("no routing in the report", |_| {}, false),
+    fn reported_routing_stamps_the_ramp_with_the_report_time_where_it_changed() {
+        use crate::model::{AppliedRouting, TemporalState};
+        let observed = |ramping: Option<&str>, percentage: Option<f32>| Observation {
+            spec: None,
+            deployments: Vec::new(),
+            temporal: Ok(TemporalState {
+                current_build_id: Some("v1".to_owned()),
+                ramping_build_id: ramping.map(str::to_owned),
+                ramp_percentage: percentage,
+                ramping_since: ramping.map(|_| 100),
+                ramp_changed_at: ramping.map(|_| 200),
+                manager_identity: "twc".to_owned(),
+                ..TemporalState::default()
+            }),
+            observed_at: 0,
+        };
+        let routing = |ramping: Option<&str>, percentage: Option<u8>| AppliedRouting {
+            current_build_id: Some("v1".to_owned()),
+            ramping_build_id: ramping.map(str::to_owned),
+            ramp_percentage: percentage,
+        };
+        // (case, before, reported, expected ramping_since, expected ramp_changed_at)
+        let cases = [
             (
-                "new routing",
-                |s| s.last_report = Some(routed("r2", 3)),
-                true,
+                "a new ramp",
+                observed(None, None),
+                routing(Some("v2"), Some(10)),
+                Some(900),
+                Some(900),
             ),
             (
-                "routing already shown",
-                |s| {
-                    s.last_report = Some(routed("r2", 3));
-                    s.routing_shown = 3;
-                },
-                false,
+                "the next step",
+                observed(Some("v2"), Some(10.0)),
+                routing(Some("v2"), Some(40)),
+                Some(100),
+                Some(900),
             ),
             (
-                "a new rollout's first reports after an older one's count",
-                |s| {
-                    s.last_report = Some(routed("r2", 2));
-                    s.routing_shown = 0;
-                },
-                true,
+                "the same step again",
+                observed(Some("v2"), Some(40.0)),
+                routing(Some("v2"), Some(40)),
+                Some(100),
+                Some(200),
             ),
             (
-                "routing of another rollout",
-                |s| s.last_report = Some(routed("r1", 3)),
-                false,
+                "the ramp cleared",
+                observed(Some("v2"), Some(40.0)),
+                routing(None, None),
+                None,
+                None,
             ),
         ];
-        for (case, change, expected) in cases {
-            let mut state = rolling();
-            change(&mut state);
-            assert_eq!(state.routing_to_show(), expected, "{case}");
+        for (case, before, reported, since, changed) in cases {
+            let applied = reported.applied_at(&before, 900).expect(case);
+            let temporal = applied.temporal.expect(case);
+            assert_eq!(
+                (temporal.ramping_since, temporal.ramp_changed_at),
+                (since, changed),
+                "{case}"
+            );
         }
+        let mut unmanaged = observed(None, None);
+        if let Ok(t) = unmanaged.temporal.as_mut() {
+            t.manager_identity.clear();
+        }
+        assert_eq!(
+            routing(Some("v2"), Some(10)).applied_at(&unmanaged, 900),
+            None,
+            "no manager yet: not shown from the report"
+        );
     }
 }
