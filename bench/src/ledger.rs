@@ -275,6 +275,9 @@ pub struct ReactionLedger {
     /// The benchmark's TWD watch event → `spec_changed` (the new generation) recorded in the
     /// TWD workflow, ms.
     pub watch_to_signal_ms: Option<f64>,
+    /// Signal recorded → `create_deployment` scheduled by the TWD workflow itself, ms (since
+    /// `create-with-start` it creates a new build's Deployment as it starts the rollout).
+    pub signal_to_create_scheduled_ms: Option<f64>,
     /// Signal recorded → `StartChildWorkflowExecutionInitiated` of the new build's rollout, ms.
     pub signal_to_child_initiated_ms: Option<f64>,
     /// What the TWD workflow ran between the signal and the child's start.
@@ -324,6 +327,9 @@ struct ReactionEvents {
     started: Option<usize>,
     /// The rollout's first `ActivityTaskScheduled` of `create_deployment` (rollout timeline).
     create: Option<usize>,
+    /// The TWD workflow's `ActivityTaskScheduled` of `create_deployment` after the signal (TWD
+    /// timeline).
+    twd_create: Option<usize>,
 }
 
 impl ReactionEvents {
@@ -354,20 +360,36 @@ impl ReactionEvents {
         let create = rollout.find(started.unwrap_or(0), |k| {
             matches!(k, Kind::ActivityScheduled(i) if rollout.activities[*i].kind == CREATE_DEPLOYMENT)
         });
+        let twd_create = signal.and_then(|from| {
+            twd.find(from, |k| {
+                matches!(k, Kind::ActivityScheduled(i) if twd.activities[*i].kind == CREATE_DEPLOYMENT)
+            })
+        });
         Self {
             signal,
             child,
             started,
             create,
+            twd_create,
         }
     }
 
-    /// The `create_deployment` activity.
-    fn create_activity<'a>(&self, rollout: &'a Timeline) -> Option<&'a Activity> {
-        self.create.and_then(|p| match rollout.events[p].kind {
-            Kind::ActivityScheduled(i) => rollout.activities.get(i),
-            _ => None,
-        })
+    /// The `create_deployment` activity: the TWD workflow's when it created the Deployment,
+    /// else the rollout's.
+    fn create_activity<'a>(
+        &self,
+        twd: &'a Timeline,
+        rollout: &'a Timeline,
+    ) -> Option<&'a Activity> {
+        let scheduled =
+            |timeline: &'a Timeline, position: usize| match timeline.events[position].kind {
+                Kind::ActivityScheduled(i) => timeline.activities.get(i),
+                _ => None,
+            };
+        match self.twd_create {
+            Some(p) => scheduled(twd, p),
+            None => self.create.and_then(|p| scheduled(rollout, p)),
+        }
     }
 }
 
@@ -387,13 +409,16 @@ impl ReactionLedger {
             child,
             started,
             create,
+            ..
         } = found;
-        let create_activity = found.create_activity(rollout);
+        let create_activity = found.create_activity(twd, rollout);
+        let twd_create = found.twd_create;
         let signal_at = signal.and_then(|p| twd.at(p));
         let child_at = child.and_then(|p| twd.at(p));
         let started_at = started.and_then(|p| rollout.at(p));
         Self {
             watch_to_signal_ms: ms(watch_seen, signal_at),
+            signal_to_create_scheduled_ms: ms(signal_at, twd_create.and_then(|p| twd.at(p))),
             signal_to_child_initiated_ms: ms(signal_at, child_at),
             twd_between: signal
                 .zip(child)
@@ -413,11 +438,15 @@ impl ReactionLedger {
     }
 
     /// The timed hops, named as in the report.
-    pub fn hops(&self) -> [(&'static str, Option<f64>); 8] {
+    pub fn hops(&self) -> [(&'static str, Option<f64>); 9] {
         [
             (
                 "TWD watch event → spec_changed recorded",
                 self.watch_to_signal_ms,
+            ),
+            (
+                "signal recorded → create_deployment scheduled (TWD workflow)",
+                self.signal_to_create_scheduled_ms,
             ),
             (
                 "signal recorded → child rollout initiated",
@@ -627,7 +656,7 @@ impl BurstMilestones {
                 Kind::WorkflowTaskScheduled(i) => rollout.workflow_tasks.get(i),
                 _ => None,
             });
-        let create = found.create_activity(rollout);
+        let create = found.create_activity(twd, rollout);
         let after = |at: Option<SystemTime>| ms(Some(origin), at);
         Self {
             apply_sent_ms: after(apply_sent),
@@ -1030,6 +1059,7 @@ mod tests {
             ledger.hops().map(|(_, ms)| ms.map(|v| v.round() as i64)),
             [
                 Some(10),
+                None,
                 Some(30),
                 Some(10),
                 Some(50),
@@ -1049,6 +1079,47 @@ mod tests {
         assert_eq!(
             ledger.rollout_between.as_ref().map(Between::describe),
             Some("2 WFTs; observe".to_owned())
+        );
+    }
+
+    #[test]
+    fn reaction_ledger_times_the_create_the_twd_workflow_makes_as_it_starts_the_rollout() {
+        let (twd, create) = Run::new()
+            .started(0)
+            .task(1)
+            .signal(1_000, SPEC_CHANGED, 2)
+            .task(1_010)
+            .scheduled(1_012, CREATE_DEPLOYMENT);
+        let twd = Timeline::of(&[twd
+            .child(1_012, ROLLOUT)
+            .activity_done(create, 1_013, 1_040)
+            .0]);
+        let rollout = Timeline::of(&[Run::new()
+            .started(1_020)
+            .task(1_030)
+            .activity(1_060, "observe", 1_061, 1_080)
+            .0]);
+        let ledger = ReactionLedger::read(ReactionInput {
+            twd: &twd,
+            rollout: &rollout,
+            generation: 2,
+            rollout_workflow_id: ROLLOUT,
+            watch_seen: Some(t(998)),
+            deployment_seen: Some(t(1_038)),
+        });
+        assert_eq!(
+            ledger.hops().map(|(_, ms)| ms.map(|v| v.round() as i64)),
+            [
+                Some(2),
+                Some(12),
+                Some(12),
+                Some(8),
+                None,
+                Some(1),
+                Some(27),
+                Some(-2),
+                Some(25)
+            ]
         );
     }
 

@@ -726,7 +726,8 @@ fn hop_ledger(l: &Latency) -> String {
     let _ = writeln!(
         out,
         "\nBetween the signal and the child's start the TWD workflow ran: {}. Between its start \
-         and scheduling `create_deployment` the rollout ran: {}.",
+         and scheduling a `create_deployment` of its own (missing when the TWD workflow created \
+         the Deployment) the rollout ran: {}.",
         between(&l.twd_between),
         between(&l.rollout_between)
     );
