@@ -153,6 +153,22 @@ pub struct BuildRequest {
     pub version_limit: Option<u32>,
 }
 
+impl BuildRequest {
+    /// The `create_deployment` made before the rollout's first observation (by the rollout's
+    /// create-first, or by the TWD workflow as it starts the rollout): limited to what that
+    /// observation would create, under the default version limit.
+    pub fn create_before_observing(twd: &TwdRef, build_id: &str) -> Self {
+        Self {
+            twd: twd.clone(),
+            build_id: build_id.to_owned(),
+            version_limit: Some(
+                u32::try_from(crate::plan::sunset::DEFAULT_MAX_VERSIONS_INELIGIBLE_FOR_DELETION)
+                    .unwrap_or(u32::MAX),
+            ),
+        }
+    }
+}
+
 /// Result of `create_deployment`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CreateDeploymentOutcome {

@@ -1297,14 +1297,7 @@ async fn cancel_gates(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, 
 /// creation is acted on here; anything else (exists, superseded, blocked, deferred for the
 /// version limit, failed) is left to the first observation, which decides as before.
 async fn create_first(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, build_id: &str) {
-    let request = BuildRequest {
-        twd: twd.clone(),
-        build_id: build_id.to_owned(),
-        version_limit: Some(
-            u32::try_from(crate::plan::sunset::DEFAULT_MAX_VERSIONS_INELIGIBLE_FOR_DELETION)
-                .unwrap_or(u32::MAX),
-        ),
-    };
+    let request = BuildRequest::create_before_observing(twd, build_id);
     let options = with_summary(short_options(), "create Deployment");
     let creating = ctx.execute_activity(CreateDeployment, request, options);
     let reporting = report(ctx, RolloutProgress::WaitingForPollers, None, None);

@@ -923,14 +923,7 @@ async fn start_new_build(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, s
     if !ctx.patched(PATCH_CREATE_WITH_START) {
         return start_rollout(ctx, twd, spec).await;
     }
-    let request = BuildRequest {
-        twd: twd.clone(),
-        build_id: spec.build_id.clone(),
-        version_limit: Some(
-            u32::try_from(crate::plan::sunset::DEFAULT_MAX_VERSIONS_INELIGIBLE_FOR_DELETION)
-                .unwrap_or(u32::MAX),
-        ),
-    };
+    let request = BuildRequest::create_before_observing(twd, &spec.build_id);
     let options = with_summary(short_options(), "create Deployment");
     let (created, ()) = {
         let creating = ctx.execute_activity(CreateDeployment, request, options);
