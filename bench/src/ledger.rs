@@ -622,7 +622,14 @@ pub struct BurstMilestones {
     pub create_completed_ms: Option<f64>,
     /// The benchmark's Deployment watch saw the new Deployment.
     pub deployment_seen_ms: Option<f64>,
+    /// The TWD workflow scheduled the create, in the task that started the rollout (since
+    /// `create-with-start`), rather than the rollout's first task.
+    pub created_by_twd: bool,
 }
+
+/// One milestone of a reaction: its name, when it was reached (ms after the origin), and the
+/// milestone it follows (index into the same list), whose time its hop is counted from.
+pub type Milestone = (&'static str, Option<f64>, Option<usize>);
 
 impl BurstMilestones {
     /// The milestones of one reaction, from the same events as its [`ReactionLedger`], with
@@ -672,31 +679,71 @@ impl BurstMilestones {
             create_started_ms: after(create.and_then(|a| a.started)),
             create_completed_ms: after(create.and_then(|a| a.completed)),
             deployment_seen_ms: after(deployment_seen),
+            created_by_twd: found.twd_create.is_some(),
         }
     }
 
-    /// The milestones in the order a reaction passes them, named as in the report.
-    pub fn milestones(&self) -> [(&'static str, Option<f64>); 13] {
+    /// The milestones in the order a reaction passes them, named as in the report, each with
+    /// the one it follows. The rollout's start and the create are two branches after the TWD
+    /// workflow's task: the create follows that task when the TWD workflow made it, the
+    /// rollout's first task otherwise, so no hop is counted across the branches.
+    pub fn milestones(&self) -> [Milestone; 13] {
+        const TWD_TASK_STARTED: usize = 4;
+        const ROLLOUT_TASK_STARTED: usize = 8;
+        const CREATE_STARTED: usize = 10;
+        let (create, create_follows) = if self.created_by_twd {
+            (
+                "create_deployment scheduled (TWD workflow)",
+                TWD_TASK_STARTED,
+            )
+        } else {
+            (
+                "create_deployment scheduled (rollout)",
+                ROLLOUT_TASK_STARTED,
+            )
+        };
         [
-            ("apply sent", self.apply_sent_ms),
-            ("TWD watch event", self.twd_watch_ms),
-            ("spec_changed recorded", self.signal_recorded_ms),
-            ("TWD workflow task scheduled", self.twd_task_scheduled_ms),
-            ("TWD workflow task started", self.twd_task_started_ms),
-            ("child rollout initiated", self.child_initiated_ms),
-            ("rollout started", self.rollout_started_ms),
+            ("apply sent", self.apply_sent_ms, None),
+            ("TWD watch event", self.twd_watch_ms, Some(0)),
+            ("spec_changed recorded", self.signal_recorded_ms, Some(1)),
+            (
+                "TWD workflow task scheduled",
+                self.twd_task_scheduled_ms,
+                Some(2),
+            ),
+            (
+                "TWD workflow task started",
+                self.twd_task_started_ms,
+                Some(3),
+            ),
+            (
+                "child rollout initiated",
+                self.child_initiated_ms,
+                Some(TWD_TASK_STARTED),
+            ),
+            ("rollout started", self.rollout_started_ms, Some(5)),
             (
                 "rollout's first workflow task scheduled",
                 self.rollout_task_scheduled_ms,
+                Some(6),
             ),
             (
                 "rollout's first workflow task started",
                 self.rollout_task_started_ms,
+                Some(7),
             ),
-            ("create_deployment scheduled", self.create_scheduled_ms),
-            ("create_deployment started", self.create_started_ms),
-            ("create_deployment completed", self.create_completed_ms),
-            ("Deployment seen", self.deployment_seen_ms),
+            (create, self.create_scheduled_ms, Some(create_follows)),
+            ("create_deployment started", self.create_started_ms, Some(9)),
+            (
+                "create_deployment completed",
+                self.create_completed_ms,
+                Some(CREATE_STARTED),
+            ),
+            (
+                "Deployment seen",
+                self.deployment_seen_ms,
+                Some(CREATE_STARTED),
+            ),
         ]
     }
 }
@@ -710,33 +757,39 @@ pub struct MilestoneSummary {
     pub at_ms: Option<Summary>,
     /// Latest − earliest, ms: how far apart the reactions reached it.
     pub spread_ms: Option<f64>,
-    /// Per reaction, this milestone − the previous one, ms (`None` for the first milestone).
+    /// The milestone the hop is counted from (`None` for the first).
+    pub follows: Option<String>,
+    /// Per reaction, this milestone − the one it follows, ms (`None` for the first milestone).
     pub hop_ms: Option<Summary>,
     /// Reactions where the milestone was not found.
     pub missing: usize,
 }
 
 /// Summaries of the same milestones over the reactions of a burst (each given as its
-/// `milestones()`): when they were reached, how far apart, and the hop from the previous one.
-pub fn summarize_milestones<const N: usize>(
-    reactions: &[[(&'static str, Option<f64>); N]],
-) -> Vec<MilestoneSummary> {
+/// `milestones()`): when they were reached, how far apart, and the hop from the milestone each
+/// follows. A reaction's own predecessor is used, so reactions whose create was made by
+/// different workflows are each counted from theirs; the summary names the first reaction's.
+pub fn summarize_milestones<const N: usize>(reactions: &[[Milestone; N]]) -> Vec<MilestoneSummary> {
     let Some(first) = reactions.first() else {
         return Vec::new();
     };
     (0..N)
         .map(|k| {
             let at: Vec<f64> = reactions.iter().filter_map(|r| r[k].1).collect();
-            let hops: Vec<f64> = match k.checked_sub(1) {
-                Some(previous) => reactions
-                    .iter()
-                    .filter_map(|r| Some(r[k].1? - r[previous].1?))
-                    .collect(),
-                None => Vec::new(),
-            };
+            let hops: Vec<f64> = reactions
+                .iter()
+                .filter_map(|r| {
+                    let previous = r[k].2.filter(|&p| p < N)?;
+                    Some(r[k].1? - r[previous].1?)
+                })
+                .collect();
             let at_ms = Summary::of(&at);
             MilestoneSummary {
                 milestone: first[k].0.to_owned(),
+                follows: first[k]
+                    .2
+                    .and_then(|p| first.get(p))
+                    .map(|m| m.0.to_owned()),
                 spread_ms: at_ms.as_ref().map(|s| s.max - s.min),
                 hop_ms: Summary::of(&hops),
                 missing: reactions.len() - at.len(),
@@ -1314,7 +1367,7 @@ mod tests {
         assert_eq!(
             milestones
                 .milestones()
-                .map(|(_, ms)| ms.map(|v| v.round() as i64)),
+                .map(|(_, ms, _)| ms.map(|v| v.round() as i64)),
             [
                 Some(10),
                 Some(20),
@@ -1330,6 +1383,78 @@ mod tests {
                 Some(1_100),
                 Some(1_090),
             ]
+        );
+    }
+
+    #[test]
+    fn burst_milestone_hops_follow_the_create_the_twd_workflow_makes_not_the_rollout_s_task() {
+        // The TWD workflow schedules the create in the task that starts the rollout; the
+        // rollout's first task comes later. The create's hop counts from the TWD task, so no
+        // hop is negative.
+        let (twd, create) = Run::new()
+            .started(0)
+            .task(1)
+            .signal(1_000, SPEC_CHANGED, 2)
+            .timed_task(1_002, 1_010, 1_012)
+            .scheduled(1_012, CREATE_DEPLOYMENT);
+        let twd = Timeline::of(&[twd
+            .child(1_012, ROLLOUT)
+            .activity_done(create, 1_013, 1_040)
+            .0]);
+        let rollout = Timeline::of(&[Run::new()
+            .started(1_020)
+            .task(1_030)
+            .activity(1_060, "observe", 1_061, 1_080)
+            .0]);
+        let input = ReactionInput {
+            twd: &twd,
+            rollout: &rollout,
+            generation: 2,
+            rollout_workflow_id: ROLLOUT,
+            watch_seen: Some(t(998)),
+            deployment_seen: Some(t(1_038)),
+        };
+        let milestones = BurstMilestones::read(input, Some(t(990)), t(990));
+        assert!(milestones.created_by_twd);
+        let summary = summarize_milestones(&[milestones.milestones()]);
+        let hops: Vec<(&str, Option<&str>, Option<i64>)> = summary
+            .iter()
+            .map(|m| {
+                (
+                    m.milestone.as_str(),
+                    m.follows.as_deref(),
+                    m.hop_ms.as_ref().map(|h| h.median.round() as i64),
+                )
+            })
+            .collect();
+        assert!(
+            hops.iter().all(|(_, _, hop)| hop.is_none_or(|h| h >= 0)),
+            "a negative hop: {hops:?}"
+        );
+        let find = |name: &str| hops.iter().find(|h| h.0 == name).copied();
+        assert_eq!(
+            find("create_deployment scheduled (TWD workflow)"),
+            Some((
+                "create_deployment scheduled (TWD workflow)",
+                Some("TWD workflow task started"),
+                Some(2)
+            ))
+        );
+        assert_eq!(
+            find("child rollout initiated"),
+            Some((
+                "child rollout initiated",
+                Some("TWD workflow task started"),
+                Some(2)
+            ))
+        );
+        assert_eq!(
+            find("Deployment seen"),
+            Some((
+                "Deployment seen",
+                Some("create_deployment started"),
+                Some(25)
+            ))
         );
     }
 
@@ -1395,20 +1520,21 @@ mod tests {
 
     #[test]
     fn milestone_summaries_give_spread_and_hops_over_the_reactions() {
+        // "task" follows "apply", not "signal": its hops skip the missing signal.
         let a = [
-            ("apply", Some(0.0)),
-            ("signal", Some(10.0)),
-            ("task", Some(100.0)),
+            ("apply", Some(0.0), None),
+            ("signal", Some(10.0), Some(0)),
+            ("task", Some(100.0), Some(0)),
         ];
         let b = [
-            ("apply", Some(5.0)),
-            ("signal", Some(20.0)),
-            ("task", Some(2_000.0)),
+            ("apply", Some(5.0), None),
+            ("signal", Some(20.0), Some(0)),
+            ("task", Some(2_000.0), Some(0)),
         ];
         let c = [
-            ("apply", Some(8.0)),
-            ("signal", None),
-            ("task", Some(1_000.0)),
+            ("apply", Some(8.0), None),
+            ("signal", None, Some(0)),
+            ("task", Some(1_000.0), Some(0)),
         ];
         let summary = summarize_milestones(&[a, b, c]);
         let shown: Vec<_> = summary
@@ -1416,6 +1542,7 @@ mod tests {
             .map(|m| {
                 (
                     m.milestone.as_str(),
+                    m.follows.as_deref(),
                     m.at_ms.as_ref().map(|s| s.median),
                     m.spread_ms,
                     m.hop_ms.as_ref().map(|s| (s.n, s.median, s.max)),
@@ -1426,13 +1553,21 @@ mod tests {
         assert_eq!(
             shown,
             vec![
-                ("apply", Some(5.0), Some(8.0), None, 0),
-                ("signal", Some(10.0), Some(10.0), Some((2, 10.0, 15.0)), 1),
+                ("apply", None, Some(5.0), Some(8.0), None, 0),
+                (
+                    "signal",
+                    Some("apply"),
+                    Some(10.0),
+                    Some(10.0),
+                    Some((2, 10.0, 15.0)),
+                    1
+                ),
                 (
                     "task",
+                    Some("apply"),
                     Some(1_000.0),
                     Some(1_900.0),
-                    Some((2, 90.0, 1_980.0)),
+                    Some((3, 992.0, 1_995.0)),
                     0
                 ),
             ]

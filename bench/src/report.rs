@@ -621,7 +621,7 @@ impl Results {
 }
 
 /// The milestones of the change burst's reactions, as Markdown: one table per round (when the
-/// TWDs reached each milestone, how far apart, the hop from the previous one) and the tasks'
+/// TWDs reached each milestone, how far apart, the hop from the milestone each follows) and the tasks'
 /// waits for a worker.
 fn burst_ledger(c: &ChangeBurst) -> String {
     let mut out = String::new();
@@ -631,7 +631,8 @@ fn burst_ledger(c: &ChangeBurst) -> String {
          ms after the round's first apply sent, wall clock; Temporal's event times from the TWD \
          and rollout workflows' histories, read once the round was over and the controller \
          quiet; the benchmark's watch events; spread = max − min over the TWDs, hop = this \
-         milestone − the previous one per TWD):",
+         milestone − the one it follows (named; the rollout's start and the create are two \
+         branches after the TWD workflow's task) per TWD):",
         c.twds
     );
     let cell = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:.0}"));
@@ -653,20 +654,21 @@ fn burst_ledger(c: &ChangeBurst) -> String {
         let ledger = &round.hop_ledger;
         let _ = writeln!(out, "\nRound {} (`{}`):\n", i + 1, round.tag);
         out.push_str(
-            "| Milestone | min | p50 | max | spread | hop p50 | hop max | missing |\n\
-             |---|---|---|---|---|---|---|---|\n",
+            "| Milestone | min | p50 | max | spread | hop from | hop p50 | hop max | missing |\n\
+             |---|---|---|---|---|---|---|---|---|\n",
         );
         for m in &ledger.milestones {
             let at = m.at_ms.as_ref();
             let hop = m.hop_ms.as_ref();
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 m.milestone,
                 cell(at.map(|s| s.min)),
                 cell(at.map(|s| s.median)),
                 cell(at.map(|s| s.max)),
                 cell(m.spread_ms),
+                m.follows.as_deref().unwrap_or("–"),
                 cell(hop.map(|s| s.median)),
                 cell(hop.map(|s| s.max)),
                 m.missing
@@ -942,11 +944,13 @@ mod tests {
         assert!(text.contains("Round 1 (`chg1`)"), "{text}");
         // The hop is from the previous milestone, missing here: no hop.
         assert!(
-            text.contains("| spec_changed recorded | 10 | 10 | 2010 | 2000 | – | – | 0 |"),
+            text.contains(
+                "| spec_changed recorded | 10 | 10 | 2010 | 2000 | TWD watch event | – | – | 0 |"
+            ),
             "{text}"
         );
         assert!(
-            text.contains("| TWD watch event | – | – | – | – | – | – | 2 |"),
+            text.contains("| TWD watch event | – | – | – | – | apply sent | – | – | 2 |"),
             "{text}"
         );
         assert!(text.contains("TWD workflow tasks none"), "{text}");
