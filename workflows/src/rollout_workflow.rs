@@ -15,8 +15,8 @@ use temporalio_common::search_attributes::SearchAttributeKey;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::workflows::{join, select};
 use temporalio_sdk::{
-    ActivityOptions, CancellableFuture, SignalWorkflowOptions, SyncWorkflowContext,
-    WorkflowContext, WorkflowContextView, WorkflowResult,
+    ActivityOptions, CancellableFuture, SyncWorkflowContext, WorkflowContext, WorkflowContextView,
+    WorkflowResult,
 };
 
 use crate::contract::{
@@ -35,7 +35,7 @@ use crate::plan::rollout::{
     GateState, HeldTime, HoldTransition, RolloutDecision, RolloutMemory, decide,
 };
 use crate::support::{
-    activity_failed, history_full, millis, now_millis, run_activity, short_options,
+    self, activity_failed, history_full, millis, now_millis, run_activity, short_options,
     waiting_options, with_summary,
 };
 use crate::twd_workflow::TwdWorkflow;
@@ -1375,7 +1375,7 @@ async fn send_report(
         .signal(
             TwdWorkflow::rollout_update,
             candidate,
-            SignalWorkflowOptions::default(),
+            support::signal_options(),
         )
         .await;
 }
@@ -1446,7 +1446,7 @@ fn set_outcome(ctx: &mut WorkflowContext<RolloutWorkflow>, outcome: &str) {
 
 /// Waits until a signal arrives or `timeout` passes.
 async fn wait_for_change(ctx: &mut WorkflowContext<RolloutWorkflow>, timeout: Duration) {
-    let timer = ctx.timer(timeout);
+    let timer = ctx.timer(support::timer(timeout));
     let _ = unless_signalled(ctx, timer).await;
 }
 
@@ -1462,7 +1462,7 @@ where
     let mut future = std::pin::pin!(future);
     let finished = select! {
         output = future.as_mut() => Some(output),
-        _ = ctx.wait_condition(move |s: &RolloutWorkflow| s.wakeups != seen) => None,
+        _ = ctx.wait_condition_with_options(move |s: &RolloutWorkflow| s.wakeups != seen, support::condition_options()) => None,
     };
     if finished.is_none() && ctx.patched(PATCH_CANCEL_INTERRUPTED) {
         future.as_ref().get_ref().cancel();

@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use temporalio_sdk::{ActivityOptions, WorkflowContext};
+use temporalio_sdk::{
+    ActivityOptions, SignalWorkflowOptions, TimerOptions, WaitConditionOptions,
+    WorkflowCancellationToken, WorkflowContext,
+};
 
 use crate::model::{BlockReason, Blocked, UnixMillis};
 
@@ -39,6 +42,46 @@ pub(crate) fn activity_failed(name: &str, error: &dyn std::fmt::Display) -> Bloc
     }
 }
 
+/// A cancellation token for one timer, activity, child workflow, signal or condition, detached
+/// from the workflow's own token.
+///
+/// temporalio-workflow 1.1.1 registers every such operation with the workflow's token unless the
+/// options carry a token, and removes the registration only when the operation completes. The
+/// registration holds the workflow's context, which holds the token: an operation dropped before
+/// it completes (a timer a signal interrupted, and every pending operation when the run leaves
+/// the worker's cache) keeps the run's whole context in memory until the process exits. With
+/// an idle fleet of 1,000 TWDs that was ~100 MiB of the controller's heap after 30 minutes, and
+/// it grows with every eviction (BENCHMARKS.md, "Controller memory"). A token of its own is
+/// dropped with the operation, and the registration with it.
+///
+/// The operations no longer follow a cancel request of the workflow itself: twc never cancels
+/// its own workflows (a rollout is stopped with `abort`, a TWD's workflow ends with the TWD),
+/// and the commands a workflow sends are unchanged, so recorded histories replay as before.
+pub(crate) fn own_token() -> WorkflowCancellationToken {
+    WorkflowCancellationToken::new()
+}
+
+/// A timer with its own cancellation token ([`own_token`]).
+pub(crate) fn timer(duration: Duration) -> TimerOptions {
+    TimerOptions::builder(duration)
+        .cancellation_token(own_token())
+        .build()
+}
+
+/// Options of a signal to another workflow, with its own cancellation token ([`own_token`]).
+pub(crate) fn signal_options() -> SignalWorkflowOptions {
+    SignalWorkflowOptions::builder()
+        .cancellation_token(own_token())
+        .build()
+}
+
+/// Options of a wait for a condition, with its own cancellation token ([`own_token`]).
+pub(crate) fn condition_options() -> WaitConditionOptions {
+    WaitConditionOptions::builder()
+        .cancellation_token(own_token())
+        .build()
+}
+
 /// Options for quick activities: a few retries with backoff (about 20 s in all), then the
 /// workflow decides. Activities heartbeat every second, so one whose worker died (a killed
 /// controller) is retried on another after [`HEARTBEAT_TIMEOUT`], not after its 60 s.
@@ -51,6 +94,7 @@ pub(crate) fn short_options() -> ActivityOptions {
     ActivityOptions::with_start_to_close_timeout(Duration::from_secs(60))
         .heartbeat_timeout(HEARTBEAT_TIMEOUT)
         .retry_policy(retry)
+        .cancellation_token(own_token())
         .build()
 }
 
@@ -67,6 +111,7 @@ pub(crate) fn waiting_options(max_wait: Duration) -> ActivityOptions {
     ActivityOptions::with_start_to_close_timeout(max_wait + Duration::from_secs(60))
         .heartbeat_timeout(HEARTBEAT_TIMEOUT)
         .retry_policy(retry)
+        .cancellation_token(own_token())
         .build()
 }
 
@@ -92,10 +137,93 @@ pub(crate) fn drain_options() -> ActivityOptions {
     ActivityOptions::with_start_to_close_timeout(Duration::from_secs(3600))
         .heartbeat_timeout(HEARTBEAT_TIMEOUT)
         .retry_policy(retry)
+        .cancellation_token(own_token())
         .build()
 }
 
 pub(crate) fn millis(time: Option<std::time::SystemTime>) -> UnixMillis {
     time.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::rc::{Rc, Weak};
+    use std::task::{Context, Poll};
+
+    use temporalio_sdk::BaseWorkflowContext;
+    use temporalio_workflow::__private::sdk::{WorkflowHost, WorkflowInit};
+    use temporalio_workflow::common::data_converters::DataConverter;
+    use temporalio_workflow::common::protos::coresdk::{
+        workflow_activation::InitializeWorkflow, workflow_commands::WorkflowCommand,
+    };
+
+    use super::*;
+
+    /// Takes the commands of a workflow context built outside a worker.
+    struct Host;
+
+    impl WorkflowHost for Host {
+        fn set_current_details(&self, _details: String) {}
+        fn push_command(&self, _command: WorkflowCommand) {}
+    }
+
+    /// Starts a timer with `options` in a fresh workflow context, drops the timer before it
+    /// fires (as a signal that ends a wait, or an eviction, does), drops the context, and
+    /// returns a weak reference to what the context held: alive afterwards means the context
+    /// was never freed.
+    fn context_after_a_dropped_timer(options: TimerOptions) -> Weak<dyn WorkflowHost> {
+        let host: Rc<dyn WorkflowHost> = Rc::new(Host);
+        let held = Rc::downgrade(&host);
+        let ctx = BaseWorkflowContext::from_raw(
+            WorkflowInit {
+                namespace: "default".to_owned(),
+                task_queue: "twc-engine".to_owned(),
+                run_id: "run".to_owned(),
+                initialize_workflow: InitializeWorkflow::default(),
+            },
+            DataConverter::default(),
+            host,
+            None,
+            Vec::new(),
+        );
+        let mut timer = Box::pin(ctx.timer(options));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(matches!(timer.as_mut().poll(&mut cx), Poll::Pending));
+        drop(timer);
+        drop(ctx);
+        held
+    }
+
+    /// The SDK's leak this works around: a timer on the workflow's own token, dropped before it
+    /// fires, keeps the workflow's context alive for good. When this fails, the SDK no longer
+    /// leaks and [`own_token`] can go.
+    #[test]
+    fn a_dropped_timer_on_the_workflow_s_token_keeps_its_context_alive() {
+        let held = context_after_a_dropped_timer(TimerOptions::from(Duration::from_secs(300)));
+        assert!(held.upgrade().is_some(), "the context was freed");
+    }
+
+    #[test]
+    fn a_dropped_timer_on_its_own_token_frees_its_context() {
+        let held = context_after_a_dropped_timer(timer(Duration::from_secs(300)));
+        assert!(held.upgrade().is_none(), "the context is still alive");
+    }
+
+    /// Every kind of operation the workflows start carries a token of its own, so none
+    /// registers with the workflow's token.
+    #[test]
+    fn every_operation_s_options_carry_their_own_cancellation_token() {
+        let activities = [
+            short_options(),
+            waiting_options(Duration::from_secs(60)),
+            drain_options(),
+        ];
+        for options in &activities {
+            assert!(options.cancellation_token.is_some(), "{options:?}");
+        }
+        assert!(timer(Duration::from_secs(1)).cancellation_token.is_some());
+        assert!(signal_options().cancellation_token.is_some());
+        assert!(condition_options().cancellation_token.is_some());
+    }
 }

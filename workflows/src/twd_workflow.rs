@@ -15,8 +15,8 @@ use temporalio_common::search_attributes::SearchAttributes;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::workflows::{join, select};
 use temporalio_sdk::{
-    ChildWorkflowOptions, ParentClosePolicy, SignalWorkflowOptions, SyncWorkflowContext,
-    WorkflowContext, WorkflowContextView, WorkflowIdReusePolicy, WorkflowResult,
+    ChildWorkflowOptions, ParentClosePolicy, SyncWorkflowContext, WorkflowContext,
+    WorkflowContextView, WorkflowIdReusePolicy, WorkflowResult,
 };
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 
@@ -40,7 +40,7 @@ use crate::rollout_workflow::{
     RolloutInput, RolloutWorkflow, SA_BUILD_ID, SA_NAME, SA_NAMESPACE, SA_OUTCOME,
 };
 use crate::support::{
-    drain_options, history_full, now_millis, run_activity, short_options, with_summary,
+    self, drain_options, history_full, now_millis, run_activity, short_options, with_summary,
 };
 
 /// Patch: reports of a rollout other than the one in flight are ignored (histories recorded
@@ -312,8 +312,8 @@ impl TwdWorkflow {
             let mut signalled_early = false;
             if !next_wake.is_zero() {
                 signalled_early = select! {
-                    _ = ctx.timer(next_wake) => false,
-                    _ = ctx.wait_condition(move |s: &Self| s.wakeups != seen) => true,
+                    _ = ctx.timer(support::timer(next_wake)) => false,
+                    _ = ctx.wait_condition_with_options(move |s: &Self| s.wakeups != seen, support::condition_options()) => true,
                 };
             }
             if counted_at_turn_start {
@@ -983,6 +983,7 @@ async fn launch_rollout(
             spec.build_id
         ))
         .maybe_search_attributes(search_attributes)
+        .cancellation_token(support::own_token())
         .build();
     let started = ctx
         .start_child_workflow(RolloutWorkflow::run, input, options)
@@ -1013,7 +1014,7 @@ async fn nudge(ctx: &WorkflowContext<TwdWorkflow>, workflow_id: &str, reason: &s
         .signal(
             RolloutWorkflow::nudge,
             reason.to_owned(),
-            SignalWorkflowOptions::default(),
+            support::signal_options(),
         )
         .await;
 }
@@ -1055,11 +1056,7 @@ async fn forward_controls(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, 
         if !ended {
             let _ = ctx
                 .external_workflow(active.workflow_id.clone(), None)
-                .signal(
-                    RolloutWorkflow::control,
-                    action,
-                    SignalWorkflowOptions::default(),
-                )
+                .signal(RolloutWorkflow::control, action, support::signal_options())
                 .await;
             continue;
         }
@@ -1404,7 +1401,7 @@ async fn delete(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) -> Workflo
         {
             Ok(CleanupOutcome::Done) => return Ok(()),
             Ok(CleanupOutcome::Pending { .. }) | Err(_) => {
-                ctx.timer(CLEANUP_RETRY).await;
+                ctx.timer(support::timer(CLEANUP_RETRY)).await;
             }
         }
     }
@@ -1485,7 +1482,7 @@ async fn delete_with_backoff(
         let pause = CLEANUP_RETRY
             .saturating_mul(1 << attempts.saturating_sub(1).min(6))
             .min(CLEANUP_RETRY_MAX);
-        ctx.timer(pause).await;
+        ctx.timer(support::timer(pause)).await;
         if history_full(ctx, ctx.state(|s| s.input.history_event_bound)) {
             continue_as_new(ctx)?;
         }
