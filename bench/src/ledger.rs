@@ -1135,13 +1135,14 @@ mod tests {
         );
     }
 
-    #[test]
-    fn reaction_ledger_times_the_create_the_twd_workflow_makes_as_it_starts_the_rollout() {
+    /// A spec change whose TWD-workflow task (started 1,010 ms) creates the Deployment as it
+    /// starts the rollout (both at 1,012 ms); the rollout's first task comes at 1,030 ms.
+    fn created_with_start() -> (Timeline, Timeline) {
         let (twd, create) = Run::new()
             .started(0)
             .task(1)
             .signal(1_000, SPEC_CHANGED, 2)
-            .task(1_010)
+            .timed_task(1_002, 1_010, 1_012)
             .scheduled(1_012, CREATE_DEPLOYMENT);
         let twd = Timeline::of(&[twd
             .child(1_012, ROLLOUT)
@@ -1152,6 +1153,12 @@ mod tests {
             .task(1_030)
             .activity(1_060, "observe", 1_061, 1_080)
             .0]);
+        (twd, rollout)
+    }
+
+    #[test]
+    fn reaction_ledger_times_the_create_the_twd_workflow_makes_as_it_starts_the_rollout() {
+        let (twd, rollout) = created_with_start();
         let ledger = ReactionLedger::read(ReactionInput {
             twd: &twd,
             rollout: &rollout,
@@ -1391,21 +1398,7 @@ mod tests {
         // The TWD workflow schedules the create in the task that starts the rollout; the
         // rollout's first task comes later. The create's hop counts from the TWD task, so no
         // hop is negative.
-        let (twd, create) = Run::new()
-            .started(0)
-            .task(1)
-            .signal(1_000, SPEC_CHANGED, 2)
-            .timed_task(1_002, 1_010, 1_012)
-            .scheduled(1_012, CREATE_DEPLOYMENT);
-        let twd = Timeline::of(&[twd
-            .child(1_012, ROLLOUT)
-            .activity_done(create, 1_013, 1_040)
-            .0]);
-        let rollout = Timeline::of(&[Run::new()
-            .started(1_020)
-            .task(1_030)
-            .activity(1_060, "observe", 1_061, 1_080)
-            .0]);
+        let (twd, rollout) = created_with_start();
         let input = ReactionInput {
             twd: &twd,
             rollout: &rollout,
