@@ -1156,17 +1156,23 @@ mod tests {
         (twd, rollout)
     }
 
-    #[test]
-    fn reaction_ledger_times_the_create_the_twd_workflow_makes_as_it_starts_the_rollout() {
-        let (twd, rollout) = created_with_start();
-        let ledger = ReactionLedger::read(ReactionInput {
-            twd: &twd,
-            rollout: &rollout,
+    /// The reaction of [`created_with_start`]: the TWD watch saw the change at 998 ms, the
+    /// Deployment watch the Deployment at 1,038 ms.
+    fn seen_at<'a>(twd: &'a Timeline, rollout: &'a Timeline) -> ReactionInput<'a> {
+        ReactionInput {
+            twd,
+            rollout,
             generation: 2,
             rollout_workflow_id: ROLLOUT,
             watch_seen: Some(t(998)),
             deployment_seen: Some(t(1_038)),
-        });
+        }
+    }
+
+    #[test]
+    fn reaction_ledger_times_the_create_the_twd_workflow_makes_as_it_starts_the_rollout() {
+        let (twd, rollout) = created_with_start();
+        let ledger = ReactionLedger::read(seen_at(&twd, &rollout));
         assert_eq!(
             ledger.hops().map(|(_, ms)| ms.map(|v| v.round() as i64)),
             [
@@ -1399,14 +1405,7 @@ mod tests {
         // rollout's first task comes later. The create's hop counts from the TWD task, so no
         // hop is negative.
         let (twd, rollout) = created_with_start();
-        let input = ReactionInput {
-            twd: &twd,
-            rollout: &rollout,
-            generation: 2,
-            rollout_workflow_id: ROLLOUT,
-            watch_seen: Some(t(998)),
-            deployment_seen: Some(t(1_038)),
-        };
+        let input = seen_at(&twd, &rollout);
         let milestones = BurstMilestones::read(input, Some(t(990)), t(990));
         assert!(milestones.created_by_twd);
         let summary = summarize_milestones(&[milestones.milestones()]);
