@@ -7,8 +7,7 @@
 //! of the anonymous memory was such freed memory (BENCHMARKS.md, "Controller memory").
 //! `malloc_trim(0)` hands every whole free page of every heap back to the kernel; done every few
 //! seconds, the resident memory follows the live heap. It costs one pass over the heaps' free
-//! lists (well under a millisecond at an idle fleet's size) and, later, page faults for pages
-//! used again.
+//! lists (its duration is logged at `trace` level) and, later, page faults for pages used again.
 //!
 //! Only glibc has the call. Elsewhere (musl) [`trim`] reports `None` and the loop ends at once.
 
