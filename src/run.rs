@@ -44,7 +44,7 @@ pub struct RunArgs {
     /// How often each TWD's workflow re-reads the world (Deployments, routing, the spec) when
     /// nothing else wakes it, repairing drift a missed watch event would leave (Go-style
     /// duration; applies to TWD workflows started from then on).
-    #[arg(long, env = "TWC_RESYNC_INTERVAL", default_value = "5m", value_parser = parse_resync)]
+    #[arg(long, env = "TWC_RESYNC_INTERVAL", default_value = "5m", value_parser = |s: &str| parse_interval(s, std::time::Duration::from_secs(1)))]
     resync_interval: std::time::Duration,
     /// Identity on Temporal calls; also the manager identity claimed on worker deployments.
     /// Every replica of one installation must use the same value.
@@ -74,18 +74,18 @@ pub struct RunArgs {
     /// `malloc_trim`; Go-style duration, `0` turns it off). Without it the resident memory stays
     /// at the high-water mark of the last burst of rollouts.
     #[arg(long, env = "TWC_HEAP_TRIM_INTERVAL", default_value = "10s",
-          value_parser = parse_heap_trim)]
+          value_parser = |s: &str| parse_interval(s, std::time::Duration::ZERO))]
     heap_trim_interval: std::time::Duration,
 }
 
-fn parse_heap_trim(input: &str) -> Result<std::time::Duration, String> {
-    twc_crds::duration::parse_duration(input).map_err(|e| e.to_string())
-}
-
-fn parse_resync(input: &str) -> Result<std::time::Duration, String> {
+/// A Go-style duration flag (`90s`, `5m`, `1h30m`) of at least `minimum`.
+fn parse_interval(
+    input: &str,
+    minimum: std::time::Duration,
+) -> Result<std::time::Duration, String> {
     let duration = twc_crds::duration::parse_duration(input).map_err(|e| e.to_string())?;
-    if duration < std::time::Duration::from_secs(1) {
-        return Err("the resync interval must be at least 1s".to_owned());
+    if duration < minimum {
+        return Err(format!("must be at least {minimum:?}"));
     }
     Ok(duration)
 }
@@ -221,5 +221,56 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = int.recv() => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        run: super::RunArgs,
+    }
+
+    #[test]
+    fn the_interval_flags_take_go_durations_down_to_their_minimum() {
+        // Ok((resync, heap trim) in ms) or Err(part of the message).
+        type Expected = Result<(u64, u64), &'static str>;
+        let cases: [(&[&str], Expected); 7] = [
+            (&[], Ok((300_000, 10_000))),
+            (&["--resync-interval", "1s"], Ok((1_000, 10_000))),
+            (&["--resync-interval", "1m30s"], Ok((90_000, 10_000))),
+            (&["--resync-interval", "999ms"], Err("must be at least 1s")),
+            (&["--resync-interval", "5"], Err("invalid duration")),
+            (&["--heap-trim-interval", "0"], Ok((300_000, 0))),
+            (&["--heap-trim-interval", "soon"], Err("invalid duration")),
+        ];
+        for (flags, expected) in cases {
+            let parsed =
+                Flags::try_parse_from(std::iter::once("twc-run").chain(flags.iter().copied()));
+            match (parsed, expected) {
+                (Ok(flags_parsed), Ok((resync_ms, trim_ms))) => {
+                    assert_eq!(
+                        flags_parsed.run.resync_interval,
+                        Duration::from_millis(resync_ms),
+                        "{flags:?}"
+                    );
+                    assert_eq!(
+                        flags_parsed.run.heap_trim_interval,
+                        Duration::from_millis(trim_ms),
+                        "{flags:?}"
+                    );
+                }
+                (Err(error), Err(fragment)) => {
+                    assert!(error.to_string().contains(fragment), "{flags:?}: {error}");
+                }
+                (Ok(_), Err(fragment)) => panic!("{flags:?} parsed; expected {fragment:?}"),
+                (Err(error), Ok(_)) => panic!("{flags:?} refused: {error}"),
+            }
+        }
     }
 }

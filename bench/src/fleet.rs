@@ -20,7 +20,9 @@ use crate::ledger::{
 };
 use crate::procstat;
 use crate::prom;
-use crate::sampler::{Counters, Sampler, Tick, peak_rate, peak_rate_over, wait_quiet};
+use crate::sampler::{
+    CallTime, Counters, Sampler, ServerTime, Tick, peak_rate, peak_rate_over, wait_quiet,
+};
 use crate::stats::Summary;
 
 /// Applies in flight at once.
@@ -66,6 +68,8 @@ pub struct Burst {
     pub rollout_history_events: Option<Summary>,
     /// Events in each TWD workflow's history (current run).
     pub twd_history_events: Option<Summary>,
+    /// Temporal's own time per worker-deployment call during the burst.
+    pub temporal_calls: Vec<CallTime>,
 }
 
 /// One round of the change burst: every TWD given a new image at once.
@@ -500,6 +504,7 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
         .collect();
     let sampler = Sampler::start(cluster, Duration::from_secs(1));
     let before = Counters::read(&cluster.env).await?;
+    let server_time_before = ServerTime::read(&cluster.env).await?;
     let cpu_before = controller_cpu(cluster)?;
     let started = Instant::now();
     let started_at = SystemTime::now();
@@ -507,6 +512,7 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
         cluster.wait_all_ready(namespace, &expected, Duration::from_secs(900)),
         apply_all(cluster, namespace, &names, "burst"),
     )?;
+    let server_time = ServerTime::read(&cluster.env).await?;
     let all_ready = ready.values().max().copied().unwrap_or(started);
     let all_ready_at = started_at + all_ready.saturating_duration_since(started);
     let ticks = sampler.finish().await;
@@ -547,6 +553,7 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
         controller_cpu_s: cpu_after - cpu_before,
         rollout_history_events: Summary::of(&rollout_events),
         twd_history_events: Summary::of(&twd_events),
+        temporal_calls: server_time.since(&server_time_before),
     })
 }
 

@@ -23,7 +23,7 @@ use crate::cluster::{Cluster, seconds_between, system_time, worker};
 use crate::ledger::{
     HopSummary, PromotionLedger, ReactionInput, ReactionLedger, Timeline, summarize, tally,
 };
-use crate::sampler::wait_quiet;
+use crate::sampler::{CallTime, ServerTime, wait_quiet};
 use crate::stats::Summary;
 
 /// How long the controller must have been idle before a rollout starts.
@@ -97,6 +97,8 @@ pub struct Latency {
     pub rollout_between: Vec<(String, usize)>,
     /// What the rollout ran between `wait_for_pollers` and `set_routing`.
     pub wait_to_routing_between: Vec<(String, usize)>,
+    /// Temporal's own time per worker-deployment call while the measured rollouts ran.
+    pub temporal_calls: Vec<CallTime>,
 }
 
 /// What a rollout's ledgers are read from once the controller is quiet.
@@ -107,6 +109,7 @@ struct Pending {
     deployment_seen: Option<SystemTime>,
     available: SystemTime,
     current_since: Option<SystemTime>,
+    status_seen: Option<SystemTime>,
 }
 
 /// What the watches report (Deployment appearances and availability, TWD generations;
@@ -334,6 +337,7 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
     wait_ready(cluster, namespace, name, "lat0-").await?;
 
     let deployment_name = format!("{namespace}/{name}");
+    let server_time_before = ServerTime::read(&cluster.env).await?;
     let mut rollouts = Vec::with_capacity(count);
     let mut pending = Vec::with_capacity(count);
     for i in 1..=count {
@@ -432,6 +436,7 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
             deployment_seen,
             available,
             current_since,
+            status_seen,
         });
         let measured = Rollout {
             status_lag_ms: current_since
@@ -460,6 +465,9 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
         );
         rollouts.push(measured);
     }
+    let temporal_calls = ServerTime::read(&cluster.env)
+        .await?
+        .since(&server_time_before);
     // The histories are read once the controller is quiet, so the reads cost no rollout time.
     wait_quiet(cluster, QUIET, ROLLOUT_TIMEOUT).await?;
     read_ledgers(cluster, namespace, name, &pending, &mut rollouts).await;
@@ -473,6 +481,7 @@ pub async fn run(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Re
     let reaction: Vec<_> = rollouts.iter().map(|r| r.reaction_hops.hops()).collect();
     let promotion: Vec<_> = rollouts.iter().map(|r| r.promotion_hops.hops()).collect();
     Ok(Latency {
+        temporal_calls,
         status_lag_missing: rollouts.len() - status_lags.len(),
         status_lag_ms: Summary::of(&status_lags),
         rollout_history_events: Summary::of(&events),
@@ -587,7 +596,7 @@ async fn read_ledgers(
             deployment_seen: p.deployment_seen,
         });
         rollout.promotion_hops =
-            PromotionLedger::read(&timeline, Some(p.available), p.current_since);
+            PromotionLedger::read(&timeline, Some(p.available), p.current_since, p.status_seen);
         tracing::info!(
             build = %p.build_id,
             events = ?rollout.rollout_history_events,

@@ -500,15 +500,23 @@ pub struct PromotionLedger {
     pub routing_started_to_current_ms: Option<f64>,
     /// `set_routing` started → completed, ms.
     pub routing_started_to_completed_ms: Option<f64>,
+    /// Temporal's `currentVersionChangedTime` → `set_routing` completed, ms: how long Temporal's
+    /// write went on after it stamped the change (the status cannot show it before).
+    pub current_to_routing_completed_ms: Option<f64>,
+    /// `set_routing` completed → the benchmark's TWD watch shows the build as
+    /// `status.currentVersion`, ms: the controller's share of the status lag.
+    pub routing_completed_to_status_ms: Option<f64>,
 }
 
 impl PromotionLedger {
     /// The ledger of one promotion from the rollout's timeline, when the benchmark saw the
-    /// Deployment Available and Temporal's `currentVersionChangedTime` of the build.
+    /// Deployment Available, Temporal's `currentVersionChangedTime` of the build, and when the
+    /// benchmark's TWD watch showed the build as `status.currentVersion`.
     pub fn read(
         rollout: &Timeline,
         available_seen: Option<SystemTime>,
         current_since: Option<SystemTime>,
+        status_seen: Option<SystemTime>,
     ) -> Self {
         let routing_calls: Vec<usize> = (0..rollout.events.len())
             .filter(|&p| matches!(rollout.events[p].kind, Kind::ActivityScheduled(i) if rollout.activities[i].kind == SET_ROUTING))
@@ -555,11 +563,13 @@ impl PromotionLedger {
             routing_scheduled_to_started_ms: call.and_then(|a| ms(a.scheduled, a.started)),
             routing_started_to_current_ms: call.and_then(|a| ms(a.started, current_since)),
             routing_started_to_completed_ms: call.and_then(|a| ms(a.started, a.completed)),
+            current_to_routing_completed_ms: call.and_then(|a| ms(current_since, a.completed)),
+            routing_completed_to_status_ms: call.and_then(|a| ms(a.completed, status_seen)),
         }
     }
 
     /// The timed hops, named as in the report.
-    pub fn hops(&self) -> [(&'static str, Option<f64>); 6] {
+    pub fn hops(&self) -> [(&'static str, Option<f64>); 8] {
         [
             (
                 "Deployment seen Available → wait_for_pollers completed",
@@ -584,6 +594,14 @@ impl PromotionLedger {
             (
                 "set_routing started → completed",
                 self.routing_started_to_completed_ms,
+            ),
+            (
+                "Current in Temporal → set_routing completed (Temporal's write returning)",
+                self.current_to_routing_completed_ms,
+            ),
+            (
+                "set_routing completed → status shows Current (the controller's report)",
+                self.routing_completed_to_status_ms,
             ),
         ]
     }
@@ -1264,10 +1282,20 @@ mod tests {
             .task(2_090)
             .activity(2_090, "observe", 2_091, 2_100);
         let rollout = Timeline::of(&[rollout.0]);
-        let ledger = PromotionLedger::read(&rollout, Some(t(1_900)), Some(t(2_070)));
+        let ledger =
+            PromotionLedger::read(&rollout, Some(t(1_900)), Some(t(2_070)), Some(t(2_135)));
         assert_eq!(
             ledger.hops().map(|(_, ms)| ms.map(|v| v.round() as i64)),
-            [Some(100), Some(10), Some(50), Some(2), Some(18), Some(28)]
+            [
+                Some(100),
+                Some(10),
+                Some(50),
+                Some(2),
+                Some(18),
+                Some(28),
+                Some(10),
+                Some(55)
+            ]
         );
         assert_eq!(
             ledger
@@ -1285,8 +1313,10 @@ mod tests {
             .task(1)
             .activity(1, SET_ROUTING, 2, 30);
         let rollout = Timeline::of(&[rollout.0]);
-        let ledger = PromotionLedger::read(&rollout, Some(t(0)), Some(t(20)));
+        let ledger = PromotionLedger::read(&rollout, Some(t(0)), Some(t(20)), None);
         assert_eq!(ledger.available_to_wait_completed_ms, None);
+        assert_eq!(ledger.current_to_routing_completed_ms, Some(10.0));
+        assert_eq!(ledger.routing_completed_to_status_ms, None);
         assert_eq!(ledger.wait_completed_to_routing_scheduled_ms, None);
         assert_eq!(ledger.wait_to_routing_between, None);
         assert_eq!(ledger.routing_started_to_current_ms, Some(18.0));

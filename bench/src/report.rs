@@ -12,6 +12,7 @@ use crate::drain::Drain;
 use crate::fleet::{Burst, ChangeBurst, Idle};
 use crate::latency::Latency;
 use crate::ledger::{HopSummary, QueueWaits};
+use crate::sampler::CallTime;
 use crate::stats::Summary;
 use crate::steps::Steps;
 
@@ -333,6 +334,14 @@ impl Results {
                 b.twd_history_events.as_ref(),
                 Unit::Count,
             );
+            if !b.temporal_calls.is_empty() {
+                notes.push(format!(
+                    "Burst: Temporal's own time per worker-deployment call during the burst (the \
+                     frontend's `service_latency`, mean over every client's calls, the \
+                     benchmark's reads included): {}.",
+                    call_times(&b.temporal_calls)
+                ));
+            }
         }
         if let Some(i) = &self.idle {
             let one = |v: f64| Summary::of(&[v]);
@@ -740,7 +749,32 @@ fn hop_ledger(l: &Latency) -> String {
         "\nBetween `wait_for_pollers` completing and `set_routing` scheduled the rollout ran: {}.",
         between(&l.wait_to_routing_between)
     );
+    if !l.temporal_calls.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nTemporal's own time per worker-deployment call while these rollouts ran (the \
+             frontend's `service_latency`, mean over every client's calls, the benchmark's reads \
+             included): {}.",
+            call_times(&l.temporal_calls)
+        );
+    }
     out
+}
+
+/// `Operation mean (n calls)`, comma-separated.
+fn call_times(calls: &[CallTime]) -> String {
+    calls
+        .iter()
+        .map(|c| {
+            format!(
+                "`{}` {} ({} calls)",
+                c.operation,
+                Unit::Ms.show(c.mean_ms),
+                c.calls
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A figure's goal: a bound on its p50 or p95, or none.

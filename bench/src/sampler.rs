@@ -1,6 +1,7 @@
 //! Background sampling while a scenario runs: the controller process (CPU, RSS) and the
 //! read counters of the controller and of the Temporal server, once per interval.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -77,6 +78,69 @@ impl Counters {
                     && s.label("resource_exhausted_cause") != Some("BusyWorkflow")
             }),
         }
+    }
+}
+
+/// Worker-deployment calls whose time inside Temporal the scenarios report.
+pub const DEPLOYMENT_CALLS: &[&str] = &[
+    "DescribeWorkerDeployment",
+    "SetWorkerDeploymentManager",
+    "SetWorkerDeploymentCurrentVersion",
+    "SetWorkerDeploymentRampingVersion",
+    "UpdateWorkerDeploymentVersionMetadata",
+];
+
+/// Temporal's own time in each worker-deployment call so far: the frontend's `service_latency`
+/// histogram's sum (s) and count per operation, every namespace together.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServerTime(BTreeMap<String, (f64, f64)>);
+
+/// Temporal's own time in one kind of call over a span of the run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallTime {
+    /// The RPC.
+    pub operation: String,
+    /// Calls that finished in the span.
+    pub calls: u64,
+    /// Mean time from the frontend receiving a call to its answer, ms.
+    pub mean_ms: f64,
+}
+
+impl ServerTime {
+    /// Reads Temporal's page.
+    pub async fn read(env: &SandboxEnv) -> anyhow::Result<Self> {
+        Ok(Self::from_page(&scrape(&env.temporal_metrics_url).await?))
+    }
+
+    fn from_page(server: &[Sample]) -> Self {
+        let mut calls = BTreeMap::new();
+        for &operation in DEPLOYMENT_CALLS {
+            let of = |s: &Sample| {
+                s.label("operation") == Some(operation)
+                    && s.label("service_name") == Some("frontend")
+            };
+            let sum = prom::sum(server, "service_latency_sum", of);
+            let count = prom::sum(server, "service_latency_count", of);
+            calls.insert(operation.to_owned(), (sum, count));
+        }
+        Self(calls)
+    }
+
+    /// Each call's mean time since `before` (calls not made in between are left out).
+    pub fn since(&self, before: &Self) -> Vec<CallTime> {
+        DEPLOYMENT_CALLS
+            .iter()
+            .filter_map(|&operation| {
+                let (sum, count) = self.0.get(operation).copied().unwrap_or_default();
+                let (sum0, count0) = before.0.get(operation).copied().unwrap_or_default();
+                let calls = count - count0;
+                (calls >= 1.0).then(|| CallTime {
+                    operation: operation.to_owned(),
+                    calls: calls.round() as u64,
+                    mean_ms: (sum - sum0) / calls * 1e3,
+                })
+            })
+            .collect()
     }
 }
 
@@ -250,5 +314,36 @@ mod tests {
             (8.0, 1.0, 9.0, 5.0)
         );
         assert_eq!((c.server_busy, c.server_rate_limited), (6.0, 2.0));
+    }
+
+    #[test]
+    fn server_time_is_the_mean_of_the_calls_made_in_between() {
+        let page = |set_sum: f64, set_count: f64| {
+            prom::parse(&format!(
+                "service_latency_sum{{namespace=\"a\",operation=\"SetWorkerDeploymentCurrentVersion\",service_name=\"frontend\"}} {set_sum}\n\
+                 service_latency_count{{namespace=\"a\",operation=\"SetWorkerDeploymentCurrentVersion\",service_name=\"frontend\"}} {set_count}\n\
+                 service_latency_sum{{namespace=\"b\",operation=\"SetWorkerDeploymentCurrentVersion\",service_name=\"frontend\"}} 1\n\
+                 service_latency_count{{namespace=\"b\",operation=\"SetWorkerDeploymentCurrentVersion\",service_name=\"frontend\"}} 2\n\
+                 service_latency_sum{{operation=\"SetWorkerDeploymentCurrentVersion\",service_name=\"history\"}} {set_sum}\n\
+                 service_latency_count{{operation=\"SetWorkerDeploymentCurrentVersion\",service_name=\"history\"}} {set_count}\n\
+                 service_latency_sum{{operation=\"DescribeWorkerDeployment\",service_name=\"frontend\"}} 0.5\n\
+                 service_latency_count{{operation=\"DescribeWorkerDeployment\",service_name=\"frontend\"}} 10\n"
+            ))
+        };
+        let before = ServerTime::from_page(&page(0.25, 1.0));
+        let after = ServerTime::from_page(&page(1.25, 5.0));
+        // Four Set calls took 1 s together; no Describe happened in between.
+        assert_eq!(
+            after.since(&before),
+            vec![CallTime {
+                operation: "SetWorkerDeploymentCurrentVersion".to_owned(),
+                calls: 4,
+                mean_ms: 250.0,
+            }]
+        );
+        assert_eq!(
+            after.since(&ServerTime::default())[0].operation,
+            "DescribeWorkerDeployment"
+        );
     }
 }
