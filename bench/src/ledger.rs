@@ -646,8 +646,8 @@ pub struct BurstMilestones {
 }
 
 /// One milestone of a reaction: its name, when it was reached (ms after the origin), and the
-/// milestone it follows (index into the same list), whose time its hop is counted from.
-pub type Milestone = (&'static str, Option<f64>, Option<usize>);
+/// name of the milestone it follows (in the same list), whose time its hop is counted from.
+pub type Milestone = (&'static str, Option<f64>, Option<&'static str>);
 
 impl BurstMilestones {
     /// The milestones of one reaction, from the same events as its [`ReactionLedger`], with
@@ -706,52 +706,41 @@ impl BurstMilestones {
     /// workflow's task: the create follows that task when the TWD workflow made it, the
     /// rollout's first task otherwise, so no hop is counted across the branches.
     pub fn milestones(&self) -> [Milestone; 13] {
-        const TWD_TASK_STARTED: usize = 4;
-        const ROLLOUT_TASK_STARTED: usize = 8;
-        const CREATE_STARTED: usize = 10;
+        const APPLY: &str = "apply sent";
+        const WATCH: &str = "TWD watch event";
+        const SIGNAL: &str = "spec_changed recorded";
+        const TWD_SCHEDULED: &str = "TWD workflow task scheduled";
+        const TWD_STARTED: &str = "TWD workflow task started";
+        const CHILD: &str = "child rollout initiated";
+        const ROLLOUT: &str = "rollout started";
+        const ROLLOUT_SCHEDULED: &str = "rollout's first workflow task scheduled";
+        const ROLLOUT_STARTED: &str = "rollout's first workflow task started";
+        const CREATE_STARTED: &str = "create_deployment started";
         let (create, create_follows) = if self.created_by_twd {
-            (
-                "create_deployment scheduled (TWD workflow)",
-                TWD_TASK_STARTED,
-            )
+            ("create_deployment scheduled (TWD workflow)", TWD_STARTED)
         } else {
-            (
-                "create_deployment scheduled (rollout)",
-                ROLLOUT_TASK_STARTED,
-            )
+            ("create_deployment scheduled (rollout)", ROLLOUT_STARTED)
         };
         [
-            ("apply sent", self.apply_sent_ms, None),
-            ("TWD watch event", self.twd_watch_ms, Some(0)),
-            ("spec_changed recorded", self.signal_recorded_ms, Some(1)),
+            (APPLY, self.apply_sent_ms, None),
+            (WATCH, self.twd_watch_ms, Some(APPLY)),
+            (SIGNAL, self.signal_recorded_ms, Some(WATCH)),
+            (TWD_SCHEDULED, self.twd_task_scheduled_ms, Some(SIGNAL)),
+            (TWD_STARTED, self.twd_task_started_ms, Some(TWD_SCHEDULED)),
+            (CHILD, self.child_initiated_ms, Some(TWD_STARTED)),
+            (ROLLOUT, self.rollout_started_ms, Some(CHILD)),
             (
-                "TWD workflow task scheduled",
-                self.twd_task_scheduled_ms,
-                Some(2),
-            ),
-            (
-                "TWD workflow task started",
-                self.twd_task_started_ms,
-                Some(3),
-            ),
-            (
-                "child rollout initiated",
-                self.child_initiated_ms,
-                Some(TWD_TASK_STARTED),
-            ),
-            ("rollout started", self.rollout_started_ms, Some(5)),
-            (
-                "rollout's first workflow task scheduled",
+                ROLLOUT_SCHEDULED,
                 self.rollout_task_scheduled_ms,
-                Some(6),
+                Some(ROLLOUT),
             ),
             (
-                "rollout's first workflow task started",
+                ROLLOUT_STARTED,
                 self.rollout_task_started_ms,
-                Some(7),
+                Some(ROLLOUT_SCHEDULED),
             ),
             (create, self.create_scheduled_ms, Some(create_follows)),
-            ("create_deployment started", self.create_started_ms, Some(9)),
+            (CREATE_STARTED, self.create_started_ms, Some(create)),
             (
                 "create_deployment completed",
                 self.create_completed_ms,
@@ -797,17 +786,15 @@ pub fn summarize_milestones<const N: usize>(reactions: &[[Milestone; N]]) -> Vec
             let hops: Vec<f64> = reactions
                 .iter()
                 .filter_map(|r| {
-                    let previous = r[k].2.filter(|&p| p < N)?;
-                    Some(r[k].1? - r[previous].1?)
+                    let follows = r[k].2?;
+                    let previous = r.iter().find(|m| m.0 == follows)?;
+                    Some(r[k].1? - previous.1?)
                 })
                 .collect();
             let at_ms = Summary::of(&at);
             MilestoneSummary {
                 milestone: first[k].0.to_owned(),
-                follows: first[k]
-                    .2
-                    .and_then(|p| first.get(p))
-                    .map(|m| m.0.to_owned()),
+                follows: first[k].2.map(str::to_owned),
                 spread_ms: at_ms.as_ref().map(|s| s.max - s.min),
                 hop_ms: Summary::of(&hops),
                 missing: reactions.len() - at.len(),
@@ -1545,18 +1532,18 @@ mod tests {
         // "task" follows "apply", not "signal": its hops skip the missing signal.
         let a = [
             ("apply", Some(0.0), None),
-            ("signal", Some(10.0), Some(0)),
-            ("task", Some(100.0), Some(0)),
+            ("signal", Some(10.0), Some("apply")),
+            ("task", Some(100.0), Some("apply")),
         ];
         let b = [
             ("apply", Some(5.0), None),
-            ("signal", Some(20.0), Some(0)),
-            ("task", Some(2_000.0), Some(0)),
+            ("signal", Some(20.0), Some("apply")),
+            ("task", Some(2_000.0), Some("apply")),
         ];
         let c = [
             ("apply", Some(8.0), None),
-            ("signal", None, Some(0)),
-            ("task", Some(1_000.0), Some(0)),
+            ("signal", None, Some("apply")),
+            ("task", Some(1_000.0), Some("apply")),
         ];
         let summary = summarize_milestones(&[a, b, c]);
         let shown: Vec<_> = summary
