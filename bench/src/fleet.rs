@@ -18,7 +18,7 @@ use crate::ledger::{
     BurstMilestones, IdleTurns, MilestoneSummary, QueueWaits, ReactionInput, Timeline,
     summarize_milestones,
 };
-use crate::procstat;
+use crate::procstat::{self, MachineCpu};
 use crate::prom;
 use crate::sampler::{
     CallTime, Counters, Sampler, ServerTime, Tick, peak_rate, peak_rate_over, wait_quiet,
@@ -64,6 +64,14 @@ pub struct Burst {
     pub controller_peak_rss_mib: f64,
     /// Controller CPU during the burst, s.
     pub controller_cpu_s: f64,
+    /// The machine's CPUs busy during the burst, % of all their time (`None`: not readable).
+    pub machine_busy_pct: Option<f64>,
+    /// The Temporal dev server's CPU during the burst, s (`None`: process not found).
+    pub temporal_cpu_s: Option<f64>,
+    /// Every other process's CPU during the burst (the sample workers, the kube-apiserver, the
+    /// pod runner, the benchmark), s: the machine's busy time less Temporal's and the
+    /// controller's.
+    pub other_cpu_s: Option<f64>,
     /// Events in each rollout workflow's history.
     pub rollout_history_events: Option<Summary>,
     /// Events in each TWD workflow's history (current run).
@@ -506,6 +514,14 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
     let before = Counters::read(&cluster.env).await?;
     let server_time_before = ServerTime::read(&cluster.env).await?;
     let cpu_before = controller_cpu(cluster)?;
+    let temporal_pid = temporal_server_pid(cluster);
+    let temporal_cpu = || {
+        temporal_pid
+            .and_then(procstat::sample)
+            .map(|p| p.cpu.as_secs_f64())
+    };
+    let temporal_before = temporal_cpu();
+    let machine_before = MachineCpu::read();
     let started = Instant::now();
     let started_at = SystemTime::now();
     let (ready, _) = tokio::try_join!(
@@ -518,6 +534,17 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
     let ticks = sampler.finish().await;
     let after = Counters::read(&cluster.env).await?;
     let cpu_after = controller_cpu(cluster)?;
+    let temporal_cpu_s = temporal_before
+        .zip(temporal_cpu())
+        .map(|(before, after)| after - before);
+    let machine = machine_before
+        .zip(MachineCpu::read())
+        .map(|(before, after)| {
+            (
+                (after.busy - before.busy).as_secs_f64(),
+                (after.total - before.total).as_secs_f64(),
+            )
+        });
 
     let deployment_names: Vec<String> = names.iter().map(|n| format!("{namespace}/{n}")).collect();
     let first_pollers = first_poller_times(cluster, namespace, &deployment_names).await?;
@@ -551,6 +578,13 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
         controller_peak_rss_mib: ticks.iter().map(|t| t.controller_rss).max().unwrap_or(0) as f64
             / MIB,
         controller_cpu_s: cpu_after - cpu_before,
+        machine_busy_pct: machine
+            .filter(|(_, total)| *total > 0.0)
+            .map(|(busy, total)| busy / total * 100.0),
+        temporal_cpu_s,
+        other_cpu_s: machine
+            .zip(temporal_cpu_s)
+            .map(|((busy, _), temporal)| busy - temporal - (cpu_after - cpu_before)),
         rollout_history_events: Summary::of(&rollout_events),
         twd_history_events: Summary::of(&twd_events),
         temporal_calls: server_time.since(&server_time_before),
@@ -740,6 +774,17 @@ impl Snapshot {
 
 fn seconds_since_epoch() -> f64 {
     seconds_between(SystemTime::UNIX_EPOCH, SystemTime::now())
+}
+
+/// The sandbox's Temporal dev server: the `start-dev` process on the sandbox's database file.
+fn temporal_server_pid(cluster: &Cluster) -> Option<u32> {
+    let state_dir = cluster.env.logs_dir.parent()?;
+    let database = state_dir.join("temporal.db");
+    let pid = procstat::find_process(&["start-dev", &database.display().to_string()]);
+    if pid.is_none() {
+        tracing::warn!(database = %database.display(), "Temporal dev server process not found; its CPU is not reported");
+    }
+    pid
 }
 
 fn controller_cpu(cluster: &Cluster) -> anyhow::Result<f64> {

@@ -1,4 +1,5 @@
-//! CPU time and memory of a process, from `/proc/<pid>/stat` and `/proc/<pid>/status`.
+//! CPU time and memory of a process, from `/proc/<pid>/stat` and `/proc/<pid>/status`, and the
+//! whole machine's CPU time, from `/proc/stat`.
 
 use std::time::Duration;
 
@@ -43,6 +44,51 @@ fn cpu_time(stat: &str) -> Option<Duration> {
     ))
 }
 
+/// The whole machine's CPU time so far, every CPU together (`/proc/stat`'s `cpu` line).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MachineCpu {
+    /// Time the CPUs were busy (user, nice, system, irq, softirq, steal).
+    pub busy: Duration,
+    /// Busy plus idle and I/O wait.
+    pub total: Duration,
+}
+
+impl MachineCpu {
+    /// Reads `/proc/stat`; `None` where it cannot be read.
+    pub fn read() -> Option<Self> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    fn parse(stat: &str) -> Option<Self> {
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let ticks: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        // user nice system idle iowait irq softirq steal (guest time is counted in user).
+        let field = |i: usize| ticks.get(i).copied().unwrap_or(0);
+        let busy = field(0) + field(1) + field(2) + field(5) + field(6) + field(7);
+        let idle = field(3) + field(4);
+        let seconds = |t: u64| Duration::from_secs_f64(t as f64 / ticks_per_second());
+        Some(Self {
+            busy: seconds(busy),
+            total: seconds(busy + idle),
+        })
+    }
+}
+
+/// The first process whose command line contains every one of `parts`.
+pub fn find_process(parts: &[&str]) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.find_map(|entry| {
+        let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        parts.iter().all(|p| cmdline.contains(p)).then_some(pid)
+    })
+}
+
 fn status_kib(status: &str, key: &str) -> Option<u64> {
     status
         .lines()
@@ -61,6 +107,23 @@ mod tests {
     fn reads_this_process() {
         let me = sample(std::process::id()).unwrap();
         assert!(me.rss > 0 && me.peak_rss >= me.rss);
+    }
+
+    #[test]
+    fn machine_cpu_counts_busy_and_idle_ticks_of_every_cpu() {
+        let stat = "cpu  100 10 50 800 40 5 5 0 7 0\ncpu0 50 5 25 400 20 2 3 0 0 0\nintr 1 2\n";
+        let ticks = ticks_per_second();
+        let cpu = MachineCpu::parse(stat).unwrap();
+        assert_eq!(cpu.busy, Duration::from_secs_f64(170.0 / ticks));
+        assert_eq!(cpu.total, Duration::from_secs_f64(1010.0 / ticks));
+        assert_eq!(MachineCpu::parse("intr 1 2\n"), None);
+    }
+
+    #[test]
+    fn finds_this_process_by_its_command_line() {
+        let me = std::env::args().next().unwrap();
+        assert!(find_process(&[&me]).is_some());
+        assert_eq!(find_process(&[&me, "no such argument \u{1}"]), None);
     }
 
     #[test]

@@ -323,6 +323,24 @@ impl Results {
                 Unit::S,
             );
             row(
+                "Burst: Temporal dev server CPU for the whole burst",
+                Target::NONE,
+                b.temporal_cpu_s.and_then(one).as_ref(),
+                Unit::S,
+            );
+            row(
+                "Burst: every other process's CPU (sample workers, kube-apiserver, pod runner, benchmark)",
+                Target::NONE,
+                b.other_cpu_s.and_then(one).as_ref(),
+                Unit::S,
+            );
+            row(
+                "Burst: the machine's CPUs busy (share of all their time over the burst)",
+                Target::NONE,
+                b.machine_busy_pct.and_then(one).as_ref(),
+                Unit::Pct,
+            );
+            row(
                 "Burst: history events per rollout workflow",
                 Target::NONE,
                 b.rollout_history_events.as_ref(),
