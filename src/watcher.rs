@@ -100,7 +100,8 @@ pub async fn run(
     let mut state = TwdSignals::default();
     let mut connection_generations: HashMap<(String, String), i64> = HashMap::new();
     let mut retry = tokio::time::interval(Duration::from_secs(5));
-    let mut failed: Vec<TemporalWorkerDeployment> = Vec::new();
+    // Signals that failed (Temporal unreachable, say), retried every 5 s with their force.
+    let mut failed: Vec<(TemporalWorkerDeployment, bool)> = Vec::new();
     let watches = config.namespaces.len().max(1);
     let mut sync = InitialSync::new(watches, synced);
     let mut gauges = Gauges::default();
@@ -111,7 +112,7 @@ pub async fn run(
             Some(event) = twds.next() => match event {
                 Ok(Watched::Applied(watch, twd)) => {
                     gauges.applied(&config.metrics, watch, &twd);
-                    signals.submit(&engine, &config, &state.sent, twd);
+                    signals.submit(&engine, &config, &state.sent, twd, false);
                 }
                 Ok(Watched::Deleted(watch, twd)) => gauges.deleted(&config.metrics, watch, &twd),
                 Ok(Watched::Listing(watch)) => gauges.listing(watch),
@@ -121,9 +122,9 @@ pub async fn run(
                 }
                 Err(e) => tracing::warn!("watching TemporalWorkerDeployments: {e}"),
             },
-            Some((twd, fresh, outcome)) = signals.in_flight.next(), if !signals.in_flight.is_empty() => {
+            Some((twd, force, fresh, outcome)) = signals.in_flight.next(), if !signals.in_flight.is_empty() => {
                 if !after_signal(&kube, &engine, &config, &mut state, &twd, fresh, outcome).await {
-                    failed.push(twd.clone());
+                    failed.push((twd.clone(), force));
                 }
                 signals.done(&engine, &config, &state.sent, &twd);
             }
@@ -135,7 +136,9 @@ pub async fn run(
                     let key = (connection.metadata.namespace.clone().unwrap_or_default(), connection.metadata.name.clone().unwrap_or_default());
                     let generation = connection.metadata.generation.unwrap_or_default();
                     if connection_generations.insert(key, generation) != Some(generation) {
-                        nudge_users(&kube, &engine, &config, &mut state.sent, &connection).await;
+                        for twd in users_of(&kube, &connection).await {
+                            signals.submit(&engine, &config, &state.sent, twd, true);
+                        }
                     }
                 }
                 Err(e) => tracing::warn!("watching TemporalConnections: {e}"),
@@ -149,7 +152,9 @@ pub async fn run(
                         connection.metadata.deletion_timestamp.is_some(),
                     );
                     if cluster_generations.insert(name.clone(), seen) != Some(seen) {
-                        nudge_cluster_users(&kube, &engine, &config, &mut state.sent, &name).await;
+                        for twd in users_of_cluster_connection(&kube, &name).await {
+                            signals.submit(&engine, &config, &state.sent, twd, true);
+                        }
                     }
                 }
                 Ok(Watched::Deleted(_, connection)) => {
@@ -159,8 +164,8 @@ pub async fn run(
                 Err(e) => tracing::warn!("watching ClusterConnections: {e}"),
             },
             _ = retry.tick() => {
-                for twd in std::mem::take(&mut failed) {
-                    signals.submit(&engine, &config, &state.sent, twd);
+                for (twd, force) in std::mem::take(&mut failed) {
+                    signals.submit(&engine, &config, &state.sent, twd, force);
                 }
                 for control in std::mem::take(&mut state.unsent) {
                     if !send_control(&kube, &engine, &config, &control).await {
@@ -346,40 +351,6 @@ enum Signalled {
     Failed,
 }
 
-/// Signals TWDs' workflows whose generation or deletion state is new (all of them with
-/// `force`), concurrently, and remembers what was delivered. Returns, in order, whether each
-/// was delivered or had nothing new.
-async fn signal_twds(
-    engine: &Client,
-    config: &WatcherConfig,
-    sent: &mut Sent,
-    twds: &[&TemporalWorkerDeployment],
-    force: bool,
-) -> Vec<bool> {
-    let known: &Sent = sent;
-    // The futures are made in a loop, not in a closure given to `map`: a closure's borrow
-    // would make the watcher's future not `Send` for every lifetime (rustc #102211).
-    let mut signals = Vec::with_capacity(twds.len());
-    for twd in twds {
-        signals.push(signal_twd(engine, config, known, twd, force));
-    }
-    let outcomes: Vec<Signalled> = futures::stream::iter(signals)
-        .buffered(MAX_SIGNALS_IN_FLIGHT)
-        .collect()
-        .await;
-    outcomes
-        .into_iter()
-        .map(|outcome| match outcome {
-            Signalled::Unchanged => true,
-            Signalled::Sent(key, seen) => {
-                sent.insert(key, seen);
-                true
-            }
-            Signalled::Failed => false,
-        })
-        .collect()
-}
-
 /// Signals a TWD's workflow if its generation or deletion state is new (or `force`).
 async fn signal_twd(
     engine: &Client,
@@ -465,48 +436,42 @@ async fn signal_twd(
     }
 }
 
-/// A connection changed (created, fixed, rotated): nudge every TWD that references it.
-async fn nudge_users(
+/// The TWDs that reference a TemporalConnection, to nudge when it changed (created, fixed,
+/// rotated). Empty when they cannot be listed (logged).
+async fn users_of(
     kube: &kube::Client,
-    engine: &Client,
-    config: &WatcherConfig,
-    sent: &mut Sent,
     connection: &TemporalConnection,
-) {
+) -> Vec<TemporalWorkerDeployment> {
     let (Some(namespace), Some(name)) = (
         connection.metadata.namespace.as_deref(),
         connection.metadata.name.as_deref(),
     ) else {
-        return;
+        return Vec::new();
     };
     let api: Api<TemporalWorkerDeployment> = Api::namespaced(kube.clone(), namespace);
     let list = match api.list(&Default::default()).await {
         Ok(list) => list,
         Err(e) => {
             tracing::warn!(%namespace, "listing TWDs after a connection change: {e}");
-            return;
+            return Vec::new();
         }
     };
-    let users: Vec<&TemporalWorkerDeployment> = list
-        .items
-        .iter()
+    list.items
+        .into_iter()
         .filter(|t| {
             let reference = &t.spec.worker_options.connection_ref;
             reference.kind == ConnectionKind::TemporalConnection && reference.name == name
         })
-        .collect();
-    signal_twds(engine, config, sent, &users, true).await;
+        .collect()
 }
 
-/// A ClusterConnection changed (created, fixed, rotated, being deleted): nudge every TWD, of
-/// any namespace, that references it (found with a field selector on `connectionRef.name`).
-async fn nudge_cluster_users(
+/// The TWDs of any namespace that reference a ClusterConnection (found with a field selector on
+/// `connectionRef.name`), to nudge when it changed (created, fixed, rotated, being deleted).
+/// Empty when they cannot be listed (logged).
+async fn users_of_cluster_connection(
     kube: &kube::Client,
-    engine: &Client,
-    config: &WatcherConfig,
-    sent: &mut Sent,
     name: &str,
-) {
+) -> Vec<TemporalWorkerDeployment> {
     let api: Api<TemporalWorkerDeployment> = Api::all(kube.clone());
     let selected = kube::api::ListParams::default()
         .fields(&format!("spec.workerOptions.connectionRef.name={name}"));
@@ -514,15 +479,13 @@ async fn nudge_cluster_users(
         Ok(list) => list,
         Err(e) => {
             tracing::warn!(connection = %name, "listing TWDs after a ClusterConnection change: {e}");
-            return;
+            return Vec::new();
         }
     };
-    let users: Vec<&TemporalWorkerDeployment> = list
-        .items
-        .iter()
+    list.items
+        .into_iter()
         .filter(|t| t.spec.worker_options.connection_ref.kind == ConnectionKind::ClusterConnection)
-        .collect();
-    signal_twds(engine, config, sent, &users, true).await;
+        .collect()
 }
 
 /// What follows a TWD's signal: remembering it, the `ClusterConnectionUnsupported` warning on
@@ -559,23 +522,26 @@ async fn after_signal(
     }
 }
 
-/// A TWD's signal in flight: the object, whether its generation was new, and the outcome.
+/// A TWD's signal in flight: the object, whether it was forced, whether its generation was new,
+/// and the outcome.
 type SignalInFlight =
-    futures::future::BoxFuture<'static, (TemporalWorkerDeployment, bool, Signalled)>;
+    futures::future::BoxFuture<'static, (TemporalWorkerDeployment, bool, bool, Signalled)>;
 
-/// TWD signals sent concurrently as the watch reports changes, so a burst of changes is not
-/// signalled one after another: at most [`MAX_SIGNALS_IN_FLIGHT`] at once, one per TWD at a
-/// time (a newer object of a TWD whose signal is in flight waits, and replaces any older one
-/// waiting), the rest in arrival order.
+/// TWD signals sent concurrently, so a burst of changes (or the users of a changed connection)
+/// is not signalled one after another and never holds up the watch: at most
+/// [`MAX_SIGNALS_IN_FLIGHT`] at once, one per TWD at a time (a newer object of a TWD whose
+/// signal is in flight waits, and replaces any older one waiting, forced if either was), the
+/// rest in arrival order. A forced signal (a nudge after a connection change) is sent even when
+/// the TWD's generation was.
 #[derive(Default)]
 struct Signals {
     in_flight: futures::stream::FuturesUnordered<SignalInFlight>,
     /// TWDs with a signal in flight.
     busy: HashSet<(String, String)>,
-    /// The latest object of each busy TWD that changed again meanwhile.
-    queued: HashMap<(String, String), TemporalWorkerDeployment>,
-    /// TWDs waiting for room, oldest first.
-    backlog: std::collections::VecDeque<TemporalWorkerDeployment>,
+    /// The latest object of each busy TWD that changed again meanwhile, and whether it is forced.
+    queued: HashMap<(String, String), (TemporalWorkerDeployment, bool)>,
+    /// TWDs waiting for room, oldest first, and whether each is forced.
+    backlog: std::collections::VecDeque<(TemporalWorkerDeployment, bool)>,
 }
 
 impl Signals {
@@ -593,14 +559,16 @@ impl Signals {
         config: &WatcherConfig,
         sent: &Sent,
         twd: TemporalWorkerDeployment,
+        force: bool,
     ) {
         let key = Self::key(&twd);
         if self.busy.contains(&key) {
-            self.queued.insert(key, twd);
+            let forced = self.queued.get(&key).is_some_and(|(_, f)| *f);
+            self.queued.insert(key, (twd, force || forced));
         } else if self.in_flight.len() >= MAX_SIGNALS_IN_FLIGHT {
-            self.backlog.push_back(twd);
+            self.backlog.push_back((twd, force));
         } else {
-            self.start(engine, config, sent, twd);
+            self.start(engine, config, sent, twd, force);
         }
     }
 
@@ -610,6 +578,7 @@ impl Signals {
         config: &WatcherConfig,
         sent: &Sent,
         twd: TemporalWorkerDeployment,
+        force: bool,
     ) {
         let key = Self::key(&twd);
         let fresh = is_fresh(sent, &twd);
@@ -621,8 +590,8 @@ impl Signals {
         let (engine, config) = (engine.clone(), config.clone());
         self.busy.insert(key);
         self.in_flight.push(Box::pin(async move {
-            let outcome = signal_twd(&engine, &config, &known, &twd, false).await;
-            (twd, fresh, outcome)
+            let outcome = signal_twd(&engine, &config, &known, &twd, force).await;
+            (twd, force, fresh, outcome)
         }));
     }
 
@@ -636,14 +605,14 @@ impl Signals {
     ) {
         let key = Self::key(twd);
         self.busy.remove(&key);
-        if let Some(next) = self.queued.remove(&key) {
-            self.start(engine, config, sent, next);
+        if let Some((next, force)) = self.queued.remove(&key) {
+            self.start(engine, config, sent, next, force);
             return;
         }
         while self.in_flight.len() < MAX_SIGNALS_IN_FLIGHT
-            && let Some(next) = self.backlog.pop_front()
+            && let Some((next, force)) = self.backlog.pop_front()
         {
-            self.submit(engine, config, sent, next);
+            self.submit(engine, config, sent, next, force);
         }
     }
 }

@@ -39,6 +39,10 @@ use crate::harness::twd::{get_twd, target_build, worker};
 /// A rollout finishes well within this, even while its controller is being killed.
 const ROLLOUT: Duration = Duration::from_secs(300);
 
+/// A watcher's signal (or its retry, every 5 s) lands well within this; far below the TWD
+/// workflow's 5-minute resync.
+const NUDGE: Duration = Duration::from_secs(60);
+
 /// How a TWD of these tests rolls out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Strategy {
@@ -383,6 +387,101 @@ async fn temporal_and_apiserver_restarts_mid_rollout_recover_without_help() {
         "restarts: settled after {:.0}s",
         started.elapsed().as_secs_f64()
     );
+    sandbox.stop().await;
+}
+
+/// A TemporalConnection changed while the engine Temporal is down: the watcher's nudge of the
+/// TWDs that use it fails, and is sent again once Temporal is back, rather than left to the TWD
+/// workflow's resync five minutes later.
+#[tokio::test]
+async fn a_connection_change_made_while_temporal_is_down_reaches_its_twd_once_temporal_is_back() {
+    let Private {
+        mut sandbox,
+        cluster,
+    } = Private::start("nudge").await;
+    let ns = cluster.namespace("nudge").await;
+    cluster.apply(&cluster.connection(&ns, "dev")).await;
+    let plan = Plan {
+        name: "nudged".into(),
+        strategy: Strategy::AllAtOnce,
+        gated: false,
+    };
+    roll_out(&cluster, &ns, &plan, "v1").await;
+    let workflow_id = TwdRef {
+        namespace: ns.clone(),
+        name: plan.name.clone(),
+    }
+    .twd_workflow_id();
+    let spec_signals = || async {
+        crate::drain::count_events(&cluster, &workflow_id, |e| {
+            e["workflowExecutionSignaledEventAttributes"]["signalName"].as_str()
+                == Some("spec_changed")
+        })
+        .await
+    };
+    let before = cluster
+        .wait("the TWD workflow's history", NUDGE, spec_signals)
+        .await;
+    let controller_log = cluster
+        .env
+        .controller_log
+        .clone()
+        .unwrap_or_else(|| panic!("the private sandbox runs no controller"));
+    let failures = |key: &str| {
+        std::fs::read_to_string(&controller_log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("signalling TWD workflow failed") && l.contains(key))
+            .count()
+    };
+    let key = format!("{ns}/{}", plan.name);
+    let failed_before = failures(&key);
+
+    // Temporal goes down for a while (a schedule); meanwhile the connection changes (a label
+    // does not change its generation, a spec field does) and the watcher's nudge fails.
+    let mut changed = cluster.connection(&ns, "dev");
+    changed["spec"]["hostPort"] = json!("127.0.0.1:1");
+    let change = async {
+        cluster
+            .wait("Temporal down", NUDGE, || async {
+                let health = cluster.temporal(&["operator", "cluster", "health"]).await;
+                if health.success {
+                    Err("still answering".to_owned())
+                } else {
+                    Ok(())
+                }
+            })
+            .await;
+        cluster.apply(&changed).await;
+        cluster
+            .wait("the watcher's nudge failing", NUDGE, || async {
+                if failures(&key) > failed_before {
+                    Ok(())
+                } else {
+                    Err("no failed signal logged".to_owned())
+                }
+            })
+            .await;
+    };
+    let (restarted, ()) = tokio::join!(
+        sandbox.restart_temporal(StopMode::Kill, Duration::from_secs(20)),
+        change
+    );
+    if let Err(e) = restarted {
+        panic!("restarting Temporal: {e:#}\n{}", cluster.logs());
+    }
+
+    // Well within the 5-minute resync, the nudge arrives.
+    cluster
+        .wait("the nudge recorded after the restart", NUDGE, || async {
+            let now = spec_signals().await?;
+            if now > before {
+                Ok(())
+            } else {
+                Err(format!("{now} spec_changed signals, as before the change"))
+            }
+        })
+        .await;
     sandbox.stop().await;
 }
 

@@ -99,7 +99,7 @@ async fn wait_runs(cluster: &Cluster, ids: &[String], status: &str, tag: &str) {
 }
 
 /// History events of every run of `id` for which `keep` holds.
-async fn count_events(
+pub(crate) async fn count_events(
     cluster: &Cluster,
     id: &str,
     keep: impl Fn(&Value) -> bool,
