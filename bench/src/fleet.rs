@@ -498,6 +498,13 @@ pub struct IdleHistories {
     pub events_per_turn: Option<f64>,
     /// Events per TWD workflow per 5 minutes.
     pub events_per_twd_per_5min: f64,
+    /// `observe` activities scheduled inside the window (one worker-deployment read each).
+    pub observations: usize,
+    /// TWD workflows that observed more often than their resync period explains (the window
+    /// divided by the period, rounded up): not idle (retiring versions, say).
+    pub busier_twds: usize,
+    /// The observations of those beyond what the resync period explains.
+    pub extra_observations: usize,
 }
 
 /// `count` TWDs named `w000`… in `namespace` (and in the Temporal namespace of that name),
@@ -735,10 +742,18 @@ async fn idle_histories(
         unread: read.len() - turns.len(),
         ..Default::default()
     };
+    // An idle TWD workflow observes once per resync period: at most this often in the window.
+    let resync_s = twc_workflows::twd_workflow::DEFAULT_RESYNC.as_secs_f64();
+    let idle_observations = (window_s / resync_s).ceil() as usize;
     for t in &turns {
         histories.events += t.events;
         histories.timers_fired += t.timers_fired;
         histories.workflow_tasks += t.workflow_tasks;
+        histories.observations += t.observations;
+        if t.observations > idle_observations {
+            histories.busier_twds += 1;
+            histories.extra_observations += t.observations - idle_observations;
+        }
     }
     histories.events_per_turn = (histories.timers_fired > 0)
         .then(|| histories.events as f64 / histories.timers_fired as f64);

@@ -23,6 +23,8 @@ const CREATE_DEPLOYMENT: &str = "create_deployment";
 const WAIT_FOR_POLLERS: &str = "wait_for_pollers";
 /// Activity that changes routing in Temporal.
 const SET_ROUTING: &str = "set_routing";
+/// The activity that reads the world, Temporal's worker deployment included.
+const OBSERVE: &str = twc_workflows::contract::Observe::NAME;
 
 /// One activity of a history: its type and the times of its scheduled, started and completed
 /// events.
@@ -894,6 +896,9 @@ pub struct IdleTurns {
     pub timers_fired: usize,
     /// `WorkflowTaskCompleted` events inside the window.
     pub workflow_tasks: usize,
+    /// `observe` activities scheduled inside the window (each reads Temporal's worker
+    /// deployment once).
+    pub observations: usize,
 }
 
 impl IdleTurns {
@@ -912,6 +917,11 @@ impl IdleTurns {
                 Some(Attributes::TimerFiredEventAttributes(_)) => turns.timers_fired += 1,
                 Some(Attributes::WorkflowTaskCompletedEventAttributes(_)) => {
                     turns.workflow_tasks += 1;
+                }
+                Some(Attributes::ActivityTaskScheduledEventAttributes(a))
+                    if a.activity_type.as_ref().is_some_and(|t| t.name == OBSERVE) =>
+                {
+                    turns.observations += 1;
                 }
                 _ => {}
             }
@@ -1352,6 +1362,7 @@ mod tests {
                 events: 8,
                 timers_fired: 1,
                 workflow_tasks: 2,
+                observations: 1,
             }
         );
     }

@@ -435,8 +435,18 @@ impl Results {
                 "Idle histories: after the {:.0} s window the histories of every TWD workflow in \
                  the sandbox ({} read, {} unreadable; other scenarios' TWDs included) were read \
                  and the events stamped inside the window counted: {} events, {} `TimerFired` \
-                 (idle turns), {} workflow tasks completed.",
-                i.window_s, h.twds, h.unread, h.events, h.timers_fired, h.workflow_tasks
+                 (idle turns), {} workflow tasks completed, {} `observe` activities (one \
+                 worker-deployment read each); {} TWD workflows observed more often than their \
+                 resync period explains, {} observations beyond it.",
+                i.window_s,
+                h.twds,
+                h.unread,
+                h.events,
+                h.timers_fired,
+                h.workflow_tasks,
+                h.observations,
+                h.busier_twds,
+                h.extra_observations
             ));
             row(
                 &format!(
