@@ -151,7 +151,15 @@ pub async fn start_on(
         .args(["--http-port", &http_port.to_string()])
         .args(["--metrics-port", &metrics_port.to_string()])
         .arg("--db-filename")
-        .arg(&options.db_file);
+        .arg(&options.db_file)
+        // SQLite in write-ahead-log mode, synced at checkpoints rather than at every commit:
+        // with its default rollback journal every Temporal transaction waits for an fsync, and
+        // the dev server's one history shard queues all of them behind each other. Under a burst
+        // of 100 new workers the system workflows' tasks then waited 10-17 s to start
+        // (BENCHMARKS.md, burst of 100). A killed server loses nothing committed in this mode;
+        // only a machine crash can lose the last transactions.
+        .args(["--sqlite-pragma", "journal_mode=wal"])
+        .args(["--sqlite-pragma", "synchronous=normal"]);
     if options.ui {
         command.args(["--ui-port", &ui_port.to_string(), "--ui-disable-news-fetch"]);
     } else {
