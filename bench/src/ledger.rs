@@ -23,8 +23,12 @@ const CREATE_DEPLOYMENT: &str = "create_deployment";
 const WAIT_FOR_POLLERS: &str = "wait_for_pollers";
 /// Activity that changes routing in Temporal.
 const SET_ROUTING: &str = "set_routing";
-/// The activity that reads the world, Temporal's worker deployment included.
-const OBSERVE: &str = twc_workflows::contract::Observe::NAME;
+/// The activities that read the world, Temporal's worker deployment included: `observe`, and
+/// `recheck` (a quiet turn's re-assertion and observation in one).
+const OBSERVATIONS: [&str; 2] = [
+    twc_workflows::contract::Observe::NAME,
+    twc_workflows::contract::Recheck::NAME,
+];
 
 /// One activity of a history: its type and the times of its scheduled, started and completed
 /// events.
@@ -896,8 +900,8 @@ pub struct IdleTurns {
     pub timers_fired: usize,
     /// `WorkflowTaskCompleted` events inside the window.
     pub workflow_tasks: usize,
-    /// `observe` activities scheduled inside the window (each reads Temporal's worker
-    /// deployment once).
+    /// `observe` and `recheck` activities scheduled inside the window (each reads Temporal's
+    /// worker deployment once).
     pub observations: usize,
 }
 
@@ -919,7 +923,9 @@ impl IdleTurns {
                     turns.workflow_tasks += 1;
                 }
                 Some(Attributes::ActivityTaskScheduledEventAttributes(a))
-                    if a.activity_type.as_ref().is_some_and(|t| t.name == OBSERVE) =>
+                    if a.activity_type
+                        .as_ref()
+                        .is_some_and(|t| OBSERVATIONS.contains(&t.name.as_str())) =>
                 {
                     turns.observations += 1;
                 }
@@ -1346,23 +1352,30 @@ mod tests {
 
     #[test]
     fn idle_turns_count_only_events_inside_the_window() {
+        // A quiet turn's recheck and a later observe count as observations; the write does not,
+        // nor the recheck after the window.
         let run = Run::new()
             .started(0)
             .task(1)
             .timer(1_000)
             .task(1_001)
-            .activity(1_002, "observe", 1_003, 1_010)
+            .activity(1_002, "recheck", 1_003, 1_010)
             .task(1_011)
+            .activity(1_012, "write_status", 1_013, 1_020)
+            .task(1_021)
+            .activity(1_022, "observe", 1_023, 1_030)
+            .task(1_031)
             .timer(5_000)
-            .task(5_001);
+            .task(5_001)
+            .activity(5_002, "recheck", 5_003, 5_010);
         let turns = IdleTurns::read(&[run.0], t(500), t(1_500));
         assert_eq!(
             turns,
             IdleTurns {
-                events: 8,
+                events: 18,
                 timers_fired: 1,
-                workflow_tasks: 2,
-                observations: 1,
+                workflow_tasks: 4,
+                observations: 2,
             }
         );
     }
