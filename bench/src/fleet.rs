@@ -455,7 +455,8 @@ async fn burst_ledger(
 /// The idle results.
 #[derive(Debug, Clone, Serialize)]
 pub struct Idle {
-    /// TWDs in the fleet, all rolled out.
+    /// TWDs in the sandbox during the window (the fleet, and any other scenario's TWDs), all
+    /// rolled out: the per-TWD figures divide by this.
     pub twds: usize,
     /// Length of the measured window, s.
     pub window_s: f64,
@@ -666,15 +667,18 @@ pub async fn idle(
     let reads = last.counters.controller_reads - first.counters.controller_reads;
     let kube_requests =
         last.counters.controller_kube_requests - first.counters.controller_kube_requests;
+    // Per TWD means per TWD the controller looks after: the fleet and any other scenario's
+    // TWDs left in the sandbox (the latency and steps TWDs are not part of `total`).
+    let twds = total.max(twd_workflows.twds + twd_workflows.unread);
     Ok(Idle {
-        kube_requests_per_twd_per_min: kube_requests / total.max(1) as f64 * 60.0
+        kube_requests_per_twd_per_min: kube_requests / twds.max(1) as f64 * 60.0
             / window_s.max(1.0),
         twd_workflows,
-        twds: total,
+        twds,
         window_s,
         controller_reads_per_min: per_minute(|s| s.counters.controller_reads),
         server_reads_per_min: per_minute(|s| s.counters.server_reads),
-        reads_per_twd_per_5min: reads / total.max(1) as f64 * 300.0 / window_s.max(1.0),
+        reads_per_twd_per_5min: reads / twds.max(1) as f64 * 300.0 / window_s.max(1.0),
         controller_kube_requests_per_min: per_minute(|s| s.counters.controller_kube_requests),
         apiserver_requests_per_min: per_minute(|s| s.apiserver_requests),
         controller_cpu_pct: per_minute(|s| s.controller_cpu_s).map(|mut s| {
