@@ -499,7 +499,8 @@ pub struct IdleHistories {
     pub events_per_turn: Option<f64>,
     /// Events per TWD workflow per 5 minutes.
     pub events_per_twd_per_5min: f64,
-    /// `observe` activities scheduled inside the window (one worker-deployment read each).
+    /// `observe` and `recheck` activities scheduled inside the window (one worker-deployment
+    /// read each).
     pub observations: usize,
     /// TWD workflows that observed more often than their resync period explains (the window
     /// divided by the period, rounded up): not idle (retiring versions, say).

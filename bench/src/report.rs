@@ -354,10 +354,8 @@ impl Results {
             );
             if !b.temporal_calls.is_empty() {
                 notes.push(format!(
-                    "Burst: Temporal's own time per worker-deployment call during the burst (the \
-                     frontend's `service_latency`, mean over every client's calls, the \
-                     benchmark's reads included): {}.",
-                    call_times(&b.temporal_calls)
+                    "Burst: {}",
+                    call_times("during the burst", &b.temporal_calls)
                 ));
             }
         }
@@ -435,8 +433,8 @@ impl Results {
                 "Idle histories: after the {:.0} s window the histories of every TWD workflow in \
                  the sandbox ({} read, {} unreadable; other scenarios' TWDs included) were read \
                  and the events stamped inside the window counted: {} events, {} `TimerFired` \
-                 (idle turns), {} workflow tasks completed, {} `observe` activities (one \
-                 worker-deployment read each); {} TWD workflows observed more often than their \
+                 (idle turns), {} workflow tasks completed, {} `observe` and `recheck` \
+                 activities (one worker-deployment read each); {} TWD workflows observed more often than their \
                  resync period explains, {} observations beyond it.",
                 i.window_s,
                 h.twds,
@@ -780,18 +778,17 @@ fn hop_ledger(l: &Latency) -> String {
     if !l.temporal_calls.is_empty() {
         let _ = writeln!(
             out,
-            "\nTemporal's own time per worker-deployment call while these rollouts ran (the \
-             frontend's `service_latency`, mean over every client's calls, the benchmark's reads \
-             included): {}.",
-            call_times(&l.temporal_calls)
+            "\n{}",
+            call_times("while these rollouts ran", &l.temporal_calls)
         );
     }
     out
 }
 
-/// `Operation mean (n calls)`, comma-separated.
-fn call_times(calls: &[CallTime]) -> String {
-    calls
+/// The sentence giving Temporal's own time per call `when`: `Operation mean (n calls)`,
+/// comma-separated.
+fn call_times(when: &str, calls: &[CallTime]) -> String {
+    let each = calls
         .iter()
         .map(|c| {
             format!(
@@ -802,7 +799,12 @@ fn call_times(calls: &[CallTime]) -> String {
             )
         })
         .collect::<Vec<_>>()
-        .join(", ")
+        .join(", ");
+    format!(
+        "Temporal's own time per worker-deployment call {when} (the frontend's \
+         `service_latency`, mean over every client's calls, the benchmark's reads included): \
+         {each}."
+    )
 }
 
 /// A figure's goal: a bound on its p50 or p95, or none.
