@@ -466,6 +466,33 @@ pub struct AppliedRouting {
 }
 
 impl AppliedRouting {
+    /// The routing `observation` read; `None` when Temporal was unreadable.
+    pub fn read_in(observation: &Observation) -> Option<Self> {
+        let temporal = observation.temporal.as_ref().ok()?;
+        Some(Self {
+            current_build_id: temporal.current_build_id.clone(),
+            ramping_build_id: temporal.ramping_build_id.clone(),
+            ramp_percentage: temporal
+                .ramp_percentage
+                .map(|p| p.round().clamp(0.0, 100.0) as u8),
+        })
+    }
+
+    /// An observation read while this routing (reported by the rollout in flight) was shown,
+    /// where `before` was shown until then. One that still reads `before` was read before the
+    /// rollout's write reached Temporal and gets this routing; any other reading is Temporal's
+    /// newer word (this write, or a change after it) and is kept.
+    pub fn settle(&self, observation: Observation, before: &AppliedRouting) -> Observation {
+        let read = Self::read_in(&observation);
+        if read.as_ref() != Some(before) || before == self {
+            return observation;
+        }
+        match self.applied_to(&observation) {
+            Some(applied) => applied,
+            None => observation,
+        }
+    }
+
     /// `observation` as it would read after this routing was written: routing, and the state
     /// of each version it moved (a build that left routing is Draining until Temporal says
     /// more; a build Temporal had not listed yet is added). `None` when the observation cannot

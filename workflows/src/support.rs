@@ -13,7 +13,7 @@ use crate::model::{BlockReason, Blocked, UnixMillis};
 
 /// Runs an activity; a failure after its retries becomes `PlanExecutionFailed`.
 pub(crate) async fn run_activity<W, A>(
-    ctx: &mut WorkflowContext<W>,
+    ctx: &WorkflowContext<W>,
     activity: A,
     input: A::Input,
     summary: &str,

@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use futures::FutureExt;
 use serde::{Deserialize, Serialize};
 use temporalio_common::data_converters::RawValue;
 use temporalio_common::search_attributes::SearchAttributes;
@@ -30,7 +31,8 @@ use crate::contract::{
 };
 use crate::control::{self, ControlEffect, ControlState};
 use crate::model::{
-    ControlAction, DrainPolicy, Observation, RolloutProgress, RolloutReport, TwdRef, UnixMillis,
+    AppliedRouting, ControlAction, DrainPolicy, Observation, RolloutProgress, RolloutReport,
+    TwdRef, UnixMillis,
 };
 use crate::plan::autoscale::{self, AutoscaleMemory};
 use crate::plan::drain::{DrainStep, PinnedSnapshot};
@@ -99,6 +101,9 @@ const PATCH_REPORT_TURNS: &str = "report-turns";
 /// in one workflow task (see [`start_new_build`]); histories before it left the creation to
 /// the rollout.
 const PATCH_CREATE_WITH_START: &str = "create-with-start";
+/// Patch: routing the rollout in flight reports while a turn observes is shown at once, not
+/// after the observation ([`observe_showing_reports`]).
+const PATCH_REPORTS_DURING_OBSERVATION: &str = "reports-during-observation";
 /// Longest interval between re-assertions of a TWD's resources while nothing signals a change.
 const REASSERT_EVERY: Duration = Duration::from_secs(30);
 /// Longest pause between cleanup attempts of the deletion path.
@@ -346,7 +351,7 @@ impl TwdWorkflow {
                     continue;
                 }
             } else {
-                show_reported_routing(ctx, &twd).await;
+                let _ = show_reported_routing(ctx, &twd).await;
             }
             // A rollout is dispatched before resources are re-asserted (the new build's
             // Deployment need not wait for it), except on a run's first turn, which asserts the
@@ -564,9 +569,10 @@ async fn observe_and_act(
     resync: Duration,
 ) -> Duration {
     let observed = if combined && take_reassert_due(ctx) {
-        recheck(ctx, twd).await
+        observe_showing_reports(ctx, twd, recheck(ctx, twd)).await
     } else {
-        run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await
+        let observe = run_activity(ctx, Observe, twd.clone(), "observe", short_options());
+        observe_showing_reports(ctx, twd, observe).await
     };
     match observed {
         Ok(observation) => {
@@ -619,9 +625,13 @@ async fn reassert_resources(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef
 /// (`status-from-report`): this run's latest observation with that routing, so a routing
 /// change shows without reading Temporal again (the turn's own observation, which follows,
 /// corrects anything else). Histories before the patch showed it after that observation.
-async fn show_reported_routing(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) {
+/// Returns the routing the status showed before and the routing it shows now, when it wrote.
+async fn show_reported_routing(
+    ctx: &WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+) -> Option<(AppliedRouting, AppliedRouting)> {
     // Each report's routing is considered once, even when it cannot be shown.
-    let pending = ctx.state_mut(|s| {
+    let (base, routing) = ctx.state_mut(|s| {
         let report = s.last_report.as_ref()?;
         let routing = report.routing.as_ref()?;
         if report.sequence <= s.routing_shown {
@@ -635,20 +645,55 @@ async fn show_reported_routing(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &Twd
         if !from_active {
             return None;
         }
-        routing.applied_to(s.last_observation.as_ref()?)
-    });
-    let Some(observation) = pending else {
-        return;
-    };
+        Some((s.last_observation.clone()?, routing.clone()))
+    })?;
+    let observation = routing.applied_to(&base)?;
     if !ctx.patched(PATCH_STATUS_FROM_REPORT) {
-        return;
+        return None;
     }
     // The status describes the spec that observation read, not a newer one a signal brought
     // meanwhile (that one is shown once observed).
-    let Some(generation) = observation.spec.as_ref().map(|s| s.generation) else {
-        return;
-    };
+    let generation = observation.spec.as_ref().map(|s| s.generation)?;
     write_status(ctx, twd, &observation, generation).await;
+    Some((AppliedRouting::read_in(&base)?, routing))
+}
+
+/// Runs a turn's observation (`observe` or `recheck`). Routing the rollout in flight reports
+/// meanwhile is shown at once (`reports-during-observation`) instead of after the observation,
+/// which waits seconds when Temporal refuses reads of a worker deployment that has just
+/// changed. An observation that still reads the routing shown before those reports was read
+/// before the rollout's write and gets the reported routing (see [`AppliedRouting::settle`]).
+/// Histories before the patch showed such reports at the start of the next turn.
+async fn observe_showing_reports<F>(
+    ctx: &WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+    observation: F,
+) -> Result<Observation, crate::model::Blocked>
+where
+    F: Future<Output = Result<Observation, crate::model::Blocked>>,
+{
+    let mut observation = std::pin::pin!(observation.fuse());
+    // The routing shown before the first report shown during the observation, and the last.
+    let mut shown: Option<(AppliedRouting, AppliedRouting)> = None;
+    loop {
+        select! {
+            observed = observation.as_mut() => {
+                return observed.map(|read| match &shown {
+                    Some((before, after)) => after.settle(read, before),
+                    None => read,
+                });
+            }
+            _ = ctx.wait_condition_with_options(TwdWorkflow::routing_to_show, support::condition_options()) => {
+                if !ctx.patched(PATCH_REPORTS_DURING_OBSERVATION) {
+                    return observation.await;
+                }
+                if let Some((before, after)) = show_reported_routing(ctx, twd).await {
+                    let before = shown.map_or(before, |(first, _)| first);
+                    shown = Some((before, after));
+                }
+            }
+        }
+    }
 }
 
 /// A report-only turn (`report-turns`): the latest report is shown on this run's latest
@@ -700,7 +745,7 @@ fn take_reassert_due(ctx: &mut WorkflowContext<TwdWorkflow>) -> bool {
 /// `recheck` (`combined-recheck`): re-assertion and observation in one activity; each change
 /// re-asserted is a Normal event.
 async fn recheck(
-    ctx: &mut WorkflowContext<TwdWorkflow>,
+    ctx: &WorkflowContext<TwdWorkflow>,
     twd: &TwdRef,
 ) -> Result<Observation, crate::model::Blocked> {
     let outcome = run_activity(
@@ -761,6 +806,13 @@ impl TwdWorkflow {
     fn push_control(&mut self, action: ControlAction) {
         self.controls.push(action);
         self.wakeups += 1;
+    }
+
+    /// Whether the latest report brings routing not considered yet.
+    fn routing_to_show(&self) -> bool {
+        self.last_report
+            .as_ref()
+            .is_some_and(|r| r.routing.is_some() && r.sequence > self.routing_shown)
     }
 
     /// Whether what woke this turn can only have been a report of the rollout in flight, still
@@ -1092,7 +1144,7 @@ async fn forward_controls(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, 
 
 /// Writes the status projection when it differs from the last one written.
 async fn write_status(
-    ctx: &mut WorkflowContext<TwdWorkflow>,
+    ctx: &WorkflowContext<TwdWorkflow>,
     twd: &TwdRef,
     observation: &Observation,
     generation: i64,
@@ -1528,7 +1580,7 @@ async fn show_cleanup_wait(
 }
 
 async fn event(
-    ctx: &mut WorkflowContext<TwdWorkflow>,
+    ctx: &WorkflowContext<TwdWorkflow>,
     twd: &TwdRef,
     kind: EventKind,
     reason: &str,
@@ -1756,6 +1808,123 @@ mod tests {
             routing(Some("v2"), Some(10)).applied_at(&unmanaged, 900),
             None,
             "no manager yet: not shown from the report"
+        );
+    }
+
+    #[test]
+    fn an_observation_read_before_the_reported_write_is_settled_on_the_reported_routing() {
+        use crate::model::{AppliedRouting, TemporalState, TemporalVersion};
+        use twc_crds::worker_deployment::VersionState;
+        let version = |build: &str, state| TemporalVersion {
+            build_id: build.to_owned(),
+            state,
+            drained_since: None,
+            drainage_known: false,
+            last_current_at: None,
+            deactivated_at: None,
+        };
+        let observed = |current: &str, ramping: Option<(&str, f32)>| Observation {
+            spec: None,
+            deployments: Vec::new(),
+            temporal: Ok(TemporalState {
+                current_build_id: Some(current.to_owned()),
+                ramping_build_id: ramping.map(|(b, _)| b.to_owned()),
+                ramp_percentage: ramping.map(|(_, p)| p),
+                versions: vec![
+                    version(
+                        "v1",
+                        if current == "v1" {
+                            VersionState::Current
+                        } else {
+                            VersionState::Draining
+                        },
+                    ),
+                    version(
+                        "v2",
+                        if current == "v2" {
+                            VersionState::Current
+                        } else {
+                            VersionState::Inactive
+                        },
+                    ),
+                ],
+                manager_identity: "twc".to_owned(),
+                ..TemporalState::default()
+            }),
+            observed_at: 0,
+        };
+        let routing = |current: &str, ramping: Option<(&str, u8)>| AppliedRouting {
+            current_build_id: Some(current.to_owned()),
+            ramping_build_id: ramping.map(|(b, _)| b.to_owned()),
+            ramp_percentage: ramping.map(|(_, p)| p),
+        };
+        // (case, read, shown before the reports, shown from the last report, expected current,
+        // expected ramp)
+        let cases = [
+            (
+                "read before the write: the report's routing",
+                observed("v1", None),
+                routing("v1", None),
+                routing("v2", None),
+                "v2",
+                None,
+            ),
+            (
+                "read after the write: as read",
+                observed("v2", None),
+                routing("v1", None),
+                routing("v2", None),
+                "v2",
+                None,
+            ),
+            (
+                "changed again after the write (an operator): as read",
+                observed("v1", Some(("v2", 5.0))),
+                routing("v1", None),
+                routing("v2", None),
+                "v1",
+                Some(("v2".to_owned(), 5.0)),
+            ),
+            (
+                "a ramp step read before its write: the step",
+                observed("v1", Some(("v2", 10.0))),
+                routing("v1", Some(("v2", 10))),
+                routing("v1", Some(("v2", 40))),
+                "v1",
+                Some(("v2".to_owned(), 40.0)),
+            ),
+        ];
+        for (case, read, before, shown, current, ramp) in cases {
+            let settled = shown.settle(read, &before);
+            let temporal = settled.temporal.expect(case);
+            assert_eq!(
+                temporal.current_build_id.as_deref(),
+                Some(current),
+                "{case}"
+            );
+            assert_eq!(
+                temporal
+                    .ramping_build_id
+                    .clone()
+                    .zip(temporal.ramp_percentage),
+                ramp,
+                "{case}"
+            );
+            let state = |build: &str| temporal.version(build).map(|v| v.state);
+            if current == "v2" {
+                assert_eq!(state("v2"), Some(VersionState::Current), "{case}");
+                assert_eq!(state("v1"), Some(VersionState::Draining), "{case}");
+            }
+        }
+        let mut unreadable = observed("v1", None);
+        unreadable.temporal = Err(crate::model::Blocked {
+            reason: crate::model::BlockReason::PlanExecutionFailed,
+            message: "unreachable".to_owned(),
+        });
+        let settled = routing("v2", None).settle(unreadable.clone(), &routing("v1", None));
+        assert_eq!(
+            settled, unreadable,
+            "an unreadable Temporal stays unreadable"
         );
     }
 }
