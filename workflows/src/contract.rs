@@ -147,8 +147,9 @@ pub struct BuildRequest {
     /// `create_deployment` only: observe first, and create only if Temporal can be read and
     /// fewer retired versions than this are not yet eligible for deletion (what the rollout's
     /// first observation would decide), else answer [`CreateDeploymentOutcome::Deferred`]. Set
-    /// by a fresh rollout that creates before its first observation; `None` (every older
-    /// history) creates regardless.
+    /// when a Deployment is created before the rollout's first observation; `None` creates
+    /// regardless (older histories, a create the rollout planned from an observation, and one
+    /// an earlier observation showed room for: [`BuildRequest::create_with_room`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version_limit: Option<u32>,
 }
@@ -165,6 +166,16 @@ impl BuildRequest {
                 u32::try_from(crate::plan::sunset::DEFAULT_MAX_VERSIONS_INELIGIBLE_FOR_DELETION)
                     .unwrap_or(u32::MAX),
             ),
+        }
+    }
+
+    /// The `create_deployment` of a build an earlier observation already showed room for
+    /// ([`crate::plan::sunset::room_for_a_new_version`]): nothing is read but the TWD.
+    pub fn create_with_room(twd: &TwdRef, build_id: &str) -> Self {
+        Self {
+            twd: twd.clone(),
+            build_id: build_id.to_owned(),
+            version_limit: None,
         }
     }
 }

@@ -104,6 +104,9 @@ const PATCH_CREATE_WITH_START: &str = "create-with-start";
 /// Patch: routing the rollout in flight reports while a turn observes is shown at once, not
 /// after the observation ([`observe_showing_reports`]).
 const PATCH_REPORTS_DURING_OBSERVATION: &str = "reports-during-observation";
+/// Patch: a new build's Deployment is created without reading Temporal first when the run's
+/// latest observation shows room for it under the version limit (`create_with_room`).
+const PATCH_CREATE_WITH_ROOM: &str = "create-with-room";
 /// Longest interval between re-assertions of a TWD's resources while nothing signals a change.
 const REASSERT_EVERY: Duration = Duration::from_secs(30);
 /// Longest pause between cleanup attempts of the deletion path.
@@ -975,7 +978,19 @@ async fn start_new_build(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, s
     if !ctx.patched(PATCH_CREATE_WITH_START) {
         return start_rollout(ctx, twd, spec).await;
     }
-    let request = BuildRequest::create_before_observing(twd, &spec.build_id);
+    // The run's latest observation may already show room for the new version; then the
+    // create does not read Temporal again (`create-with-room`), which is refused for a moment
+    // after each change to the worker deployment.
+    let room = ctx.state(|s| {
+        s.last_observation.as_ref().is_some_and(|o| {
+            sunset::room_for_a_new_version(o, sunset::DEFAULT_MAX_VERSIONS_INELIGIBLE_FOR_DELETION)
+        })
+    });
+    let request = if room && ctx.patched(PATCH_CREATE_WITH_ROOM) {
+        BuildRequest::create_with_room(twd, &spec.build_id)
+    } else {
+        BuildRequest::create_before_observing(twd, &spec.build_id)
+    };
     let options = with_summary(short_options(), "create Deployment");
     let (created, ()) = {
         let creating = ctx.execute_activity(CreateDeployment, request, options);

@@ -208,6 +208,17 @@ pub fn version_limit_reached(observation: &Observation, max_ineligible: usize) -
     ineligible.len() >= max_ineligible
 }
 
+/// Whether an earlier observation shows room for a new build's Deployment under
+/// `max_ineligible`, so it can be created without reading Temporal and the TWD again: the
+/// observation read both, and stays below the limit even when the build it saw targeted becomes
+/// ineligible once the target moves on. Only the TWD's own rollouts add Deployments and a
+/// version only becomes more eligible over time, so an older observation errs on the safe side.
+pub fn room_for_a_new_version(observation: &Observation, max_ineligible: usize) -> bool {
+    observation.spec.is_some()
+        && observation.temporal.is_ok()
+        && !version_limit_reached(observation, max_ineligible.saturating_sub(1))
+}
+
 /// A retired version may be deleted: Temporal reports it Drained and no pod of it is running
 /// (reference §1.1.2 `eligibleForDeletion`). Versions unknown to Temporal never are.
 pub fn eligible_for_deletion(
@@ -1040,6 +1051,32 @@ mod tests {
         assert!(
             !version_limit_reached(&unreadable, 1),
             "unknown state does not block"
+        );
+
+        // Room for one more without reading again: the target it saw may become ineligible too.
+        let room_cases = [
+            (ineligible + 1, false),
+            (ineligible + 2, true),
+            (DEFAULT_MAX_VERSIONS_INELIGIBLE_FOR_DELETION, true),
+        ];
+        for (max, expected) in room_cases {
+            assert_eq!(
+                room_for_a_new_version(&obs, max),
+                expected,
+                "room under {max}"
+            );
+        }
+        assert!(
+            !room_for_a_new_version(&unreadable, DEFAULT_MAX_VERSIONS_INELIGIBLE_FOR_DELETION),
+            "unknown state: read again"
+        );
+        let no_twd = Observation {
+            spec: None,
+            ..obs.clone()
+        };
+        assert!(
+            !room_for_a_new_version(&no_twd, DEFAULT_MAX_VERSIONS_INELIGIBLE_FOR_DELETION),
+            "no TWD read: read again"
         );
     }
 
