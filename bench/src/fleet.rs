@@ -20,9 +20,7 @@ use crate::ledger::{
 };
 use crate::procstat::{self, MachineCpu};
 use crate::prom;
-use crate::sampler::{
-    CallTime, Counters, Sampler, ServerTime, Tick, peak_rate, peak_rate_over, wait_quiet,
-};
+use crate::sampler::{CallTime, Counters, Sampler, Tick, peak_rate, peak_rate_over, wait_quiet};
 use crate::stats::Summary;
 
 /// Applies in flight at once.
@@ -520,8 +518,7 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
         .map(|n| (n.clone(), "burst-".to_owned()))
         .collect();
     let sampler = Sampler::start(cluster, Duration::from_secs(1));
-    let before = Counters::read(&cluster.env).await?;
-    let server_time_before = ServerTime::read(&cluster.env).await?;
+    let (before, server_time_before) = Counters::read_with_server_time(&cluster.env).await?;
     let cpu_before = controller_cpu(cluster)?;
     let temporal_pid = temporal_server_pid(cluster);
     let temporal_cpu = || {
@@ -537,11 +534,10 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
         cluster.wait_all_ready(namespace, &expected, Duration::from_secs(900)),
         apply_all(cluster, namespace, &names, "burst"),
     )?;
-    let server_time = ServerTime::read(&cluster.env).await?;
+    let (after, server_time) = Counters::read_with_server_time(&cluster.env).await?;
     let all_ready = ready.values().max().copied().unwrap_or(started);
     let all_ready_at = started_at + all_ready.saturating_duration_since(started);
     let ticks = sampler.finish().await;
-    let after = Counters::read(&cluster.env).await?;
     let cpu_after = controller_cpu(cluster)?;
     let temporal_cpu_s = temporal_before
         .zip(temporal_cpu())
@@ -796,13 +792,16 @@ fn seconds_since_epoch() -> f64 {
     seconds_between(SystemTime::UNIX_EPOCH, SystemTime::now())
 }
 
-/// The sandbox's Temporal dev server: the `start-dev` process on the sandbox's database file.
+/// The sandbox's Temporal dev server, from the pid file the sandbox keeps.
 fn temporal_server_pid(cluster: &Cluster) -> Option<u32> {
-    let state_dir = cluster.env.logs_dir.parent()?;
-    let database = state_dir.join("temporal.db");
-    let pid = procstat::find_process(&["start-dev", &database.display().to_string()]);
+    let pid = cluster
+        .env
+        .temporal_pid_file
+        .as_ref()
+        .and_then(|file| std::fs::read_to_string(file).ok())
+        .and_then(|pid| pid.trim().parse().ok());
     if pid.is_none() {
-        tracing::warn!(database = %database.display(), "Temporal dev server process not found; its CPU is not reported");
+        tracing::warn!("the sandbox names no Temporal dev server process; its CPU is not reported");
     }
     pid
 }

@@ -79,16 +79,6 @@ impl MachineCpu {
     }
 }
 
-/// The first process whose command line contains every one of `parts`.
-pub fn find_process(parts: &[&str]) -> Option<u32> {
-    std::fs::read_dir("/proc").ok()?.find_map(|entry| {
-        let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        parts.iter().all(|p| cmdline.contains(p)).then_some(pid)
-    })
-}
-
 fn status_kib(status: &str, key: &str) -> Option<u64> {
     status
         .lines()
@@ -117,13 +107,6 @@ mod tests {
         assert_eq!(cpu.busy, Duration::from_secs_f64(170.0 / ticks));
         assert_eq!(cpu.total, Duration::from_secs_f64(1010.0 / ticks));
         assert_eq!(MachineCpu::parse("intr 1 2\n"), None);
-    }
-
-    #[test]
-    fn finds_this_process_by_its_command_line() {
-        let me = std::env::args().next().unwrap();
-        assert!(find_process(&[&me]).is_some());
-        assert_eq!(find_process(&[&me, "no such argument \u{1}"]), None);
     }
 
     #[test]

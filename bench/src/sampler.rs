@@ -45,13 +45,25 @@ pub struct Counters {
 impl Counters {
     /// Reads the controller's and the Temporal server's pages.
     pub async fn read(env: &SandboxEnv) -> anyhow::Result<Self> {
+        let (controller, server) = Self::pages(env).await?;
+        Ok(Self::from_pages(&controller, &server))
+    }
+
+    /// The counters and Temporal's own time per call, from one reading of each page.
+    pub async fn read_with_server_time(env: &SandboxEnv) -> anyhow::Result<(Self, ServerTime)> {
+        let (controller, server) = Self::pages(env).await?;
+        Ok((
+            Self::from_pages(&controller, &server),
+            ServerTime::from_page(&server),
+        ))
+    }
+
+    async fn pages(env: &SandboxEnv) -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
         let controller_url = env
             .controller_metrics_url
             .as_deref()
             .ok_or_else(|| anyhow!("the sandbox runs no controller"))?;
-        let (controller, server) =
-            tokio::try_join!(scrape(controller_url), scrape(&env.temporal_metrics_url))?;
-        Ok(Self::from_pages(&controller, &server))
+        tokio::try_join!(scrape(controller_url), scrape(&env.temporal_metrics_url))
     }
 
     fn from_pages(controller: &[Sample], server: &[Sample]) -> Self {

@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use anyhow::Context as _;
+
 use tokio::process::Command;
 
 use crate::apiserver::{self, ApiServer};
@@ -125,11 +127,14 @@ impl Sandbox {
         let pod_runner = PodRunnerThread::start(apiserver.kubeconfig.clone(), runner_config)
             .map_err(|e| anyhow::anyhow!("starting the pod runner thread: {e}"))?;
 
+        let temporal_pid_file = options.state_dir.join("temporal.pid");
+        write_pid_file(&temporal_pid_file, &temporal.process)?;
         let mut env = SandboxEnv {
             temporal_address: temporal.address.clone(),
             temporal_namespace: "default".to_owned(),
             temporal_ui_url: temporal.ui_url.clone(),
             temporal_metrics_url: temporal.metrics_url.clone(),
+            temporal_pid_file: Some(temporal_pid_file),
             kubeconfig: apiserver.kubeconfig.clone(),
             logs_dir,
             pods_dir,
@@ -356,6 +361,9 @@ impl Sandbox {
         tracing::info!(ports = ?self.temporal.ports, "Temporal dev server stopped ({how:?})");
         tokio::time::sleep(downtime).await;
         self.temporal = temporal::start_on(&self.temporal_options, self.temporal.ports).await?;
+        if let Some(pid_file) = &self.env.temporal_pid_file {
+            write_pid_file(pid_file, &self.temporal.process)?;
+        }
         tracing::info!(address = %self.temporal.address, "Temporal dev server restarted");
         Ok(())
     }
@@ -460,13 +468,19 @@ fn start_controller(env: &mut SandboxEnv, vars: &[(String, String)]) -> anyhow::
     env.controller_metrics_url = Some(ports.metrics_url());
     env.controller_health_url = Some(ports.health_url());
     let pid_file = env.logs_dir.with_file_name("controller.pid");
-    std::fs::write(
-        &pid_file,
-        process.pid().map(|p| p.to_string()).unwrap_or_default(),
-    )?;
+    write_pid_file(&pid_file, &process)?;
     env.controller_log = Some(log);
     env.controller_pid_file = Some(pid_file);
     Ok(process)
+}
+
+/// Writes `process`'s ID to `path` (empty when it has already exited).
+fn write_pid_file(path: &Path, process: &Supervised) -> anyhow::Result<()> {
+    std::fs::write(
+        path,
+        process.pid().map(|p| p.to_string()).unwrap_or_default(),
+    )
+    .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Loopback ports of a controller's `/metrics` and `/healthz` + `/readyz`: free ones, so

@@ -22,6 +22,10 @@ pub struct SandboxEnv {
     pub temporal_ui_url: Option<String>,
     /// Temporal server metrics URL (Prometheus).
     pub temporal_metrics_url: String,
+    /// File holding the Temporal dev server's current process ID (rewritten when a test
+    /// restarts it), for measuring its CPU.
+    #[serde(default)]
+    pub temporal_pid_file: Option<PathBuf>,
     /// Admin kubeconfig of the kube-apiserver.
     pub kubeconfig: PathBuf,
     /// Folder with the server logs.
