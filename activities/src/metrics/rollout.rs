@@ -185,7 +185,11 @@ fn step_done(
     Some(RolloutEvent::StepDone { step, duration })
 }
 
-/// The target build, if `status` shows it Current and `previous` did not.
+/// The target build, if `status` shows it Current and `previous` did not, or showed it Current
+/// without knowing since when its Deployment is Available: the TWD workflow shows a rollout's
+/// report of the routing it wrote on an observation that may predate the Deployment's
+/// availability, and the write after the next observation brings it. The time it became
+/// Current is then the earlier write's.
 fn became_current(
     previous: Option<&TemporalWorkerDeploymentStatus>,
     status: &TemporalWorkerDeploymentStatus,
@@ -196,21 +200,52 @@ fn became_current(
         return None;
     }
     let build = target.version.build_id.as_str();
-    let was_current = previous.is_some_and(|p| {
-        p.target_version.as_ref().is_some_and(|t| {
-            t.version.build_id == build && t.version.status == VersionState::Current
-        }) || p
-            .current_version
-            .as_ref()
-            .is_some_and(|c| c.build_id == build)
-    });
-    if was_current {
-        return None;
-    }
     let available = target.version.healthy_since.as_ref().map(|t| t.0)?;
+    let current_at = match shown_current(previous, build) {
+        ShownCurrent::No => at,
+        ShownCurrent::Counted => return None,
+        ShownCurrent::WithoutAvailability(shown) => shown.unwrap_or(at),
+    };
     let since = started_at(status).map_or(available, |s| s.max(available));
-    let duration = between(since, at)?;
+    let duration = between(since, current_at)?;
     Some(RolloutEvent::BecameCurrent { duration })
+}
+
+/// What a previous status said about `build` being Current.
+enum ShownCurrent {
+    /// Nothing.
+    No,
+    /// Current with its availability (its time to Current was counted then), or Current
+    /// before this rollout named it the target.
+    Counted,
+    /// Current, without knowing since when its Deployment is Available; written at that time.
+    WithoutAvailability(Option<Timestamp>),
+}
+
+fn shown_current(previous: Option<&TemporalWorkerDeploymentStatus>, build: &str) -> ShownCurrent {
+    let Some(previous) = previous else {
+        return ShownCurrent::No;
+    };
+    let target = previous
+        .target_version
+        .as_ref()
+        .filter(|t| t.version.build_id == build && t.version.status == VersionState::Current);
+    if let Some(target) = target {
+        return if target.version.healthy_since.is_some() {
+            ShownCurrent::Counted
+        } else {
+            ShownCurrent::WithoutAvailability(updated_at(previous))
+        };
+    }
+    if previous
+        .current_version
+        .as_ref()
+        .is_some_and(|c| c.build_id == build)
+    {
+        ShownCurrent::Counted
+    } else {
+        ShownCurrent::No
+    }
 }
 
 /// Whether a `Ready` reason is an outcome of the rollout (complete, failed or aborted).

@@ -751,6 +751,52 @@ fn time_to_current_is_recorded_once_from_the_deployment_becoming_available() {
 }
 
 #[test]
+fn time_to_current_shown_from_a_report_before_availability_was_read_is_recorded_once_it_is() {
+    let metrics = Metrics::new();
+    let available = |mut s: TemporalWorkerDeploymentStatus, since: i64| {
+        if let Some(target) = s.target_version.as_mut() {
+            target.version.healthy_since = Some(Time(at(since)));
+        }
+        s
+    };
+    // The TWD workflow shows the rollout's report (Current at 100) on an observation made
+    // before the Deployment was Available, so that status does not know since when it is; the
+    // observation that follows (written at 101) does: Available at 25, so 75 s.
+    let waiting = rollout_status("v2", VersionState::Inactive, "WaitingForPollers", 0, 10);
+    let reported = rollout_status("v2", VersionState::Current, COMPLETE_REASON, 0, 100);
+    let observed = available(
+        rollout_status("v2", VersionState::Current, COMPLETE_REASON, 0, 101),
+        25,
+    );
+    let resync = available(
+        rollout_status("v2", VersionState::Current, COMPLETE_REASON, 0, 131),
+        25,
+    );
+    write_twice(
+        &metrics,
+        "Progressive",
+        &[waiting, reported, observed, resync],
+    );
+    let page = metrics.render();
+    assert_eq!(
+        value(
+            &page,
+            r#"twc_time_to_current_seconds_count{strategy="Progressive"}"#
+        ),
+        1.0,
+        "{page}"
+    );
+    assert_eq!(
+        value(
+            &page,
+            r#"twc_time_to_current_seconds_sum{strategy="Progressive"}"#
+        ),
+        75.0,
+        "{page}"
+    );
+}
+
+#[test]
 fn per_twd_gauges_follow_the_status_and_go_with_the_twd() {
     let metrics = Metrics::new();
     let ramping = status(
