@@ -1828,16 +1828,9 @@ mod tests {
 
     #[test]
     fn an_observation_read_before_the_reported_write_is_settled_on_the_reported_routing() {
-        use crate::model::{AppliedRouting, TemporalState, TemporalVersion};
+        use crate::model::{AppliedRouting, TemporalState};
+        use crate::plan::fixtures::version;
         use twc_crds::worker_deployment::VersionState;
-        let version = |build: &str, state| TemporalVersion {
-            build_id: build.to_owned(),
-            state,
-            drained_since: None,
-            drainage_known: false,
-            last_current_at: None,
-            deactivated_at: None,
-        };
         let observed = |current: &str, ramping: Option<(&str, f32)>| Observation {
             spec: None,
             deployments: Vec::new(),

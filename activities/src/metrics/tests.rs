@@ -156,6 +156,14 @@ fn at_step(
     s
 }
 
+/// `s` with its target's Deployment Available since `since`.
+fn available(mut s: TemporalWorkerDeploymentStatus, since: i64) -> TemporalWorkerDeploymentStatus {
+    if let Some(target) = s.target_version.as_mut() {
+        target.version.healthy_since = Some(Time(at(since)));
+    }
+    s
+}
+
 /// `metrics` after every sequence of writes, each write given twice (as a retried activity or
 /// a second replica would).
 fn write_twice(metrics: &Metrics, strategy: &str, writes: &[TemporalWorkerDeploymentStatus]) {
@@ -696,12 +704,6 @@ fn a_step_left_by_a_failure_is_not_recorded_and_late_steps_share_a_label() {
 #[test]
 fn time_to_current_is_recorded_once_from_the_deployment_becoming_available() {
     let metrics = Metrics::new();
-    let available = |mut s: TemporalWorkerDeploymentStatus, since: i64| {
-        if let Some(target) = s.target_version.as_mut() {
-            target.version.healthy_since = Some(Time(at(since)));
-        }
-        s
-    };
     // v1: rollout started at 0, Deployment Available at 25, Current at 100: 75 s.
     let waiting = available(
         rollout_status("v1", VersionState::Inactive, "WaitingForPromotion", 0, 30),
@@ -753,12 +755,6 @@ fn time_to_current_is_recorded_once_from_the_deployment_becoming_available() {
 #[test]
 fn time_to_current_shown_from_a_report_before_availability_was_read_is_recorded_once_it_is() {
     let metrics = Metrics::new();
-    let available = |mut s: TemporalWorkerDeploymentStatus, since: i64| {
-        if let Some(target) = s.target_version.as_mut() {
-            target.version.healthy_since = Some(Time(at(since)));
-        }
-        s
-    };
     // The TWD workflow shows the rollout's report (Current at 100) on an observation made
     // before the Deployment was Available, so that status does not know since when it is; the
     // observation that follows (written at 101) does: Available at 25, so 75 s.
