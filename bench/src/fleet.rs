@@ -505,6 +505,16 @@ pub struct IdleHistories {
     pub busier_twds: usize,
     /// The observations of those beyond what the resync period explains.
     pub extra_observations: usize,
+    /// Intervals between consecutive observations of one TWD workflow inside the window, over
+    /// every TWD workflow that observed at least twice, and their total length.
+    pub observation_intervals: usize,
+    /// Total length of those intervals, s.
+    pub observation_interval_s: f64,
+    /// Observations (one worker-deployment read each) per TWD per 5 minutes, as 300 s over the
+    /// mean interval between one TWD workflow's observations: unlike a count over the window, it
+    /// does not depend on where the window's edges fall in each TWD's resync period. `None`
+    /// without an interval.
+    pub observations_per_twd_per_5min: Option<f64>,
 }
 
 /// `count` TWDs named `w000`… in `namespace` (and in the Temporal namespace of that name),
@@ -751,11 +761,17 @@ async fn idle_histories(
         histories.timers_fired += t.timers_fired;
         histories.workflow_tasks += t.workflow_tasks;
         histories.observations += t.observations;
+        if let Some((span, intervals)) = t.observation_intervals() {
+            histories.observation_intervals += intervals;
+            histories.observation_interval_s += span.as_secs_f64();
+        }
         if t.observations > idle_observations {
             histories.busier_twds += 1;
             histories.extra_observations += t.observations - idle_observations;
         }
     }
+    histories.observations_per_twd_per_5min = (histories.observation_interval_s > 0.0)
+        .then(|| 300.0 * histories.observation_intervals as f64 / histories.observation_interval_s);
     histories.events_per_turn = (histories.timers_fired > 0)
         .then(|| histories.events as f64 / histories.timers_fired as f64);
     histories.events_per_twd_per_5min =

@@ -5,7 +5,7 @@
 //! hop whose ends cannot both be found is `None` (missing), never 0.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use temporalio_common::protos::temporal::api::common::v1::Payloads;
@@ -903,9 +903,19 @@ pub struct IdleTurns {
     /// `observe` and `recheck` activities scheduled inside the window (each reads Temporal's
     /// worker deployment once).
     pub observations: usize,
+    /// When the first and the last of those were scheduled.
+    pub observed_between: Option<(SystemTime, SystemTime)>,
 }
 
 impl IdleTurns {
+    /// The time between this workflow's first and last observation in the window, and the
+    /// number of intervals it spans (observations − 1); `None` with fewer than two.
+    pub fn observation_intervals(&self) -> Option<(Duration, usize)> {
+        let (first, last) = self.observed_between?;
+        let intervals = self.observations.checked_sub(1).filter(|n| *n > 0)?;
+        Some((last.duration_since(first).unwrap_or_default(), intervals))
+    }
+
     /// What the workflow with `runs` recorded in `[from, to]`.
     pub fn read(runs: &[Vec<HistoryEvent>], from: SystemTime, to: SystemTime) -> Self {
         let mut turns = Self::default();
@@ -928,6 +938,11 @@ impl IdleTurns {
                         .is_some_and(|t| OBSERVATIONS.contains(&t.name.as_str())) =>
                 {
                     turns.observations += 1;
+                    let first = turns
+                        .observed_between
+                        .map_or(at, |(first, _)| first.min(at));
+                    let last = turns.observed_between.map_or(at, |(_, last)| last.max(at));
+                    turns.observed_between = Some((first, last));
                 }
                 _ => {}
             }
@@ -1368,7 +1383,8 @@ mod tests {
             .timer(5_000)
             .task(5_001)
             .activity(5_002, "recheck", 5_003, 5_010);
-        let turns = IdleTurns::read(&[run.0], t(500), t(1_500));
+        let runs = [run.0];
+        let turns = IdleTurns::read(&runs, t(500), t(1_500));
         assert_eq!(
             turns,
             IdleTurns {
@@ -1376,7 +1392,24 @@ mod tests {
                 timers_fired: 1,
                 workflow_tasks: 4,
                 observations: 2,
+                observed_between: Some((t(1_002), t(1_022))),
             }
+        );
+        // Two observations 20 ms apart: one interval of 20 ms; the later recheck is outside.
+        assert_eq!(
+            turns.observation_intervals(),
+            Some((Duration::from_millis(20), 1))
+        );
+        let whole = IdleTurns::read(&runs, t(500), t(6_000));
+        assert_eq!(
+            whole.observation_intervals(),
+            Some((Duration::from_millis(4_000), 2))
+        );
+        let one = IdleTurns::read(&runs, t(4_000), t(6_000));
+        assert_eq!(
+            one.observation_intervals(),
+            None,
+            "a single observation spans nothing"
         );
     }
     /// The rollout of the burst tests: started at 1_040, its first task queued 300 ms,

@@ -374,16 +374,32 @@ impl Results {
                     i.window_s, resync_s
                 ));
             }
+            // Judged per TWD from the intervals between its observations: a count over the
+            // window also counts a third observation of each TWD whose resync period happened to
+            // start right at the window's beginning.
+            let per_twd = i.twd_workflows.observations_per_twd_per_5min;
             row(
-                &format!("Idle, {n} TWDs: controller worker-deployment reads per TWD per 5 min"),
+                &format!(
+                    "Idle, {n} TWDs: worker-deployment reads per TWD per 5 min (300 s ÷ the mean interval between one TWD workflow's observations, one read each)"
+                ),
                 reads(Target::p50(1.0)),
-                one(i.reads_per_twd_per_5min).as_ref(),
+                per_twd.and_then(one).as_ref(),
                 Unit::Ratio,
             );
             row(
-                &format!("Idle, {n} TWDs: controller worker-deployment reads per TWD per minute"),
+                &format!(
+                    "Idle, {n} TWDs: worker-deployment reads per TWD per minute (the same ÷ 5)"
+                ),
                 reads(Target::p50(0.2)),
-                one(i.reads_per_twd_per_5min / 5.0).as_ref(),
+                per_twd.and_then(|r| one(r / 5.0)).as_ref(),
+                Unit::Ratio,
+            );
+            row(
+                &format!(
+                    "Idle, {n} TWDs: controller worker-deployment reads per TWD per 5 min (its counter over the whole window, edges included)"
+                ),
+                Target::NONE,
+                one(i.reads_per_twd_per_5min).as_ref(),
                 Unit::Ratio,
             );
             row(
@@ -434,8 +450,9 @@ impl Results {
                  the sandbox ({} read, {} unreadable; other scenarios' TWDs included) were read \
                  and the events stamped inside the window counted: {} events, {} `TimerFired` \
                  (idle turns), {} workflow tasks completed, {} `observe` and `recheck` \
-                 activities (one worker-deployment read each); {} TWD workflows observed more often than their \
-                 resync period explains, {} observations beyond it.",
+                 activities (one worker-deployment read each), {} intervals between one TWD \
+                 workflow's consecutive observations averaging {:.1} s; {} TWD workflows observed \
+                 more often than their resync period explains, {} observations beyond it.",
                 i.window_s,
                 h.twds,
                 h.unread,
@@ -443,6 +460,8 @@ impl Results {
                 h.timers_fired,
                 h.workflow_tasks,
                 h.observations,
+                h.observation_intervals,
+                h.observation_interval_s / h.observation_intervals.max(1) as f64,
                 h.busier_twds,
                 h.extra_observations
             ));
