@@ -500,13 +500,13 @@ pub struct IdleHistories {
     /// `observe` and `recheck` activities scheduled inside the window (one worker-deployment
     /// read each).
     pub observations: usize,
-    /// TWD workflows that observed more often than their resync period explains (the window
-    /// divided by the period, rounded up): not idle (retiring versions, say).
+    /// TWD workflows that observed more often than their resync period explains
+    /// ([`IdleTurns::observations_beyond`]): not idle (retiring versions, say).
     pub busier_twds: usize,
     /// The observations of those beyond what the resync period explains.
     pub extra_observations: usize,
     /// Intervals between consecutive observations of one TWD workflow inside the window, over
-    /// every TWD workflow that observed at least twice, and their total length.
+    /// every idle TWD workflow (not busier) that observed at least twice.
     pub observation_intervals: usize,
     /// Total length of those intervals, s.
     pub observation_interval_s: f64,
@@ -753,21 +753,24 @@ async fn idle_histories(
         unread: read.len() - turns.len(),
         ..Default::default()
     };
-    // An idle TWD workflow observes once per resync period: at most this often in the window.
-    let resync_s = twc_workflows::twd_workflow::DEFAULT_RESYNC.as_secs_f64();
-    let idle_observations = (window_s / resync_s).ceil() as usize;
+    // An idle TWD workflow observes once per resync period; one that observes more often is
+    // acting (retiring a version, say), and its intervals are left out of the idle figure.
+    let resync = twc_workflows::twd_workflow::DEFAULT_RESYNC;
     for t in &turns {
         histories.events += t.events;
         histories.timers_fired += t.timers_fired;
         histories.workflow_tasks += t.workflow_tasks;
         histories.observations += t.observations;
-        if let Some((span, intervals)) = t.observation_intervals() {
-            histories.observation_intervals += intervals;
-            histories.observation_interval_s += span.as_secs_f64();
-        }
-        if t.observations > idle_observations {
-            histories.busier_twds += 1;
-            histories.extra_observations += t.observations - idle_observations;
+        match (t.observations_beyond(resync), t.observation_intervals()) {
+            (0, Some((span, intervals))) => {
+                histories.observation_intervals += intervals;
+                histories.observation_interval_s += span.as_secs_f64();
+            }
+            (0, None) => {}
+            (beyond, _) => {
+                histories.busier_twds += 1;
+                histories.extra_observations += beyond;
+            }
         }
     }
     histories.observations_per_twd_per_5min = (histories.observation_interval_s > 0.0)

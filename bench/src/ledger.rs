@@ -908,6 +908,17 @@ pub struct IdleTurns {
 }
 
 impl IdleTurns {
+    /// Observations beyond what a resync every `resync` explains: one more than the resync
+    /// periods between the first and the last (a second of slack for the timers' own delays).
+    pub fn observations_beyond(&self, resync: Duration) -> usize {
+        let Some((span, _)) = self.observation_intervals() else {
+            return 0;
+        };
+        let periods =
+            ((span + Duration::from_secs(1)).as_secs_f64() / resync.as_secs_f64()).floor() as usize;
+        self.observations.saturating_sub(1 + periods)
+    }
+
     /// The time between this workflow's first and last observation in the window, and the
     /// number of intervals it spans (observations − 1); `None` with fewer than two.
     pub fn observation_intervals(&self) -> Option<(Duration, usize)> {
@@ -1411,6 +1422,14 @@ mod tests {
             None,
             "a single observation spans nothing"
         );
+
+        // With a resync every 2 s: the observations 20 ms apart are one more than it explains,
+        // three over 4 s are what it explains; one alone is nothing beyond.
+        let resync = Duration::from_secs(2);
+        assert_eq!(turns.observations_beyond(resync), 1);
+        assert_eq!(whole.observations_beyond(resync), 0);
+        assert_eq!(one.observations_beyond(resync), 0);
+        assert_eq!(whole.observations_beyond(Duration::from_secs(10)), 2);
     }
     /// The rollout of the burst tests: started at 1_040, its first task queued 300 ms,
     /// `create_deployment` scheduled in that task and queued 200 ms.

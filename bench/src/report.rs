@@ -380,7 +380,7 @@ impl Results {
             let per_twd = i.twd_workflows.observations_per_twd_per_5min;
             row(
                 &format!(
-                    "Idle, {n} TWDs: worker-deployment reads per TWD per 5 min (300 s ÷ the mean interval between one TWD workflow's observations, one read each)"
+                    "Idle, {n} TWDs: worker-deployment reads per idle TWD per 5 min (300 s ÷ the mean interval between one TWD workflow's observations, one read each; TWDs still acting left out, counted in the note)"
                 ),
                 reads(Target::p50(1.0)),
                 per_twd.and_then(one).as_ref(),
@@ -388,7 +388,7 @@ impl Results {
             );
             row(
                 &format!(
-                    "Idle, {n} TWDs: worker-deployment reads per TWD per minute (the same ÷ 5)"
+                    "Idle, {n} TWDs: worker-deployment reads per idle TWD per minute (the same ÷ 5)"
                 ),
                 reads(Target::p50(0.2)),
                 per_twd.and_then(|r| one(r / 5.0)).as_ref(),
@@ -450,9 +450,10 @@ impl Results {
                  the sandbox ({} read, {} unreadable; other scenarios' TWDs included) were read \
                  and the events stamped inside the window counted: {} events, {} `TimerFired` \
                  (idle turns), {} workflow tasks completed, {} `observe` and `recheck` \
-                 activities (one worker-deployment read each), {} intervals between one TWD \
-                 workflow's consecutive observations averaging {:.1} s; {} TWD workflows observed \
-                 more often than their resync period explains, {} observations beyond it.",
+                 activities (one worker-deployment read each); {} TWD workflows observed more \
+                 often than their resync period explains (acting, not idle: retiring a version, \
+                 say), {} observations beyond it; the others' {} intervals between consecutive \
+                 observations average {:.1} s.",
                 i.window_s,
                 h.twds,
                 h.unread,
@@ -460,10 +461,10 @@ impl Results {
                 h.timers_fired,
                 h.workflow_tasks,
                 h.observations,
-                h.observation_intervals,
-                h.observation_interval_s / h.observation_intervals.max(1) as f64,
                 h.busier_twds,
-                h.extra_observations
+                h.extra_observations,
+                h.observation_intervals,
+                h.observation_interval_s / h.observation_intervals.max(1) as f64
             ));
             row(
                 &format!(
