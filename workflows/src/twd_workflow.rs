@@ -662,7 +662,8 @@ async fn show_reported_routing(
 }
 
 /// Runs a turn's observation (`observe` or `recheck`). Routing the rollout in flight reports
-/// meanwhile is shown at once (`reports-during-observation`) instead of after the observation,
+/// meanwhile is shown at once (`reports-during-observation`) instead of after the observation
+/// when the run's latest observation read its build's spec ([`TwdWorkflow::routing_to_show`]),
 /// which waits seconds when Temporal refuses reads of a worker deployment that has just
 /// changed. An observation that still reads the routing shown before those reports was read
 /// before the rollout's write and gets the reported routing (see [`AppliedRouting::settle`]).
@@ -811,11 +812,25 @@ impl TwdWorkflow {
         self.wakeups += 1;
     }
 
-    /// Whether the latest report brings routing not considered yet.
+    /// Whether the latest report brings routing not considered yet that can be shown during
+    /// an observation: it comes from the rollout in flight, and this run's latest observation
+    /// read the spec of that rollout's build. A first report after a spec change waits for the
+    /// observation in flight, the first of the new spec (shown on the previous spec's reading,
+    /// the status would describe the previous rollout with the new routing).
     fn routing_to_show(&self) -> bool {
-        self.last_report
-            .as_ref()
-            .is_some_and(|r| r.routing.is_some() && r.sequence > self.routing_shown)
+        self.last_report.as_ref().is_some_and(|r| {
+            r.routing.is_some()
+                && r.sequence > self.routing_shown
+                && self
+                    .active
+                    .as_ref()
+                    .is_some_and(|a| a.workflow_id == r.workflow_id)
+                && self
+                    .last_observation
+                    .as_ref()
+                    .and_then(|o| o.spec.as_ref())
+                    .is_some_and(|spec| spec.target_build_id == r.build_id)
+        })
     }
 
     /// Whether what woke this turn can only have been a report of the rollout in flight, still
@@ -1824,6 +1839,81 @@ mod tests {
             None,
             "no manager yet: not shown from the report"
         );
+    }
+
+    #[test]
+    fn reports_are_shown_during_an_observation_only_on_a_reading_of_their_builds_spec() {
+        use crate::model::AppliedRouting;
+        let routed = |mut s: TwdWorkflow| {
+            if let Some(r) = s.last_report.as_mut() {
+                r.routing = Some(AppliedRouting {
+                    current_build_id: Some("v1".to_owned()),
+                    ramping_build_id: Some("v2".to_owned()),
+                    ramp_percentage: Some(10),
+                });
+            }
+            s
+        };
+        fn reading(s: &mut TwdWorkflow, target: &str) {
+            if let Some(o) = s.last_observation.as_mut() {
+                let mut spec = crate::plan::fixtures::spec(
+                    twc_crds::worker_deployment::RolloutStrategy::Progressive,
+                );
+                spec.target_build_id = target.to_owned();
+                o.spec = Some(spec);
+            }
+        }
+        type Change = fn(&mut TwdWorkflow);
+        let cases: [(&str, Change, bool); 6] = [
+            (
+                "routing on a reading of v2's spec",
+                |s: &mut TwdWorkflow| reading(s, "v2"),
+                true,
+            ),
+            (
+                "a reading of the previous spec (v1)",
+                |s: &mut TwdWorkflow| reading(s, "v1"),
+                false,
+            ),
+            (
+                "nothing read yet",
+                |s: &mut TwdWorkflow| s.last_observation = None,
+                false,
+            ),
+            (
+                "already shown",
+                |s: &mut TwdWorkflow| {
+                    reading(s, "v2");
+                    s.routing_shown = 1;
+                },
+                false,
+            ),
+            (
+                "a report of another rollout",
+                |s: &mut TwdWorkflow| {
+                    reading(s, "v2");
+                    if let Some(r) = s.last_report.as_mut() {
+                        r.workflow_id = "r1".to_owned();
+                    }
+                },
+                false,
+            ),
+            (
+                "a report without routing",
+                |s: &mut TwdWorkflow| {
+                    reading(s, "v2");
+                    if let Some(r) = s.last_report.as_mut() {
+                        r.routing = None;
+                    }
+                },
+                false,
+            ),
+        ];
+        for (case, change, expected) in cases {
+            let mut state = routed(rolling());
+            change(&mut state);
+            assert_eq!(state.routing_to_show(), expected, "{case}");
+        }
     }
 
     #[test]
