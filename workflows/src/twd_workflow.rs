@@ -663,9 +663,9 @@ async fn show_reported_routing(
 
 /// Runs a turn's observation (`observe` or `recheck`). Routing the rollout in flight reports
 /// meanwhile is shown at once (`reports-during-observation`) instead of after the observation
-/// when the run's latest observation read its build's spec ([`TwdWorkflow::routing_to_show`]),
-/// which waits seconds when Temporal refuses reads of a worker deployment that has just
-/// changed. An observation that still reads the routing shown before those reports was read
+/// when the run's latest observation read its build's spec ([`TwdWorkflow::routing_to_show`]):
+/// an observation takes seconds when Temporal refuses reads of a worker deployment that has
+/// just changed. An observation that still reads the routing shown before those reports was read
 /// before the rollout's write and gets the reported routing (see [`AppliedRouting::settle`]).
 /// Histories before the patch showed such reports at the start of the next turn.
 async fn observe_showing_reports<F>(
