@@ -83,6 +83,16 @@ impl Cluster {
         read_pid(file)
     }
 
+    /// Process ID of the sandbox's Temporal dev server.
+    pub fn temporal_pid(&self) -> anyhow::Result<u32> {
+        let file = self
+            .env
+            .temporal_pid_file
+            .as_deref()
+            .ok_or_else(|| anyhow!("the sandbox names no Temporal pid file"))?;
+        read_pid(file)
+    }
+
     /// The kube-apiserver's `/metrics`.
     pub async fn apiserver_metrics(&self) -> anyhow::Result<Vec<Sample>> {
         let request = http::Request::get("/metrics").body(Vec::new())?;

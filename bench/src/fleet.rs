@@ -813,16 +813,10 @@ fn seconds_since_epoch() -> f64 {
 
 /// The sandbox's Temporal dev server, from the pid file the sandbox keeps.
 fn temporal_server_pid(cluster: &Cluster) -> Option<u32> {
-    let pid = cluster
-        .env
-        .temporal_pid_file
-        .as_ref()
-        .and_then(|file| std::fs::read_to_string(file).ok())
-        .and_then(|pid| pid.trim().parse().ok());
-    if pid.is_none() {
-        tracing::warn!("the sandbox names no Temporal dev server process; its CPU is not reported");
-    }
-    pid
+    cluster
+        .temporal_pid()
+        .inspect_err(|e| tracing::warn!(error = %e, "Temporal dev server's CPU not reported"))
+        .ok()
 }
 
 fn controller_cpu(cluster: &Cluster) -> anyhow::Result<f64> {

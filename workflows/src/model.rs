@@ -487,10 +487,7 @@ impl AppliedRouting {
         if read.as_ref() != Some(before) || before == self {
             return observation;
         }
-        match self.applied_to(&observation) {
-            Some(applied) => applied,
-            None => observation,
-        }
+        self.applied_to(&observation).unwrap_or(observation)
     }
 
     /// `observation` as it would read after this routing was written: routing, and the state

@@ -1170,12 +1170,9 @@ type AppliedReport = (
 /// Routing as `change` leaves the routing of `observation` (Temporal clears a ramp when the
 /// ramping build becomes Current; another ramping build keeps its ramp).
 fn routing_after(observation: &Observation, change: &RoutingChange) -> AppliedRouting {
-    let temporal = observation.temporal.as_ref().ok();
-    let current = temporal.and_then(|t| t.current_build_id.clone());
-    let ramping = temporal.and_then(|t| t.ramping_build_id.clone());
-    let percentage = temporal
-        .and_then(|t| t.ramp_percentage)
-        .map(|p| p.round().clamp(0.0, 100.0) as u8);
+    let (current, ramping, percentage) = AppliedRouting::read_in(observation)
+        .map(|r| (r.current_build_id, r.ramping_build_id, r.ramp_percentage))
+        .unwrap_or_default();
     match change {
         RoutingChange::SetCurrent { build_id } => {
             let ramp_stays = ramping.as_ref().is_some_and(|r| r != build_id);
@@ -1503,13 +1500,11 @@ fn step_of(observation: &Observation, percentage: u8) -> usize {
 }
 
 fn ramp_of(observation: &Observation, build_id: &str) -> Option<u8> {
-    let temporal = observation.temporal.as_ref().ok()?;
-    if temporal.ramping_build_id.as_deref() != Some(build_id) {
+    let routing = AppliedRouting::read_in(observation)?;
+    if routing.ramping_build_id.as_deref() != Some(build_id) {
         return None;
     }
-    temporal
-        .ramp_percentage
-        .map(|p| p.round().clamp(0.0, 100.0) as u8)
+    routing.ramp_percentage
 }
 
 #[cfg(test)]
