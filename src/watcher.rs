@@ -1,8 +1,12 @@
-//! The light Kubernetes watcher: turns TemporalWorkerDeployment changes into signals on each
-//! TWD's workflow (signal-with-start), and TemporalConnection and ClusterConnection changes into
-//! nudges of the TWDs that use them (ClusterConnections only when every namespace is watched).
-//! It decides nothing; duplicate signals are harmless (the workflow ignores generations it has
-//! seen and at most resyncs).
+//! The light Kubernetes watcher: turns WorkerDeployment and WorkerObject changes into
+//! signals on each TWD's workflow (signal-with-start), and Connection, TemporalConnection and
+//! ClusterConnection changes into nudges of the TWDs that use them (ClusterConnections only when
+//! every namespace is watched). It decides nothing; duplicate signals are harmless (the workflow
+//! ignores generations it has seen and at most resyncs).
+//!
+//! Both kinds of one name share one workflow: the signal always carries the claim holder
+//! ([`twc_crds::kinds::claim_holder`]), read from a cache of both watches; a change of the other
+//! object (refused, or handing over) only nudges the workflow, whose turn settles it.
 //!
 //! It also carries the kubectl-only control path: a `temporal.io/rollout-action` annotation on a
 //! TWD becomes the `control` signal on its workflow. Every replica sees the annotation, so each
@@ -26,8 +30,12 @@ use temporalio_client::errors::WorkflowInteractionError;
 use temporalio_client::{Client, WorkflowSignalOptions, WorkflowStartOptions};
 use twc_activities::k8s::connection::cluster_connection_unsupported;
 use twc_activities::metrics::Metrics;
+use twc_activities::k8s::twd::{split_claim, worker_api};
 use twc_crds::worker_deployment::ConnectionKind;
-use twc_crds::{ClusterConnection, TemporalConnection, TemporalWorkerDeployment};
+use twc_crds::{
+    ClusterConnection, Connection, TemporalConnection, TemporalWorkerDeployment, WorkerDeployment,
+    WorkerKind, WorkerObject,
+};
 use twc_workflows::contract::EventKind;
 use twc_workflows::control::{self, ROLLOUT_ACTION_ANNOTATION};
 use twc_workflows::model::{ControlAction, TwdRef};
@@ -90,58 +98,83 @@ pub async fn run(
     synced: impl FnOnce(),
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let twds = merged_stream::<TemporalWorkerDeployment>(&kube, &config.namespaces);
-    let connections = merged_stream::<TemporalConnection>(&kube, &config.namespaces);
+    let old = merged_stream::<TemporalWorkerDeployment>(&kube, &config.namespaces)
+        .map(|e| e.map(|w| w.map(WorkerObject::from)));
+    let new = merged_stream::<WorkerDeployment>(&kube, &config.namespaces)
+        .map(|e| e.map(|w| w.map(WorkerObject::from)));
+    let mut twds = futures::stream::select(
+        old.map(|e| (WorkerKind::TemporalWorkerDeployment, e)),
+        new.map(|e| (WorkerKind::WorkerDeployment, e)),
+    );
+    let old_connections = merged_stream::<TemporalConnection>(&kube, &config.namespaces)
+        .map(|e| e.map(|w| w.map(|c| (ConnectionKind::TemporalConnection, c))));
+    let new_connections = merged_stream::<Connection>(&kube, &config.namespaces).map(|e| {
+        e.map(|w| w.map(|c| (ConnectionKind::Connection, TemporalConnection::from(c))))
+    });
+    let mut connections = futures::stream::select(old_connections, new_connections);
     let mut cluster_connections = cluster_connection_stream(&kube, &config.namespaces);
     let mut cluster_generations: HashMap<String, (i64, bool)> = HashMap::new();
     tokio::pin!(shutdown);
-    let mut twds = twds;
-    let mut connections = connections;
     let mut state = TwdSignals::default();
-    let mut connection_generations: HashMap<(String, String), i64> = HashMap::new();
+    let mut connection_generations: HashMap<(ConnectionKind, String, String), i64> = HashMap::new();
     let mut retry = tokio::time::interval(Duration::from_secs(5));
-    // Signals that failed (Temporal unreachable, say), retried every 5 s with their force.
-    let mut failed: Vec<(TemporalWorkerDeployment, bool)> = Vec::new();
+    // TWDs whose signal failed (Temporal unreachable, say), retried every 5 s with their force
+    // (with the claim holder of their name at that time).
+    let mut failed: HashMap<(String, String), bool> = HashMap::new();
     let watches = config.namespaces.len().max(1);
     let mut sync = InitialSync::new(watches, synced);
-    let mut gauges = Gauges::default();
+    let mut workers = Workers::default();
     let mut signals = Signals::default();
     loop {
         tokio::select! {
             () = &mut shutdown => return,
-            Some(event) = twds.next() => match event {
-                Ok(Watched::Applied(watch, twd)) => {
-                    gauges.applied(&config.metrics, watch, &twd);
-                    signals.submit(&engine, &config, &state.sent, twd, false);
+            Some((kind, event)) = twds.next() => match event {
+                Ok(Watched::Applied(watch, object)) => {
+                    let key = Workers::key(&object);
+                    let nudge = workers.applied(&config.metrics, watch, object);
+                    if let Some(holder) = workers.holder(&key) {
+                        signals.submit(&engine, &config, &state.sent, holder.clone(), nudge);
+                    }
                 }
-                Ok(Watched::Deleted(watch, twd)) => gauges.deleted(&config.metrics, watch, &twd),
-                Ok(Watched::Listing(watch)) => gauges.listing(watch),
+                Ok(Watched::Deleted(watch, object)) => {
+                    let key = Workers::key(&object);
+                    workers.deleted(&config.metrics, watch, &object);
+                    // The other kind of the name, if any, holds the claim now.
+                    if let Some(holder) = workers.holder(&key) {
+                        signals.submit(&engine, &config, &state.sent, holder.clone(), true);
+                    }
+                }
+                Ok(Watched::Listing(watch)) => workers.listing(kind, watch),
                 Ok(Watched::Listed(watch)) => {
-                    gauges.listed(&config.metrics, watch);
-                    sync.listed(Kind::Twd, watch);
+                    workers.listed(&config.metrics, kind, watch);
+                    sync.listed(Kind::Twd(kind), watch);
                 }
-                Err(e) => tracing::warn!("watching TemporalWorkerDeployments: {e}"),
+                Err(e) => tracing::warn!("watching {kind}s: {e}"),
             },
             Some((twd, force, fresh, outcome)) = signals.in_flight.next(), if !signals.in_flight.is_empty() => {
                 if !after_signal(&kube, &engine, &config, &mut state, &twd, fresh, outcome).await {
-                    failed.push((twd.clone(), force));
+                    let key = Workers::key(&twd);
+                    let forced = failed.get(&key).copied().unwrap_or_default();
+                    failed.insert(key, force || forced);
                 }
                 signals.done(&engine, &config, &state.sent, &twd);
             }
             Some(event) = connections.next() => match event {
                 Ok(Watched::Listed(watch)) => sync.listed(Kind::Connection, watch),
-                Ok(Watched::Listing(_) | Watched::Deleted(..)) => {}
-                Ok(Watched::Applied(_, connection)) => {
+                Ok(Watched::Listing(_)) => {}
+                Ok(Watched::Deleted(_, (kind, connection))) => {
+                    connection_generations.remove(&connection_key(kind, &connection));
+                }
+                Ok(Watched::Applied(_, (kind, connection))) => {
                     // Only spec changes (and first sight) matter; status writes are ignored.
-                    let key = (connection.metadata.namespace.clone().unwrap_or_default(), connection.metadata.name.clone().unwrap_or_default());
                     let generation = connection.metadata.generation.unwrap_or_default();
-                    if connection_generations.insert(key, generation) != Some(generation) {
-                        for twd in users_of(&kube, &connection).await {
+                    if connection_generations.insert(connection_key(kind, &connection), generation) != Some(generation) {
+                        for twd in workers.users_of(kind, &connection) {
                             signals.submit(&engine, &config, &state.sent, twd, true);
                         }
                     }
                 }
-                Err(e) => tracing::warn!("watching TemporalConnections: {e}"),
+                Err(e) => tracing::warn!("watching connections: {e}"),
             },
             Some(event) = cluster_connections.next() => match event {
                 Ok(Watched::Applied(_, connection)) => {
@@ -152,7 +185,7 @@ pub async fn run(
                         connection.metadata.deletion_timestamp.is_some(),
                     );
                     if cluster_generations.insert(name.clone(), seen) != Some(seen) {
-                        for twd in users_of_cluster_connection(&kube, &name).await {
+                        for twd in workers.users_of_cluster_connection(&name) {
                             signals.submit(&engine, &config, &state.sent, twd, true);
                         }
                     }
@@ -164,8 +197,10 @@ pub async fn run(
                 Err(e) => tracing::warn!("watching ClusterConnections: {e}"),
             },
             _ = retry.tick() => {
-                for (twd, force) in std::mem::take(&mut failed) {
-                    signals.submit(&engine, &config, &state.sent, twd, force);
+                for (key, force) in std::mem::take(&mut failed) {
+                    if let Some(holder) = workers.holder(&key) {
+                        signals.submit(&engine, &config, &state.sent, holder.clone(), force);
+                    }
                 }
                 for control in std::mem::take(&mut state.unsent) {
                     if !send_control(&kube, &engine, &config, &control).await {
@@ -175,6 +210,18 @@ pub async fn run(
             }
         }
     }
+}
+
+/// Key of a connection's last seen generation.
+fn connection_key(
+    kind: ConnectionKind,
+    connection: &TemporalConnection,
+) -> (ConnectionKind, String, String) {
+    (
+        kind,
+        connection.metadata.namespace.clone().unwrap_or_default(),
+        connection.metadata.name.clone().unwrap_or_default(),
+    )
 }
 
 /// What a watch reports, tagged with the index of the watch (one per watched namespace, or one
@@ -191,14 +238,27 @@ enum Watched<K> {
     Listed(usize),
 }
 
+impl<K> Watched<K> {
+    /// The same report about an object of another type.
+    fn map<T>(self, f: impl FnOnce(K) -> T) -> Watched<T> {
+        match self {
+            Self::Applied(watch, object) => Watched::Applied(watch, f(object)),
+            Self::Deleted(watch, object) => Watched::Deleted(watch, f(object)),
+            Self::Listing(watch) => Watched::Listing(watch),
+            Self::Listed(watch) => Watched::Listed(watch),
+        }
+    }
+}
+
 /// Which stream a watch belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Kind {
-    Twd,
+    Twd(WorkerKind),
     Connection,
 }
 
-/// Calls `synced` once every watch of both kinds has finished its first list.
+/// Calls `synced` once every watch of both worker kinds and of connections has finished its
+/// first list.
 struct InitialSync<F> {
     watches: usize,
     listed: HashSet<(Kind, usize)>,
@@ -216,64 +276,143 @@ impl<F: FnOnce()> InitialSync<F> {
 
     fn listed(&mut self, kind: Kind, watch: usize) {
         self.listed.insert((kind, watch));
-        if self.listed.len() >= 2 * self.watches
+        let kinds = WorkerKind::ALL.len() + 1;
+        if self.listed.len() >= kinds * self.watches
             && let Some(synced) = self.synced.take()
         {
             tracing::info!(
                 watches = self.watches,
-                "initial lists of TemporalWorkerDeployments and TemporalConnections handled"
+                "initial lists of worker deployments and connections handled"
             );
             synced();
         }
     }
 }
 
-/// The TWDs each watch reported, to drop the gauges of those a re-list no longer shows (deleted
-/// while the watch was down, which no Deleted event reports).
+/// The worker deployment objects the watches reported, both kinds, by name: the claim holder of
+/// each name comes from here, and so do the per-TWD gauges (of the holder). A re-list drops the
+/// objects it no longer shows (deleted while the watch was down, which no Deleted event reports).
 #[derive(Default)]
-struct Gauges {
-    known: HashMap<usize, HashSet<(String, String)>>,
-    relisted: HashMap<usize, HashSet<(String, String)>>,
+struct Workers {
+    objects: HashMap<(String, String), Vec<WorkerObject>>,
+    /// Names each (kind, watch) reported, to find what a re-list missed.
+    known: HashMap<(WorkerKind, usize), HashSet<(String, String)>>,
+    relisted: HashMap<(WorkerKind, usize), HashSet<(String, String)>>,
+    /// The last (uid, generation, deleting) of each object that is not its name's holder, to
+    /// nudge the workflow once per change of it (a status write of a refused object is none).
+    others: HashMap<(String, String, WorkerKind), (String, i64, bool)>,
 }
 
-impl Gauges {
-    fn key(twd: &TemporalWorkerDeployment) -> (String, String) {
+impl Workers {
+    fn key(twd: &WorkerObject) -> (String, String) {
         (
             twd.metadata.namespace.clone().unwrap_or_default(),
             twd.metadata.name.clone().unwrap_or_default(),
         )
     }
 
-    fn applied(&mut self, metrics: &Metrics, watch: usize, twd: &TemporalWorkerDeployment) {
-        let key = Self::key(twd);
-        metrics.twd_status(&key.0, &key.1, twd.status.as_ref());
-        if let Some(relisted) = self.relisted.get_mut(&watch) {
-            relisted.insert(key.clone());
-        }
-        self.known.entry(watch).or_default().insert(key);
+    /// The claim holder of a name.
+    fn holder(&self, key: &(String, String)) -> Option<&WorkerObject> {
+        let objects = self.objects.get(key)?;
+        let holder = split_claim(objects.clone())?.holder;
+        objects
+            .iter()
+            .find(|o| o.kind == holder.kind && o.object_uid() == holder.object_uid())
     }
 
-    fn deleted(&mut self, metrics: &Metrics, watch: usize, twd: &TemporalWorkerDeployment) {
+    /// Records `twd`; returns whether its name's workflow must be nudged although its holder's
+    /// spec may be unchanged (`twd` is not the holder and changed).
+    fn applied(&mut self, metrics: &Metrics, watch: usize, twd: WorkerObject) -> bool {
+        let key = Self::key(&twd);
+        let kind = twd.kind;
+        let seen = (
+            twd.object_uid().to_owned(),
+            twd.metadata.generation.unwrap_or_default(),
+            twd.deleting(),
+        );
+        if let Some(relisted) = self.relisted.get_mut(&(kind, watch)) {
+            relisted.insert(key.clone());
+        }
+        self.known.entry((kind, watch)).or_default().insert(key.clone());
+        let objects = self.objects.entry(key.clone()).or_default();
+        objects.retain(|o| o.kind != kind);
+        objects.push(twd);
+        let holder = self.holder(&key).map(|h| h.kind);
+        if let Some(holder) = self.holder(&key) {
+            metrics.twd_status(&key.0, &key.1, holder.status.as_ref());
+        }
+        let other = (key.0, key.1, kind);
+        if holder == Some(kind) {
+            self.others.remove(&other);
+            return false;
+        }
+        self.others.insert(other, seen.clone()) != Some(seen)
+    }
+
+    fn deleted(&mut self, metrics: &Metrics, watch: usize, twd: &WorkerObject) {
         let key = Self::key(twd);
-        metrics.forget_twd(&key.0, &key.1);
-        if let Some(known) = self.known.get_mut(&watch) {
+        self.forget(metrics, &key, twd.kind);
+        if let Some(known) = self.known.get_mut(&(twd.kind, watch)) {
             known.remove(&key);
         }
     }
 
-    fn listing(&mut self, watch: usize) {
-        self.relisted.insert(watch, HashSet::new());
-    }
-
-    fn listed(&mut self, metrics: &Metrics, watch: usize) {
-        let Some(relisted) = self.relisted.remove(&watch) else {
+    /// Drops the object of `kind` named `key`, and the gauges when no object of the name is left.
+    fn forget(&mut self, metrics: &Metrics, key: &(String, String), kind: WorkerKind) {
+        self.others.remove(&(key.0.clone(), key.1.clone(), kind));
+        let Some(objects) = self.objects.get_mut(key) else {
             return;
         };
-        let known = self.known.entry(watch).or_default();
-        for (namespace, name) in known.difference(&relisted) {
-            metrics.forget_twd(namespace, name);
+        objects.retain(|o| o.kind != kind);
+        if objects.is_empty() {
+            self.objects.remove(key);
+            metrics.forget_twd(&key.0, &key.1);
+        } else if let Some(holder) = self.holder(key) {
+            metrics.twd_status(&key.0, &key.1, holder.status.as_ref());
         }
-        *known = relisted;
+    }
+
+    fn listing(&mut self, kind: WorkerKind, watch: usize) {
+        self.relisted.insert((kind, watch), HashSet::new());
+    }
+
+    fn listed(&mut self, metrics: &Metrics, kind: WorkerKind, watch: usize) {
+        let Some(relisted) = self.relisted.remove(&(kind, watch)) else {
+            return;
+        };
+        let known = self.known.remove(&(kind, watch)).unwrap_or_default();
+        for key in known.difference(&relisted) {
+            self.forget(metrics, key, kind);
+        }
+        self.known.insert((kind, watch), relisted);
+    }
+
+    /// The claim holders whose `connectionRef` names the connection of `kind` (namespaced).
+    fn users_of(&self, kind: ConnectionKind, connection: &TemporalConnection) -> Vec<WorkerObject> {
+        let namespace = connection.metadata.namespace.as_deref().unwrap_or_default();
+        let name = connection.metadata.name.as_deref().unwrap_or_default();
+        self.holders()
+            .filter(|t| t.metadata.namespace.as_deref() == Some(namespace))
+            .filter(|t| {
+                let reference = &t.spec.worker_options.connection_ref;
+                reference.kind == kind && reference.name == name
+            })
+            .collect()
+    }
+
+    /// The claim holders of any namespace whose `connectionRef` names the ClusterConnection
+    /// `name`.
+    fn users_of_cluster_connection(&self, name: &str) -> Vec<WorkerObject> {
+        self.holders()
+            .filter(|t| {
+                let reference = &t.spec.worker_options.connection_ref;
+                reference.kind == ConnectionKind::ClusterConnection && reference.name == name
+            })
+            .collect()
+    }
+
+    fn holders(&self) -> impl Iterator<Item = WorkerObject> + '_ {
+        self.objects.keys().filter_map(|key| self.holder(key).cloned())
     }
 }
 
@@ -356,7 +495,7 @@ async fn signal_twd(
     engine: &Client,
     config: &WatcherConfig,
     sent: &Sent,
-    twd: &TemporalWorkerDeployment,
+    twd: &WorkerObject,
     force: bool,
 ) -> Signalled {
     let (Some(namespace), Some(name)) = (twd.metadata.namespace.clone(), twd.metadata.name.clone())
@@ -375,6 +514,7 @@ async fn signal_twd(
         generation,
         build_id: twc_crds::build_id::compute_build_id(&twd.spec).to_string(),
         deleting,
+        uid: Some(uid.clone()),
     };
     let input = TwdInput {
         twd: twd_ref.clone(),
@@ -436,58 +576,6 @@ async fn signal_twd(
     }
 }
 
-/// The TWDs that reference a TemporalConnection, to nudge when it changed (created, fixed,
-/// rotated). Empty when they cannot be listed (logged).
-async fn users_of(
-    kube: &kube::Client,
-    connection: &TemporalConnection,
-) -> Vec<TemporalWorkerDeployment> {
-    let (Some(namespace), Some(name)) = (
-        connection.metadata.namespace.as_deref(),
-        connection.metadata.name.as_deref(),
-    ) else {
-        return Vec::new();
-    };
-    let api: Api<TemporalWorkerDeployment> = Api::namespaced(kube.clone(), namespace);
-    let list = match api.list(&Default::default()).await {
-        Ok(list) => list,
-        Err(e) => {
-            tracing::warn!(%namespace, "listing TWDs after a connection change: {e}");
-            return Vec::new();
-        }
-    };
-    list.items
-        .into_iter()
-        .filter(|t| {
-            let reference = &t.spec.worker_options.connection_ref;
-            reference.kind == ConnectionKind::TemporalConnection && reference.name == name
-        })
-        .collect()
-}
-
-/// The TWDs of any namespace that reference a ClusterConnection (found with a field selector on
-/// `connectionRef.name`), to nudge when it changed (created, fixed, rotated, being deleted).
-/// Empty when they cannot be listed (logged).
-async fn users_of_cluster_connection(
-    kube: &kube::Client,
-    name: &str,
-) -> Vec<TemporalWorkerDeployment> {
-    let api: Api<TemporalWorkerDeployment> = Api::all(kube.clone());
-    let selected = kube::api::ListParams::default()
-        .fields(&format!("spec.workerOptions.connectionRef.name={name}"));
-    let list = match api.list(&selected).await {
-        Ok(list) => list,
-        Err(e) => {
-            tracing::warn!(connection = %name, "listing TWDs after a ClusterConnection change: {e}");
-            return Vec::new();
-        }
-    };
-    list.items
-        .into_iter()
-        .filter(|t| t.spec.worker_options.connection_ref.kind == ConnectionKind::ClusterConnection)
-        .collect()
-}
-
 /// What follows a TWD's signal: remembering it, the `ClusterConnectionUnsupported` warning on
 /// a generation seen first, and its rollout-action annotation. False when the TWD must be
 /// handled again later (a control taken from the annotation is retried on its own).
@@ -496,7 +584,7 @@ async fn after_signal(
     engine: &Client,
     config: &WatcherConfig,
     state: &mut TwdSignals,
-    twd: &TemporalWorkerDeployment,
+    twd: &WorkerObject,
     fresh: bool,
     outcome: Signalled,
 ) -> bool {
@@ -525,7 +613,7 @@ async fn after_signal(
 /// A TWD's signal in flight: the object, whether it was forced, whether its generation was new,
 /// and the outcome.
 type SignalInFlight =
-    futures::future::BoxFuture<'static, (TemporalWorkerDeployment, bool, bool, Signalled)>;
+    futures::future::BoxFuture<'static, (WorkerObject, bool, bool, Signalled)>;
 
 /// TWD signals sent concurrently, so a burst of changes (or the users of a changed connection)
 /// is not signalled one after another and never holds up the watch: at most
@@ -539,13 +627,13 @@ struct Signals {
     /// TWDs with a signal in flight.
     busy: HashSet<(String, String)>,
     /// The latest object of each busy TWD that changed again meanwhile, and whether it is forced.
-    queued: HashMap<(String, String), (TemporalWorkerDeployment, bool)>,
+    queued: HashMap<(String, String), (WorkerObject, bool)>,
     /// TWDs waiting for room, oldest first, and whether each is forced.
-    backlog: std::collections::VecDeque<(TemporalWorkerDeployment, bool)>,
+    backlog: std::collections::VecDeque<(WorkerObject, bool)>,
 }
 
 impl Signals {
-    fn key(twd: &TemporalWorkerDeployment) -> (String, String) {
+    fn key(twd: &WorkerObject) -> (String, String) {
         (
             twd.metadata.namespace.clone().unwrap_or_default(),
             twd.metadata.name.clone().unwrap_or_default(),
@@ -558,7 +646,7 @@ impl Signals {
         engine: &Client,
         config: &WatcherConfig,
         sent: &Sent,
-        twd: TemporalWorkerDeployment,
+        twd: WorkerObject,
         force: bool,
     ) {
         let key = Self::key(&twd);
@@ -577,7 +665,7 @@ impl Signals {
         engine: &Client,
         config: &WatcherConfig,
         sent: &Sent,
-        twd: TemporalWorkerDeployment,
+        twd: WorkerObject,
         force: bool,
     ) {
         let key = Self::key(&twd);
@@ -601,7 +689,7 @@ impl Signals {
         engine: &Client,
         config: &WatcherConfig,
         sent: &Sent,
-        twd: &TemporalWorkerDeployment,
+        twd: &WorkerObject,
     ) {
         let key = Self::key(twd);
         self.busy.remove(&key);
@@ -618,7 +706,7 @@ impl Signals {
 }
 
 /// Whether the TWD's generation or deletion state has not been signalled yet.
-fn is_fresh(sent: &Sent, twd: &TemporalWorkerDeployment) -> bool {
+fn is_fresh(sent: &Sent, twd: &WorkerObject) -> bool {
     let key = (
         twd.metadata.namespace.clone().unwrap_or_default(),
         twd.metadata.name.clone().unwrap_or_default(),
@@ -637,7 +725,7 @@ fn is_fresh(sent: &Sent, twd: &TemporalWorkerDeployment) -> bool {
 async fn warn_unsupported_connection(
     kube: &kube::Client,
     config: &WatcherConfig,
-    twd: &TemporalWorkerDeployment,
+    twd: &WorkerObject,
 ) {
     let reference = &twd.spec.worker_options.connection_ref;
     let (Some(namespace), Some(name)) = (&twd.metadata.namespace, &twd.metadata.name) else {
@@ -676,7 +764,7 @@ enum Taken {
 async fn take_rollout_action(
     kube: &kube::Client,
     actions: &mut Actions,
-    twd: &TemporalWorkerDeployment,
+    twd: &WorkerObject,
 ) -> Taken {
     let (Some(namespace), Some(name)) = (twd.metadata.namespace.clone(), twd.metadata.name.clone())
     else {
@@ -699,7 +787,7 @@ async fn take_rollout_action(
         return Taken::Nothing;
     }
     let twd_ref = TwdRef { namespace, name };
-    let removal = remove_action_annotation(kube, &twd_ref, &value).await;
+    let removal = remove_action_annotation(kube, &twd_ref, twd.kind, &value).await;
     if removal == Removal::Retry {
         return Taken::Retry;
     }
@@ -799,7 +887,12 @@ impl Removal {
 
 /// Removes the annotation if it still holds `value` (a JSON patch `test` first, so a newer
 /// value, or one another replica already removed, is left alone).
-async fn remove_action_annotation(kube: &kube::Client, twd: &TwdRef, value: &str) -> Removal {
+async fn remove_action_annotation(
+    kube: &kube::Client,
+    twd: &TwdRef,
+    kind: WorkerKind,
+    value: &str,
+) -> Removal {
     let path = format!(
         "/metadata/annotations/{}",
         ROLLOUT_ACTION_ANNOTATION
@@ -816,7 +909,7 @@ async fn remove_action_annotation(kube: &kube::Client, twd: &TwdRef, value: &str
             return Removal::NotOurs;
         }
     };
-    let api: Api<TemporalWorkerDeployment> = Api::namespaced(kube.clone(), &twd.namespace);
+    let api = worker_api(kube, &twd.namespace, kind);
     let answer = api
         .patch(
             &twd.name,
@@ -847,16 +940,62 @@ mod tests {
 
     use super::*;
 
-    fn twd(namespace: &str, name: &str) -> TemporalWorkerDeployment {
-        TemporalWorkerDeployment {
-            metadata: ObjectMeta {
-                namespace: Some(namespace.to_owned()),
-                name: Some(name.to_owned()),
-                ..Default::default()
+    fn twd(namespace: &str, name: &str) -> WorkerObject {
+        object(WorkerKind::TemporalWorkerDeployment, namespace, name, 0, false)
+    }
+
+    /// An object of `kind` created at `created` seconds, being deleted or not.
+    fn object(
+        kind: WorkerKind,
+        namespace: &str,
+        name: &str,
+        created: i64,
+        deleting: bool,
+    ) -> WorkerObject {
+        let time = |s: i64| {
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(s).unwrap_or_default(),
+            )
+        };
+        WorkerObject {
+            kind,
+            object: TemporalWorkerDeployment {
+                metadata: ObjectMeta {
+                    namespace: Some(namespace.to_owned()),
+                    name: Some(name.to_owned()),
+                    uid: Some(format!("{kind}-{name}")),
+                    creation_timestamp: Some(time(created)),
+                    deletion_timestamp: deleting.then(|| time(created + 1)),
+                    ..Default::default()
+                },
+                spec: twc_crds::worker_deployment::test_support::spec_with_image("w:v1"),
+                status: None,
             },
-            spec: twc_crds::worker_deployment::test_support::spec_with_image("w:v1"),
-            status: None,
         }
+    }
+
+    #[test]
+    fn the_holder_of_a_name_is_signalled_and_a_change_of_the_other_only_nudges() {
+        use WorkerKind::{TemporalWorkerDeployment as Twd, WorkerDeployment as Wd};
+        let metrics = Metrics::new();
+        let mut workers = Workers::default();
+        let key = ("demo".to_owned(), "hello".to_owned());
+        let holder = |w: &Workers| w.holder(&key).map(|h| h.kind);
+        assert!(!workers.applied(&metrics, 0, object(Twd, "demo", "hello", 10, false)));
+        assert_eq!(holder(&workers), Some(Twd));
+        // A later WorkerDeployment of the name is refused: the holder stays; nudged once.
+        assert!(workers.applied(&metrics, 0, object(Wd, "demo", "hello", 20, false)));
+        assert!(!workers.applied(&metrics, 0, object(Wd, "demo", "hello", 20, false)));
+        assert_eq!(holder(&workers), Some(Twd));
+        // Deleting the TemporalWorkerDeployment hands the claim to the WorkerDeployment.
+        assert!(workers.applied(&metrics, 0, object(Twd, "demo", "hello", 10, true)));
+        assert_eq!(holder(&workers), Some(Wd));
+        workers.deleted(&metrics, 0, &object(Twd, "demo", "hello", 10, true));
+        assert_eq!(holder(&workers), Some(Wd));
+        // A re-list that misses it drops the last one.
+        workers.listing(Wd, 0);
+        workers.listed(&metrics, Wd, 0);
+        assert_eq!(holder(&workers), None);
     }
 
     /// The `twc_versions` sample lines, sorted (a family's series render in no set order).
@@ -901,9 +1040,15 @@ mod tests {
     fn synced_once_every_watch_of_both_kinds_listed() {
         let calls = Cell::new(0);
         let mut sync = InitialSync::new(2, || calls.set(calls.get() + 1));
-        sync.listed(Kind::Twd, 0);
-        sync.listed(Kind::Twd, 1);
-        sync.listed(Kind::Twd, 0);
+        let (old, new) = (
+            Kind::Twd(WorkerKind::TemporalWorkerDeployment),
+            Kind::Twd(WorkerKind::WorkerDeployment),
+        );
+        sync.listed(old, 0);
+        sync.listed(old, 1);
+        sync.listed(old, 0);
+        sync.listed(new, 0);
+        sync.listed(new, 1);
         sync.listed(Kind::Connection, 0);
         assert_eq!(calls.get(), 0);
         sync.listed(Kind::Connection, 1);
@@ -914,12 +1059,13 @@ mod tests {
     #[test]
     fn gauges_go_with_deleted_twds_and_with_those_a_relist_misses() {
         let metrics = Metrics::new();
-        let mut gauges = Gauges::default();
-        gauges.listing(0);
+        let mut gauges = Workers::default();
+        let old = WorkerKind::TemporalWorkerDeployment;
+        gauges.listing(old, 0);
         for name in ["a", "b", "c"] {
-            gauges.applied(&metrics, 0, &twd("demo", name));
+            gauges.applied(&metrics, 0, twd("demo", name));
         }
-        gauges.listed(&metrics, 0);
+        gauges.listed(&metrics, old, 0);
         assert_eq!(series(&metrics).len(), 3);
         gauges.deleted(&metrics, 0, &twd("demo", "a"));
         assert_eq!(
@@ -930,9 +1076,9 @@ mod tests {
             ]
         );
         // The watch was down while c was deleted: the re-list does not show it.
-        gauges.listing(0);
-        gauges.applied(&metrics, 0, &twd("demo", "b"));
-        gauges.listed(&metrics, 0);
+        gauges.listing(old, 0);
+        gauges.applied(&metrics, 0, twd("demo", "b"));
+        gauges.listed(&metrics, old, 0);
         assert_eq!(
             series(&metrics),
             vec![r#"twc_versions{namespace="demo",name="b"} 0"#]

@@ -14,7 +14,7 @@ use tokio::time::MissedTickBehavior;
 
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
-use twc_crds::TemporalWorkerDeployment;
+use twc_crds::WorkerObject;
 use twc_crds::worker_deployment::{
     ConnectionReference, TemporalWorkerDeploymentStatus, VersionState,
 };
@@ -76,7 +76,7 @@ pub struct EngineActivities {
 
 /// A TWD resolved for work against its Temporal.
 struct Resolved {
-    resource: TemporalWorkerDeployment,
+    resource: WorkerObject,
     spec: SpecView,
     temporal: TemporalClient,
 }
@@ -971,6 +971,22 @@ impl EngineActivities {
         twd: TwdRef,
     ) -> Result<CleanupOutcome, ActivityError> {
         with_heartbeats(&ctx, async {
+            // A live object of this name (the other kind) holds the Temporal Worker Deployment:
+            // nothing of it is cleaned up (a late signal of a handed-over object lands here).
+            if let Some(live) = k8s::get_twd(&self.kube, &twd)
+                .await
+                .map_err(retryable)?
+                .filter(|holder| !holder.deleting())
+            {
+                return Ok(CleanupOutcome::Pending {
+                    message: format!(
+                        "{} is live and manages worker deployment {}: nothing is cleaned up",
+                        live.describe(),
+                        twd.key()
+                    ),
+                    blocked_by: None,
+                });
+            }
             let resolved = match self.resolve(&twd).await? {
                 None => return Ok(CleanupOutcome::Done),
                 Some(Err(blocked)) => return self.cleanup_blocked(&twd, blocked).await,
@@ -1569,7 +1585,7 @@ mod tests {
 
     #[test]
     fn routing_is_written_only_for_the_build_the_twd_targets() {
-        let mut resource = TemporalWorkerDeployment {
+        let mut resource = twc_crds::TemporalWorkerDeployment {
             metadata: kube::api::ObjectMeta {
                 namespace: Some("demo".into()),
                 name: Some("hello".into()),

@@ -112,6 +112,46 @@ pub struct WorkerCredentials {
 #[serde(transparent)]
 pub struct ClusterConnectionSpec(pub TemporalConnectionSpec);
 
+/// `Connection`, the Go controller's GA name (since its v1.7) of `TemporalConnection`: the
+/// same spec, status and rules, in the namespace of the worker deployments that use it.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "temporal.io",
+    version = "v1alpha1",
+    kind = "Connection",
+    plural = "connections",
+    singular = "connection",
+    namespaced,
+    status = "TemporalConnectionStatus",
+    derive = "PartialEq",
+    doc = "How workers and the controller reach a Temporal server.",
+    printcolumn(name = "Host", type_ = "string", json_path = ".spec.hostPort"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(transparent)]
+pub struct ConnectionSpec(pub TemporalConnectionSpec);
+
+impl From<Connection> for TemporalConnection {
+    /// The same object read as the older kind.
+    fn from(object: Connection) -> Self {
+        Self {
+            metadata: object.metadata,
+            spec: object.spec.0,
+            status: object.status,
+        }
+    }
+}
+
 /// TLS options of a connection.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -284,9 +324,60 @@ mod tests {
                 "{json}"
             );
         }
+        let reference: Result<ConnectionReference, _> =
+            serde_json::from_str(r#"{"name":"x","kind":"Connection"}"#);
+        assert_eq!(
+            reference.ok().map(|r| r.kind),
+            Some(ConnectionKind::Connection)
+        );
         assert!(
-            serde_json::from_str::<ConnectionReference>(r#"{"name":"x","kind":"Connection"}"#)
+            serde_json::from_str::<ConnectionReference>(r#"{"name":"x","kind":"Secret"}"#)
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_worker_deployment_without_connection_kind_uses_a_connection() {
+        use crate::{TemporalWorkerDeployment, WorkerDeployment};
+        // (kind of the object, connectionRef, the kind read)
+        let cases = [
+            ("WorkerDeployment", r#"{"name":"dev"}"#, ConnectionKind::Connection),
+            (
+                "WorkerDeployment",
+                r#"{"name":"dev","kind":"TemporalConnection"}"#,
+                ConnectionKind::TemporalConnection,
+            ),
+            (
+                "WorkerDeployment",
+                r#"{"name":"dev","kind":"ClusterConnection"}"#,
+                ConnectionKind::ClusterConnection,
+            ),
+            ("TemporalWorkerDeployment", r#"{"name":"dev"}"#, ConnectionKind::TemporalConnection),
+            (
+                "TemporalWorkerDeployment",
+                r#"{"name":"dev","kind":"Connection"}"#,
+                ConnectionKind::Connection,
+            ),
+        ];
+        for (kind, reference, expected) in cases {
+            let json = format!(
+                r#"{{"apiVersion":"temporal.io/v1alpha1","kind":"{kind}","metadata":{{"name":"w"}},
+                "spec":{{"template":{{"spec":{{"containers":[{{"name":"w","image":"w:1"}}]}}}},
+                "workerOptions":{{"connectionRef":{reference},"temporalNamespace":"default"}},
+                "rollout":{{"strategy":"AllAtOnce"}}}}}}"#
+            );
+            let read = if kind == "WorkerDeployment" {
+                serde_json::from_str::<WorkerDeployment>(&json).map(TemporalWorkerDeployment::from)
+            } else {
+                serde_json::from_str::<TemporalWorkerDeployment>(&json)
+            };
+            match read {
+                Ok(object) => assert_eq!(
+                    object.spec.worker_options.connection_ref.kind, expected,
+                    "{kind} {reference}"
+                ),
+                Err(e) => panic!("{kind} {reference}: {e}"),
+            }
+        }
     }
 }

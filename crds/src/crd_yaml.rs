@@ -4,7 +4,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use schemars::{Schema, SchemaGenerator, json_schema};
 
-use crate::{ClusterConnection, TemporalConnection, TemporalWorkerDeployment};
+use crate::{
+    ClusterConnection, Connection, TemporalConnection, TemporalWorkerDeployment, WorkerDeployment,
+};
 
 /// Schema of a free-form JSON object (any keys; the API server keeps whatever it is given).
 /// Typed as an object so CEL rules can see it and non-objects are rejected at admission.
@@ -37,7 +39,17 @@ pub enum CrdRenderError {
 pub fn crd_manifests() -> Vec<CrdManifest> {
     let mut twd = TemporalWorkerDeployment::crd();
     strip_pod_template_descriptions(&mut twd);
+    let mut wd = WorkerDeployment::crd();
+    strip_pod_template_descriptions(&mut wd);
     vec![
+        CrdManifest {
+            file_name: "temporal.io_workerdeployments.yaml",
+            crd: wd,
+        },
+        CrdManifest {
+            file_name: "temporal.io_connections.yaml",
+            crd: Connection::crd(),
+        },
         CrdManifest {
             file_name: "temporal.io_temporalworkerdeployments.yaml",
             crd: twd,
@@ -129,10 +141,70 @@ mod tests {
     }
 
     #[test]
-    fn twd_crd_has_short_name_status_and_printer_columns() {
-        let crd = TemporalWorkerDeployment::crd();
-        assert_eq!(crd.spec.names.short_names, Some(vec!["twd".to_owned()]));
-        let version = &crd.spec.versions[0];
+    fn both_worker_deployment_crds_have_short_names_status_scale_and_printer_columns() {
+        for (crd, short_names) in [
+            (TemporalWorkerDeployment::crd(), vec!["twd"]),
+            (WorkerDeployment::crd(), vec!["wd", "wdeployment"]),
+        ] {
+            let short_names: Vec<String> = short_names.into_iter().map(String::from).collect();
+            assert_eq!(crd.spec.names.short_names, Some(short_names));
+            let version = &crd.spec.versions[0];
+            assert!(
+                version
+                    .subresources
+                    .as_ref()
+                    .and_then(|s| s.scale.as_ref())
+                    .is_some()
+            );
+            assert_columns(version);
+        }
+    }
+
+    /// The two names of each resource have one schema: the same fields, defaults and rules.
+    #[test]
+    fn the_new_kinds_have_the_schemas_of_the_old_ones() {
+        let schema = |crd: &CustomResourceDefinition| {
+            let mut root = crd.spec.versions[0]
+                .schema
+                .as_ref()
+                .and_then(|s| s.open_api_v3_schema.clone())
+                .unwrap_or_default();
+            root.description = None;
+            root.title = None;
+            if let Some(spec) = root.properties.as_mut().and_then(|p| p.get_mut("spec")) {
+                spec.description = None;
+            }
+            root
+        };
+        let (mut wd, mut twd) = (WorkerDeployment::crd(), TemporalWorkerDeployment::crd());
+        strip_pod_template_descriptions(&mut wd);
+        strip_pod_template_descriptions(&mut twd);
+        let lines = |crd: &CustomResourceDefinition| {
+            serde_saphyr::to_string(&schema(crd))
+                .unwrap_or_default()
+                .lines()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        for (new, old) in [
+            (wd, twd),
+            (Connection::crd(), TemporalConnection::crd()),
+        ] {
+            let (new, old) = (lines(&new), lines(&old));
+            let first = new.iter().zip(&old).position(|(a, b)| a != b);
+            assert!(
+                first.is_none() && new.len() == old.len(),
+                "schemas differ at line {first:?}: {:?} / {:?}",
+                first.and_then(|i| new.get(i)),
+                first.and_then(|i| old.get(i))
+            );
+        }
+        assert_eq!(Connection::crd().spec.scope, "Namespaced");
+    }
+
+    fn assert_columns(
+        version: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinitionVersion,
+    ) {
         assert!(
             version
                 .subresources

@@ -1,6 +1,7 @@
-//! The controller's API: the `TemporalWorkerDeployment`, `TemporalConnection` and cluster-scoped
-//! `ClusterConnection` custom resources (group `temporal.io`, version `v1alpha1`), the rules that turn a pod template into a build ID
-//! and a Deployment name, and the generated CRD manifests.
+//! The controller's API: the `WorkerDeployment` and `Connection` custom resources (and their older
+//! names `TemporalWorkerDeployment` and `TemporalConnection`), the cluster-scoped
+//! `ClusterConnection` (group `temporal.io`, version `v1alpha1`), the rules that turn a pod
+//! template into a build ID and a Deployment name, and the generated CRD manifests.
 //!
 //! The Rust types here are the source of truth; `crds/*.yaml` is generated from them
 //! ([`crd_yaml`]) and a test fails when the checked-in files drift.
@@ -9,15 +10,20 @@ pub mod build_id;
 pub mod connection;
 pub mod crd_yaml;
 pub mod duration;
+pub mod kinds;
 pub mod labels;
 pub mod naming;
 pub mod worker_deployment;
 
 pub use build_id::BuildId;
 pub use connection::{
-    ClusterConnection, ClusterConnectionSpec, TemporalConnection, TemporalConnectionSpec,
+    ClusterConnection, ClusterConnectionSpec, Connection, ConnectionSpec, TemporalConnection,
+    TemporalConnectionSpec,
 };
-pub use worker_deployment::{TemporalWorkerDeployment, TemporalWorkerDeploymentSpec};
+pub use kinds::{WorkerKind, WorkerObject};
+pub use worker_deployment::{
+    TemporalWorkerDeployment, TemporalWorkerDeploymentSpec, WorkerDeployment, WorkerDeploymentSpec,
+};
 
 /// API group of both resources.
 pub const GROUP: &str = "temporal.io";

@@ -80,6 +80,70 @@ pub struct TemporalWorkerDeploymentSpec {
     pub autoscaling: Option<AutoscalingSpec>,
 }
 
+/// `WorkerDeployment`, the Go controller's GA name (since its v1.7) of
+/// `TemporalWorkerDeployment`: the same spec, status, defaults and rules. The only difference
+/// is the default kind of `spec.workerOptions.connectionRef`: a `Connection`.
+// Several printer columns repeat `type_ = ...`; the lint mistakes them for duplicates.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "temporal.io",
+    version = "v1alpha1",
+    kind = "WorkerDeployment",
+    plural = "workerdeployments",
+    singular = "workerdeployment",
+    shortname = "wd",
+    shortname = "wdeployment",
+    namespaced,
+    status = "TemporalWorkerDeploymentStatus",
+    derive = "PartialEq",
+    doc = "A Temporal worker rolled out version by version with Worker Versioning.",
+    printcolumn(name = "Current", type_ = "string", json_path = ".status.currentVersion.buildID"),
+    printcolumn(name = "Target", type_ = "string", json_path = ".status.targetVersion.buildID"),
+    printcolumn(name = "Ramp %", type_ = "number", json_path = ".status.targetVersion.rampPercentage"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.rollout.phase"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    selectable = ".spec.workerOptions.connectionRef.name",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    validation = Rule::new("size(self.metadata.name) <= 63").message("name cannot be more than 63 characters"),
+    validation = Rule::new("!has(self.spec.autoscaling) || !has(self.spec.replicas)").message("spec.replicas and spec.autoscaling cannot both be set: autoscaling decides the replicas of every version"),
+)]
+#[serde(transparent)]
+pub struct WorkerDeploymentSpec(pub TemporalWorkerDeploymentSpec);
+
+impl<'de> Deserialize<'de> for WorkerDeploymentSpec {
+    /// Reads the spec, taking a `connectionRef` without `kind` as a `Connection`.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut value = serde_json::Value::deserialize(deserializer)?;
+        if let Some(reference) = value
+            .pointer_mut("/workerOptions/connectionRef")
+            .and_then(|r| r.as_object_mut())
+        {
+            reference
+                .entry("kind")
+                .or_insert_with(|| ConnectionKind::Connection.as_str().into());
+        }
+        TemporalWorkerDeploymentSpec::deserialize(value)
+            .map(Self)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl From<WorkerDeployment> for TemporalWorkerDeployment {
+    /// The same object read as the older kind (its connection's kind made explicit).
+    fn from(object: WorkerDeployment) -> Self {
+        Self {
+            metadata: object.metadata,
+            spec: object.spec.0,
+            status: object.status,
+        }
+    }
+}
+
 /// What `spec.replicas` counts.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ReplicasMode {
@@ -105,8 +169,8 @@ fn default_progress_deadline_seconds() -> i32 {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerOptions {
-    /// The connection the workers use: a TemporalConnection in the same namespace, or a
-    /// ClusterConnection (`kind: ClusterConnection`).
+    /// The connection the workers use: a Connection (or TemporalConnection) in the same
+    /// namespace, or a ClusterConnection (`kind: ClusterConnection`).
     pub connection_ref: ConnectionReference,
     /// Temporal namespace the workers poll.
     #[schemars(length(min = 1))]
@@ -131,8 +195,9 @@ pub struct ConnectionReference {
     /// Name of the connection.
     #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
     pub name: String,
-    /// `TemporalConnection` (default: in the TWD's namespace) or `ClusterConnection`
-    /// (cluster-scoped; its Secrets are read in the TWD's namespace).
+    /// `Connection` (the default of a WorkerDeployment) or `TemporalConnection` (the default
+    /// of a TemporalWorkerDeployment), both in the same namespace, or `ClusterConnection`
+    /// (cluster-scoped; its Secrets are read in the worker deployment's namespace).
     #[serde(default, skip_serializing_if = "ConnectionKind::is_namespaced")]
     pub kind: ConnectionKind,
 }
@@ -147,12 +212,18 @@ impl ConnectionReference {
     }
 }
 
-/// Kind of the connection a TWD references.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+/// Kind of the connection a worker deployment references.
+#[derive(
+    JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord,
+)]
 pub enum ConnectionKind {
-    /// A `TemporalConnection` in the TWD's namespace.
+    /// A `TemporalConnection` in the worker deployment's namespace (the default of a
+    /// `TemporalWorkerDeployment`).
     #[default]
     TemporalConnection,
+    /// A `Connection` in the worker deployment's namespace (the default of a
+    /// `WorkerDeployment`; the Go controller's GA name of `TemporalConnection`).
+    Connection,
     /// A cluster-scoped `ClusterConnection`.
     ClusterConnection,
 }
@@ -167,8 +238,32 @@ impl ConnectionKind {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::TemporalConnection => "TemporalConnection",
+            Self::Connection => "Connection",
             Self::ClusterConnection => "ClusterConnection",
         }
+    }
+
+    /// Whether the connection lives in the worker deployment's namespace (either name of the
+    /// namespaced kind).
+    pub fn is_in_namespace(self) -> bool {
+        self != Self::ClusterConnection
+    }
+
+    /// The plural resource name, as in API paths.
+    pub fn plural(self) -> &'static str {
+        match self {
+            Self::TemporalConnection => "temporalconnections",
+            Self::Connection => "connections",
+            Self::ClusterConnection => "clusterconnections",
+        }
+    }
+
+    /// What the Kubernetes client needs to address connections of this kind.
+    pub fn api_resource(self) -> kube::core::ApiResource {
+        kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk(crate::GROUP, crate::VERSION, self.as_str()),
+            self.plural(),
+        )
     }
 }
 

@@ -15,13 +15,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Event;
-use kube::Api;
 use kube::api::{Patch, PatchParams};
 use temporalio_client::errors::{WorkflowGetResultError, WorkflowUpdateError};
 use temporalio_client::{
     Client, WorkflowExecuteUpdateOptions, WorkflowGetResultOptions, WorkflowSignalOptions,
 };
-use twc_crds::TemporalWorkerDeployment;
 use twc_workflows::control::{self, ControlEffect, ControlState, ROLLOUT_ACTION_ANNOTATION};
 use twc_workflows::model::{ControlAction, RolloutProgress, TwdRef};
 use twc_workflows::rollout_workflow::{RolloutOutcome, RolloutWorkflow};
@@ -229,12 +227,13 @@ async fn via_annotation(
         .into_iter()
         .filter_map(|e| Some((e.metadata.uid?, e.metadata.resource_version?)))
         .collect();
-    let api: Api<TemporalWorkerDeployment> = Api::namespaced(kube.clone(), &twd.namespace);
+    let holder = get_twd(kube, &twd.namespace, &twd.name).await?;
+    let api = twc_activities::k8s::twd::worker_api(kube, &twd.namespace, holder.kind);
     let patch =
         serde_json::json!({ "metadata": { "annotations": { ROLLOUT_ACTION_ANNOTATION: name } } });
     api.patch(&twd.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .with_context(|| format!("annotating temporalworkerdeployment {}", twd.key()))?;
+        .with_context(|| format!("annotating {} {}", holder.kind, twd.key()))?;
     println!(
         "Annotated {} with {ROLLOUT_ACTION_ANNOTATION}={name}.",
         twd.key()

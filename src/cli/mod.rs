@@ -14,11 +14,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use kube::Api;
 use kube::config::{Config, KubeConfigOptions, Kubeconfig};
 use temporalio_client::errors::WorkflowQueryError;
 use temporalio_client::{Client, WorkflowQueryOptions};
-use twc_crds::TemporalWorkerDeployment;
+use twc_crds::WorkerObject;
 use twc_workflows::control::ControlState;
 use twc_workflows::model::TwdRef;
 use twc_workflows::rollout_workflow::RolloutWorkflow;
@@ -34,7 +33,7 @@ pub const EXIT_NOT_FOUND: u8 = 3;
 /// Which TWD, and how to reach its cluster (kubectl's flags).
 #[derive(clap::Args, Debug, Clone)]
 pub struct TwdArgs {
-    /// Name of the TemporalWorkerDeployment.
+    /// Name of the WorkerDeployment (or TemporalWorkerDeployment).
     pub name: String,
     /// Namespace of the TWD (default: the kubeconfig context's namespace).
     #[arg(short = 'n', long)]
@@ -113,22 +112,24 @@ pub async fn kube_client(args: &TwdArgs) -> anyhow::Result<(kube::Client, String
     Ok((client, namespace))
 }
 
-/// Reads the TWD; a missing one is [`NotFound`].
+/// Reads the TWD: the `WorkerDeployment` or `TemporalWorkerDeployment` of that name that holds
+/// its Temporal Worker Deployment; none of either kind is [`NotFound`].
 pub async fn get_twd(
     client: &kube::Client,
     namespace: &str,
     name: &str,
-) -> anyhow::Result<TemporalWorkerDeployment> {
-    let api: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), namespace);
-    match api.get_opt(name).await {
-        Ok(Some(twd)) => Ok(twd),
+) -> anyhow::Result<WorkerObject> {
+    let twd = TwdRef {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+    };
+    match twc_activities::k8s::get_twd(client, &twd).await {
+        Ok(Some(object)) => Ok(object),
         Ok(None) => Err(NotFound(format!(
-            "temporalworkerdeployment {name:?} not found in namespace {namespace:?}"
+            "no workerdeployment or temporalworkerdeployment {name:?} in namespace {namespace:?}"
         ))
         .into()),
-        Err(e) => Err(anyhow::Error::new(e).context(format!(
-            "reading temporalworkerdeployment {namespace}/{name}"
-        ))),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("reading {namespace}/{name}"))),
     }
 }
 

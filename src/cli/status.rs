@@ -14,7 +14,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::ListParams;
 use temporalio_client::{Client, WorkflowListOptions};
-use twc_crds::TemporalWorkerDeployment;
+use twc_crds::{TemporalWorkerDeployment, WorkerKind, WorkerObject};
 use twc_crds::worker_deployment::{DeprecatedVersion, RolloutStrategy, VersionStatus};
 use twc_workflows::control::ControlState;
 use twc_workflows::model::{RolloutProgress, TwdRef};
@@ -60,7 +60,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
 const SCALED_SHOWN: usize = 3;
 
 struct Snapshot {
-    twd: TemporalWorkerDeployment,
+    twd: WorkerObject,
     twd_ref: TwdRef,
     engine: Result<(EngineView, Vec<RolloutRow>), String>,
     events: Vec<Event>,
@@ -162,18 +162,22 @@ async fn recent_rollouts(engine: &Client, twd: &TwdRef) -> anyhow::Result<Vec<Ro
     Ok(rows)
 }
 
-/// The TWD's events, newest first.
+/// The TWD's events (on either kind of its name), newest first.
 pub async fn twd_events(kube: &kube::Client, twd: &TwdRef) -> anyhow::Result<Vec<Event>> {
     let api: Api<Event> = Api::namespaced(kube.clone(), &twd.namespace);
-    let selector = format!(
-        "involvedObject.kind=TemporalWorkerDeployment,involvedObject.name={}",
-        twd.name
-    );
+    let selector = format!("involvedObject.name={}", twd.name);
     let mut events = api
         .list(&ListParams::default().fields(&selector))
         .await
         .map_err(|e| anyhow::Error::new(e).context(format!("listing events of {}", twd.key())))?
         .items;
+    events.retain(|e| {
+        e.involved_object
+            .kind
+            .as_deref()
+            .and_then(WorkerKind::from_kind)
+            .is_some()
+    });
     events.sort_by_key(|e| std::cmp::Reverse(event_time(e)));
     Ok(events)
 }
@@ -207,7 +211,7 @@ fn render(s: &Snapshot) -> String {
     });
     let control = view.and_then(|v| v.control.as_ref());
 
-    let _ = writeln!(out, "TemporalWorkerDeployment {}", s.twd_ref.key());
+    let _ = writeln!(out, "{} {}", s.twd.kind, s.twd_ref.key());
     field(&mut out, "Strategy", &strategy(&s.twd));
     let phase = rollout
         .phase

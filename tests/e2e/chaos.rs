@@ -639,6 +639,7 @@ async fn signal_spec(cluster: &Cluster, namespace: &str, name: &str) {
         generation: twd.metadata.generation.unwrap_or_default(),
         build_id: twc_crds::build_id::compute_build_id(&twd.spec).to_string(),
         deleting: false,
+        uid: twd.metadata.uid.clone(),
     };
     let text = |value: serde_json::Result<String>| value.unwrap_or_else(|e| panic!("{e}"));
     let (input, signal) = (

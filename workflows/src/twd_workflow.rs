@@ -130,6 +130,19 @@ pub struct SpecSignal {
     pub build_id: String,
     /// `metadata.deletionTimestamp` is set.
     pub deleting: bool,
+    /// `metadata.uid` of the object it was read from: the other kind of the TWD's name, taking
+    /// over, starts its own generations (absent in signals from before both kinds were served).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+impl SpecSignal {
+    /// Whether this signal replaces `held`: a newer generation of the same object, its
+    /// deletion, or another object of the name (the other kind, taking over).
+    pub fn supersedes(&self, held: &SpecSignal) -> bool {
+        let other_object = matches!((&self.uid, &held.uid), (Some(a), Some(b)) if a != b);
+        other_object || self.generation > held.generation || (self.deleting && !held.deleting)
+    }
 }
 
 /// Input of the TWD workflow.
@@ -333,7 +346,12 @@ impl TwdWorkflow {
                 continue;
             };
             if spec.deleting {
-                return delete(ctx, &twd).await;
+                if delete(ctx, &twd).await? {
+                    return Ok(());
+                }
+                // A live object of the name took over: back to managing it.
+                next_wake = Duration::ZERO;
+                continue;
             }
             // A turn woken only by a report of the rollout under way shows it on this run's
             // latest observation and reads nothing (`report-turns`); the timer it interrupted
@@ -778,12 +796,9 @@ fn adopt_observed_spec(ctx: &mut WorkflowContext<TwdWorkflow>, observation: &Obs
         generation: observed.generation,
         build_id: observed.target_build_id.clone(),
         deleting: observed.deleting,
+        uid: Some(observed.uid.clone()),
     };
-    let newer = ctx.state(|s| {
-        s.spec.as_ref().is_some_and(|held| {
-            signal.generation > held.generation || (signal.deleting && !held.deleting)
-        })
-    });
+    let newer = ctx.state(|s| s.spec.as_ref().is_some_and(|held| signal.supersedes(held)));
     if !newer || !ctx.patched(PATCH_ADOPT_OBSERVED_SPEC) {
         return false;
     }
@@ -793,12 +808,10 @@ fn adopt_observed_spec(ctx: &mut WorkflowContext<TwdWorkflow>, observation: &Obs
 impl TwdWorkflow {
     /// Takes `signal` as the spec when it is newer than the one held; returns whether it was.
     fn take_spec(&mut self, signal: SpecSignal) -> bool {
-        let newer = match &self.spec {
-            None => true,
-            Some(current) => {
-                signal.generation > current.generation || (signal.deleting && !current.deleting)
-            }
-        };
+        let newer = self
+            .spec
+            .as_ref()
+            .is_none_or(|current| signal.supersedes(current));
         if newer {
             // An aborted build rolls out again once the spec has moved on and come back to it.
             self.aborted.retain(|build| *build == signal.build_id);
@@ -972,6 +985,7 @@ async fn confirm_target(
         generation: observed.generation,
         build_id: observed.target_build_id,
         deleting: observed.deleting,
+        uid: Some(observed.uid),
     };
     ctx.state_mut(|s| {
         if s.take_spec(signal) {
@@ -1464,7 +1478,9 @@ async fn drain_step(
 }
 
 /// Deletion: stop the rollout, clean Temporal and Kubernetes, release the finalizers.
-async fn delete(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) -> WorkflowResult<()> {
+/// The deletion path; true once the TWD is released, false when a spec signal of a live object
+/// of its name (the other kind, which took over) ended it first.
+async fn delete(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) -> WorkflowResult<bool> {
     if let Some(active) = ctx.state(|s| s.active.clone()) {
         nudge(ctx, &active.workflow_id, "TWD deleted").await;
     }
@@ -1481,7 +1497,7 @@ async fn delete(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) -> Workflo
         )
         .await
         {
-            Ok(CleanupOutcome::Done) => return Ok(()),
+            Ok(CleanupOutcome::Done) => return Ok(true),
             Ok(CleanupOutcome::Pending { .. }) | Err(_) => {
                 ctx.timer(support::timer(CLEANUP_RETRY)).await;
             }
@@ -1497,8 +1513,11 @@ async fn delete(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) -> Workflo
 async fn delete_with_backoff(
     ctx: &mut WorkflowContext<TwdWorkflow>,
     twd: &TwdRef,
-) -> WorkflowResult<()> {
+) -> WorkflowResult<bool> {
     loop {
+        if !ctx.state(|s| s.spec.as_ref().is_some_and(|spec| spec.deleting)) {
+            return Ok(false);
+        }
         let outcome = run_activity(
             ctx,
             CleanupDeleted,
@@ -1508,7 +1527,7 @@ async fn delete_with_backoff(
         )
         .await;
         let (message, blocked_by) = match outcome {
-            Ok(CleanupOutcome::Done) => return Ok(()),
+            Ok(CleanupOutcome::Done) => return Ok(true),
             Ok(CleanupOutcome::Pending {
                 message,
                 blocked_by,
@@ -1552,7 +1571,7 @@ async fn delete_with_backoff(
             .await
             .is_ok()
             {
-                return Ok(());
+                return Ok(true);
             }
         } else {
             show_cleanup_wait(ctx, twd, blocked_by, &message).await;

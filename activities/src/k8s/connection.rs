@@ -20,7 +20,7 @@ use crate::connection::{ConnectionAuth, ConnectionConfig};
 /// The connection object a TWD uses.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Connection {
-    /// A TemporalConnection in the TWD's namespace.
+    /// A Connection or TemporalConnection in the TWD's namespace (read as the latter).
     Namespaced(TemporalConnection),
     /// A cluster-scoped ClusterConnection (its Secrets are read in the TWD's namespace).
     Cluster(ClusterConnection),
@@ -59,8 +59,8 @@ pub enum ClusterAccess {
 /// `ClusterConnection shared`.
 pub fn connection_object(namespace: &str, reference: &ConnectionReference) -> ObjectName {
     match reference.kind {
-        ConnectionKind::TemporalConnection => {
-            ObjectName::new("TemporalConnection", namespace, &reference.name)
+        kind @ (ConnectionKind::TemporalConnection | ConnectionKind::Connection) => {
+            ObjectName::new(kind.as_str(), namespace, &reference.name)
         }
         ConnectionKind::ClusterConnection => {
             ObjectName::cluster_scoped("ClusterConnection", &reference.name)
@@ -249,6 +249,12 @@ pub async fn find_connection(
             get_if_exists(&api, &reference.name)
                 .await
                 .map(|c| c.map(Connection::Namespaced))
+        }
+        ConnectionKind::Connection => {
+            let api: Api<twc_crds::Connection> = Api::namespaced(client.clone(), namespace);
+            get_if_exists(&api, &reference.name)
+                .await
+                .map(|c| c.map(|c| Connection::Namespaced(c.into())))
         }
         ConnectionKind::ClusterConnection if access == ClusterAccess::Restricted => Ok(None),
         ConnectionKind::ClusterConnection => {

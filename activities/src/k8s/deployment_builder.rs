@@ -1,4 +1,4 @@
-//! The one place that turns a TemporalWorkerDeployment, its connection and a build ID into the
+//! The one place that turns a worker deployment (either kind), its connection and a build ID into the
 //! versioned Kubernetes Deployment (Go controller reference §2.4, §2.5).
 
 use std::collections::BTreeMap;
@@ -6,10 +6,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
-use kube::{Resource, ResourceExt};
-use twc_crds::{
-    BuildId, TemporalConnectionSpec, TemporalWorkerDeployment, build_id, labels, naming,
-};
+use kube::ResourceExt;
+use twc_crds::{BuildId, TemporalConnectionSpec, WorkerObject, build_id, labels, naming};
 
 use twc_crds::worker_deployment::ReplicasMode;
 
@@ -19,7 +17,7 @@ use super::injection::{self, ServerCa, WorkerIdentity};
 /// owner reference to the TWD, hash annotations, and the user's pod template with the Temporal
 /// env vars (and mutual-TLS volume) injected.
 pub fn build_deployment(
-    twd: &TemporalWorkerDeployment,
+    twd: &WorkerObject,
     connection: &TemporalConnectionSpec,
     build_id: &BuildId,
     ca: ServerCa,
@@ -104,10 +102,10 @@ pub fn selector_labels(twd_name: &str, build_id: &BuildId) -> BTreeMap<String, S
 }
 
 /// The controller owner reference a versioned Deployment carries to its TWD.
-pub fn controller_reference(twd: &TemporalWorkerDeployment) -> OwnerReference {
+pub fn controller_reference(twd: &WorkerObject) -> OwnerReference {
     OwnerReference {
-        api_version: TemporalWorkerDeployment::api_version(&()).into_owned(),
-        kind: TemporalWorkerDeployment::kind(&()).into_owned(),
+        api_version: format!("{}/{}", twc_crds::GROUP, twc_crds::VERSION),
+        kind: twd.kind.as_str().to_owned(),
         name: twd.name_any(),
         uid: twd.uid().unwrap_or_default(),
         controller: Some(true),
@@ -123,7 +121,7 @@ mod tests {
 
     use super::*;
 
-    fn twd() -> TemporalWorkerDeployment {
+    fn twd() -> WorkerObject {
         let mut spec = spec_with_image("worker:v1");
         spec.replicas = Some(3);
         spec.min_ready_seconds = 5;
@@ -143,10 +141,10 @@ mod tests {
                 value_from: None,
             }]);
         }
-        let mut twd = TemporalWorkerDeployment::new("worker", spec);
+        let mut twd = twc_crds::TemporalWorkerDeployment::new("worker", spec);
         twd.metadata.namespace = Some("demo".into());
         twd.metadata.uid = Some("uid-1".into());
-        twd
+        twd.into()
     }
 
     fn connection() -> TemporalConnectionSpec {
@@ -164,7 +162,12 @@ mod tests {
     }
 
     #[test]
-    fn name_namespace_and_owner_point_at_the_twd() {
+    fn name_namespace_and_owner_point_at_the_twd_of_its_kind() {
+        let mut wd = twd();
+        wd.kind = twc_crds::WorkerKind::WorkerDeployment;
+        let d = build_deployment(&wd, &connection(), &build(), ServerCa::SystemRoots);
+        let owners = d.metadata.owner_references.expect("owner");
+        assert_eq!(owners[0].kind, "WorkerDeployment");
         let d = build_deployment(&twd(), &connection(), &build(), ServerCa::SystemRoots);
         assert_eq!(d.metadata.name.as_deref(), Some("worker-v1-0123456789"));
         assert_eq!(d.metadata.namespace.as_deref(), Some("demo"));

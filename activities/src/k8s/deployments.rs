@@ -292,7 +292,7 @@ mod tests {
         let mut twd = TemporalWorkerDeployment::new("worker", spec_with_image("worker:v1"));
         twd.metadata.namespace = Some("demo".into());
         build_deployment(
-            &twd,
+            &twd.into(),
             connection,
             &twc_crds::BuildId::new("v1"),
             ServerCa::SystemRoots,

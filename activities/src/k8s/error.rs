@@ -79,6 +79,14 @@ pub enum K8sError {
         /// How many writes were tried.
         attempts: u32,
     },
+    /// An object the API server returned could not be read as its type.
+    #[error("read {object}: {message}")]
+    Decode {
+        /// The object.
+        object: ObjectName,
+        /// What did not fit.
+        message: String,
+    },
     /// A value could not be turned into JSON for a request.
     #[error("encode a request for {object}: {source}")]
     Encode {
@@ -115,7 +123,7 @@ impl K8sError {
                 ErrorClass::Refused | ErrorClass::NotFound => "",
             },
             Self::BeingDeleted { .. } | Self::Conflict { .. } => return None,
-            Self::NotOwned { .. } | Self::Encode { .. } => "",
+            Self::NotOwned { .. } | Self::Encode { .. } | Self::Decode { .. } => "",
         };
         Some(Blocked {
             reason: BlockReason::PlanExecutionFailed,

@@ -1,14 +1,14 @@
-//! Kubernetes Events on a TWD (`kubectl describe twd` / `kubectl events`), recorded through
+//! Kubernetes Events on a worker deployment (`kubectl describe wd` / `kubectl events`), recorded through
 //! kube-runtime's events Recorder with reporter `twc`.
 
+use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::{Api, Client, Resource};
-use twc_crds::TemporalWorkerDeployment;
+use twc_crds::WorkerObject;
 use twc_workflows::contract::EventKind;
 use twc_workflows::model::TwdRef;
 
-use super::error::{K8sError, ObjectName};
-use super::lookup::get_if_exists;
+use super::error::K8sError;
+use super::twd::{get_twd, worker_object_name};
 
 /// Reporting controller name on every event.
 pub const REPORTER: &str = "twc";
@@ -17,7 +17,8 @@ const MAX_NOTE: usize = 1024;
 /// Longest event reason and action (bytes).
 const MAX_REASON: usize = 128;
 
-/// Records an event on the TWD; returns false (and records nothing) when the TWD is gone.
+/// Records an event on the TWD (the claim holder of its name); returns false (and records
+/// nothing) when the TWD is gone.
 pub async fn emit_event(
     client: &Client,
     twd: &TwdRef,
@@ -25,15 +26,27 @@ pub async fn emit_event(
     reason: &str,
     message: &str,
 ) -> Result<bool, K8sError> {
-    let object = ObjectName::new("TemporalWorkerDeployment", &twd.namespace, &twd.name);
-    let api: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), &twd.namespace);
-    let Some(resource) = get_if_exists(&api, &twd.name)
-        .await
-        .map_err(K8sError::api("get", &object))?
-    else {
-        tracing::debug!(%object, reason, "TWD gone; event not recorded");
+    let Some(resource) = get_twd(client, twd).await? else {
+        tracing::debug!(twd = %twd.key(), reason, "TWD gone; event not recorded");
         return Ok(false);
     };
+    emit_event_on(client, &resource, kind, reason, message).await?;
+    Ok(true)
+}
+
+/// Records an event on `resource`, a worker deployment object of either kind.
+pub async fn emit_event_on(
+    client: &Client,
+    resource: &WorkerObject,
+    kind: EventKind,
+    reason: &str,
+    message: &str,
+) -> Result<(), K8sError> {
+    let object = worker_object_name(
+        resource.kind,
+        resource.metadata.namespace.as_deref().unwrap_or_default(),
+        resource.metadata.name.as_deref().unwrap_or_default(),
+    );
     let reason = truncate(reason, MAX_REASON);
     let event = Event {
         type_: match kind {
@@ -46,11 +59,11 @@ pub async fn emit_event(
         secondary: None,
     };
     Recorder::new(client.clone(), reporter())
-        .publish(&event, &resource.object_ref(&()))
+        .publish(&event, &resource.object_reference())
         .await
         .map_err(K8sError::api("record an event on", &object))?;
     tracing::debug!(%object, reason, ?kind, "recorded event");
-    Ok(true)
+    Ok(())
 }
 
 /// `twc`, with this replica's pod name as the instance when known.

@@ -14,19 +14,19 @@
 use std::collections::BTreeSet;
 use std::fmt::Debug;
 
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use twc_crds::labels::DELETE_PROTECTION_FINALIZER;
 use twc_crds::worker_deployment::ConnectionKind;
-use twc_crds::{ClusterConnection, TemporalConnection, TemporalWorkerDeployment};
+use twc_crds::{ClusterConnection, WorkerObject};
 use twc_workflows::model::TwdRef;
 
 use super::connection::ClusterAccess;
 use super::error::{K8sError, ObjectName};
 use super::retry::retry_on_conflict;
-use super::twd::get_twd;
+use super::twd::{get_twd, list_workers, read_claimants, worker_api, worker_object_name};
 
 /// Adds the finalizer to the TWD and to the connection it references (neither when the TWD is
 /// being deleted; not to a connection that is missing or being deleted), then releases
@@ -45,13 +45,33 @@ pub async fn ensure_finalizers(
     }
 }
 
+/// A Connection or TemporalConnection of a namespace, as the finalizer logic sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NamespacedConnection {
+    kind: ConnectionKind,
+    name: String,
+    protected: bool,
+    deleting: bool,
+}
+
+impl NamespacedConnection {
+    fn object(&self, namespace: &str) -> ObjectName {
+        ObjectName::new(self.kind.as_str(), namespace, &self.name)
+    }
+}
+
+/// The API of connections of a namespaced `kind` in `namespace`.
+fn connection_api(client: &Client, namespace: &str, kind: ConnectionKind) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), namespace, &kind.api_resource())
+}
+
 /// [`ensure_finalizers`] for a TWD just read: returns the objects it added the finalizer to.
 /// When nothing is missing it only lists the namespace's connections (and its TWDs when
 /// another connection still holds the finalizer).
 pub async fn restore_finalizers(
     client: &Client,
     access: ClusterAccess,
-    resource: &TemporalWorkerDeployment,
+    resource: &WorkerObject,
 ) -> Result<Vec<ObjectName>, K8sError> {
     let namespace = resource.namespace().unwrap_or_default();
     if resource.metadata.deletion_timestamp.is_some() {
@@ -59,32 +79,28 @@ pub async fn restore_finalizers(
     }
     let reference = &resource.spec.worker_options.connection_ref;
     let connections = list_connections(client, &namespace).await?;
-    let connections_api: Api<TemporalConnection> = Api::namespaced(client.clone(), &namespace);
-    // The TemporalConnection this TWD uses; none when it uses a ClusterConnection.
-    let connection_name = match reference.kind {
-        ConnectionKind::TemporalConnection => reference.name.as_str(),
-        ConnectionKind::ClusterConnection => "",
-    };
+    let uses = |c: &NamespacedConnection| c.kind == reference.kind && c.name == reference.name;
     let mut added = Vec::new();
-    let referenced = connections.iter().find(|c| c.name_any() == connection_name);
-    if referenced.is_some_and(|c| !has_finalizer(c) && c.metadata.deletion_timestamp.is_none()) {
-        let object = ObjectName::new("TemporalConnection", &namespace, connection_name);
-        if add_finalizer(&connections_api, &object).await? {
+    if let Some(used) = connections
+        .iter()
+        .find(|c| uses(c) && !c.protected && !c.deleting)
+    {
+        let object = used.object(&namespace);
+        let api = connection_api(client, &namespace, used.kind);
+        if add_finalizer(&api, &object).await? {
             added.push(object);
         }
     }
-    if !has_finalizer(resource) {
-        let twds: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), &namespace);
-        let object = ObjectName::new("TemporalWorkerDeployment", &namespace, &resource.name_any());
-        if add_finalizer(&twds, &object).await? {
+    if !has_finalizer(&resource.object) {
+        let name = resource.name_any();
+        let api = worker_api(client, &namespace, resource.kind);
+        let object = worker_object_name(resource.kind, &namespace, &name);
+        if add_finalizer(&api, &object).await? {
             added.push(object);
         }
     }
     // This TWD is live and uses its connection; only other protected connections may be unused.
-    let others: Vec<&TemporalConnection> = connections
-        .iter()
-        .filter(|c| c.name_any() != connection_name)
-        .collect();
+    let others: Vec<&NamespacedConnection> = connections.iter().filter(|c| !uses(c)).collect();
     release_unused(client, &namespace, &others).await?;
     if access == ClusterAccess::Granted {
         added.extend(restore_cluster_finalizer(client, resource).await?);
@@ -96,12 +112,12 @@ pub async fn restore_finalizers(
 /// releases others that are being deleted and that no TWD uses any more.
 async fn restore_cluster_finalizer(
     client: &Client,
-    resource: &TemporalWorkerDeployment,
+    resource: &WorkerObject,
 ) -> Result<Option<ObjectName>, K8sError> {
     let reference = &resource.spec.worker_options.connection_ref;
     let used = match reference.kind {
         ConnectionKind::ClusterConnection => reference.name.as_str(),
-        ConnectionKind::TemporalConnection => "",
+        ConnectionKind::TemporalConnection | ConnectionKind::Connection => "",
     };
     let connections = list_cluster_connections(client).await?;
     let api: Api<ClusterConnection> = Api::all(client.clone());
@@ -138,44 +154,33 @@ async fn release_cluster_connection(
 }
 
 /// Whether one of `users` other than `leaving` still needs the connection: it is live, or it
-/// still holds its own finalizer (its cleanup may still use the connection).
-fn still_used(users: &[TemporalWorkerDeployment], leaving: Option<&TwdRef>) -> bool {
+/// still holds its own finalizer (its cleanup may still use the connection). Both kinds of a
+/// leaving TWD's name are leaving.
+fn still_used(users: &[WorkerObject], leaving: Option<&TwdRef>) -> bool {
     users.iter().any(|t| {
         let this = leaving.is_some_and(|l| {
             t.namespace().as_deref() == Some(l.namespace.as_str()) && t.name_any() == l.name
         });
-        !this && (t.metadata.deletion_timestamp.is_none() || has_finalizer(t))
+        !this && (t.metadata.deletion_timestamp.is_none() || has_finalizer(&t.object))
     })
 }
 
-/// The TWDs of every namespace whose `connectionRef` names the ClusterConnection `name`: a
-/// field selector on `spec.workerOptions.connectionRef.name` (a `selectableField` of the CRD),
-/// or, where the installed CRD predates it, a filter over all TWDs.
+/// The TWDs (of either kind) of every namespace whose `connectionRef` names the
+/// ClusterConnection `name`: a field selector on `spec.workerOptions.connectionRef.name` (a
+/// `selectableField` of the CRDs), or, where an installed CRD predates it, a filter over all.
 async fn cluster_connection_users(
     client: &Client,
     name: &str,
-) -> Result<Vec<TemporalWorkerDeployment>, K8sError> {
-    let api: Api<TemporalWorkerDeployment> = Api::all(client.clone());
-    let scope = ObjectName::cluster_scoped("ClusterConnection", name);
+) -> Result<Vec<WorkerObject>, K8sError> {
     let selected =
         ListParams::default().fields(&format!("spec.workerOptions.connectionRef.name={name}"));
-    let twds = match api.list(&selected).await {
-        Ok(list) => list.items,
-        Err(kube::Error::Api(status)) if status.code == 400 => {
-            api.list(&ListParams::default())
-                .await
-                .map_err(K8sError::api(
-                    "list TemporalWorkerDeployments using",
-                    &scope,
-                ))?
-                .items
-        }
-        Err(e) => {
-            return Err(K8sError::api(
-                "list TemporalWorkerDeployments using",
-                &scope,
-            )(e));
-        }
+    let twds = match list_workers(client, None, &selected).await {
+        Ok(list) => list,
+        Err(K8sError::Api {
+            source: kube::Error::Api(status),
+            ..
+        }) if status.code == 400 => list_workers(client, None, &ListParams::default()).await?,
+        Err(e) => return Err(e),
     };
     Ok(twds
         .into_iter()
@@ -197,27 +202,37 @@ async fn list_cluster_connections(client: &Client) -> Result<Vec<ClusterConnecti
     }
 }
 
-/// Removes the finalizer from the TWD (call on the deletion path, once Temporal is cleaned up),
-/// from every TemporalConnection in its namespace that no remaining TWD references, and from
-/// the ClusterConnection it used if no other TWD uses it (released first: once the TWD's
-/// finalizer is gone, so is the TWD, and with it the record of what it used).
+/// Removes the finalizer from the TWD (call on the deletion path, once Temporal is cleaned up)
+/// and from any other object of its name being deleted, from every connection in its namespace
+/// that no remaining TWD references, and from the ClusterConnection it used if no other TWD
+/// uses it (released first: once the TWD's finalizer is gone, so is the TWD, and with it the
+/// record of what it used).
 pub async fn release_finalizers(
     client: &Client,
     access: ClusterAccess,
     twd: &TwdRef,
 ) -> Result<(), K8sError> {
-    if access == ClusterAccess::Granted
-        && let Some(resource) = get_twd(client, twd).await?
-    {
-        let reference = &resource.spec.worker_options.connection_ref;
-        if reference.kind == ConnectionKind::ClusterConnection {
-            release_cluster_connection(client, &reference.name, Some(twd)).await?;
+    let objects = read_claimants(client, twd).await?;
+    if access == ClusterAccess::Granted {
+        for resource in &objects {
+            let reference = &resource.spec.worker_options.connection_ref;
+            if reference.kind == ConnectionKind::ClusterConnection {
+                release_cluster_connection(client, &reference.name, Some(twd)).await?;
+            }
         }
     }
-    let twds: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), &twd.namespace);
-    let object = ObjectName::new("TemporalWorkerDeployment", &twd.namespace, &twd.name);
-    remove_finalizer(&twds, &object).await?;
+    for resource in objects.iter().filter(|o| o.deleting()) {
+        release_worker(client, resource).await?;
+    }
     release_unreferenced_connections(client, &twd.namespace).await
+}
+
+/// Removes the finalizer from one worker deployment object.
+pub async fn release_worker(client: &Client, resource: &WorkerObject) -> Result<(), K8sError> {
+    let namespace = resource.namespace().unwrap_or_default();
+    let api = worker_api(client, &namespace, resource.kind);
+    let object = worker_object_name(resource.kind, &namespace, &resource.name_any());
+    remove_finalizer(&api, &object).await
 }
 
 /// Removes the finalizer from connections in `namespace` that no TWD needs.
@@ -235,51 +250,55 @@ async fn release_unreferenced_connections(
 async fn release_unused(
     client: &Client,
     namespace: &str,
-    connections: &[&TemporalConnection],
+    connections: &[&NamespacedConnection],
 ) -> Result<(), K8sError> {
-    let protected: Vec<String> = connections
-        .iter()
-        .filter(|c| has_finalizer(**c))
-        .map(|c| c.name_any())
-        .collect();
-    if protected.is_empty() {
+    if !connections.iter().any(|c| c.protected) {
         return Ok(());
     }
-    let twds: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), namespace);
-    let scope = ObjectName::new("Namespace", namespace, namespace);
-    let in_use: BTreeSet<String> = twds
-        .list(&ListParams::default())
-        .await
-        .map_err(K8sError::api("list TemporalWorkerDeployments in", &scope))?
-        .items
-        .into_iter()
-        .filter(|t| t.metadata.deletion_timestamp.is_none() || has_finalizer(t))
-        .map(|t| t.spec.worker_options.connection_ref)
-        .filter(|r| r.kind == ConnectionKind::TemporalConnection)
-        .map(|r| r.name)
-        .collect();
-    let api: Api<TemporalConnection> = Api::namespaced(client.clone(), namespace);
-    for name in protected.iter().filter(|n| !in_use.contains(*n)) {
-        remove_finalizer(
-            &api,
-            &ObjectName::new("TemporalConnection", namespace, name),
-        )
-        .await?;
+    let in_use: BTreeSet<(ConnectionKind, String)> =
+        list_workers(client, Some(namespace), &ListParams::default())
+            .await?
+            .into_iter()
+            .filter(|t| t.metadata.deletion_timestamp.is_none() || has_finalizer(&t.object))
+            .map(|t| t.object.spec.worker_options.connection_ref)
+            .filter(|r| r.kind.is_in_namespace())
+            .map(|r| (r.kind, r.name))
+            .collect();
+    for connection in connections
+        .iter()
+        .filter(|c| c.protected && !in_use.contains(&(c.kind, c.name.clone())))
+    {
+        let api = connection_api(client, namespace, connection.kind);
+        remove_finalizer(&api, &connection.object(namespace)).await?;
     }
     Ok(())
 }
 
+/// The Connections and TemporalConnections of `namespace` (a kind the API server does not
+/// serve has none).
 async fn list_connections(
     client: &Client,
     namespace: &str,
-) -> Result<Vec<TemporalConnection>, K8sError> {
-    let api: Api<TemporalConnection> = Api::namespaced(client.clone(), namespace);
-    let scope = ObjectName::new("Namespace", namespace, namespace);
-    Ok(api
-        .list(&ListParams::default())
-        .await
-        .map_err(K8sError::api("list TemporalConnections in", &scope))?
-        .items)
+) -> Result<Vec<NamespacedConnection>, K8sError> {
+    let mut found = Vec::new();
+    for kind in [ConnectionKind::Connection, ConnectionKind::TemporalConnection] {
+        let scope = ObjectName::new(kind.as_str(), namespace, "(all)");
+        let listed = match connection_api(client, namespace, kind)
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(list) => list.items,
+            Err(kube::Error::Api(status)) if status.code == 404 => Vec::new(),
+            Err(e) => return Err(K8sError::api("list", &scope)(e)),
+        };
+        found.extend(listed.into_iter().map(|c| NamespacedConnection {
+            kind,
+            protected: has_finalizer(&c),
+            deleting: c.metadata.deletion_timestamp.is_some(),
+            name: c.name_any(),
+        }));
+    }
+    Ok(found)
 }
 
 fn has_finalizer<K: Resource>(object: &K) -> bool {
@@ -369,8 +388,8 @@ mod tests {
     use super::*;
 
     /// A TWD `namespace/name`, being deleted or not, holding its finalizer or not.
-    fn twd(namespace: &str, name: &str, deleting: bool, held: bool) -> TemporalWorkerDeployment {
-        TemporalWorkerDeployment {
+    fn twd(namespace: &str, name: &str, deleting: bool, held: bool) -> WorkerObject {
+        twc_crds::TemporalWorkerDeployment {
             metadata: ObjectMeta {
                 namespace: Some(namespace.into()),
                 name: Some(name.into()),
@@ -381,6 +400,7 @@ mod tests {
             spec: twc_crds::worker_deployment::test_support::spec_with_image("w:v1"),
             status: None,
         }
+        .into()
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! conflict-retried patches guarded by resourceVersion), so a retried activity converges.
 //! Secret values are never logged or returned in errors.
 
+pub mod claims;
 pub mod conditions;
 pub mod connection;
 pub mod create_version;
@@ -35,10 +36,13 @@ pub use deployments::{
     list_versioned_deployments, scale_deployment, update_deployment, versioned_deployment_changes,
 };
 pub use error::{K8sError, ObjectName, ResolveError};
-pub use events::emit_event;
+pub use events::{emit_event, emit_event_on};
 pub use finalizers::{ensure_finalizers, release_finalizers, restore_finalizers};
 pub use gate_input::{GateField, gate_input, step_gate};
 pub use injection::ServerCa;
 pub use reassert::reassert_resources;
-pub use status::{StatusWrite, write_connection_status, write_twd_status, write_twd_status_seen};
-pub use twd::get_twd;
+pub use status::{
+    StatusWrite, write_connection_status, write_twd_status, write_twd_status_seen,
+    write_worker_status,
+};
+pub use twd::{Claim, get_twd, list_workers, read_claim, read_claimants};

@@ -14,7 +14,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::PodSpec;
 use kube::{Client, ResourceExt};
 use twc_crds::labels::{self, DELETE_PROTECTION_FINALIZER};
-use twc_crds::{BuildId, TemporalConnectionSpec, TemporalWorkerDeployment, build_id};
+use twc_crds::{BuildId, TemporalConnectionSpec, TemporalWorkerDeployment, WorkerObject, build_id};
 use twc_workflows::contract::{ReassertOutcome, ResourceChange};
 use twc_workflows::model::{SpecView, TwdRef};
 use twc_workflows::plan::spec_view::spec_view;
@@ -25,7 +25,8 @@ use super::deployments::{apply_connection, list_owned_deployments, update_deploy
 use super::error::{K8sError, ObjectName, ResolveError};
 use super::finalizers::restore_finalizers;
 use super::injection::{ServerCa, TLS_VOLUME};
-use super::twd::get_twd;
+use super::claims::settle_others;
+use super::twd::read_claim;
 
 /// Why `reassert_resources` changed something: the reason of the Normal event it becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,21 +67,26 @@ pub async fn reassert_resources(
     access: ClusterAccess,
     twd: &TwdRef,
 ) -> Result<ReassertOutcome, K8sError> {
-    let Some(resource) = get_twd(client, twd).await? else {
+    let Some(claim) = read_claim(client, twd).await? else {
         return Ok(ReassertOutcome::default());
     };
+    // Objects of the other kind of this name: refused, or handed over from (their Deployments
+    // are the holder's from here on).
+    let mut changes = settle_others(client, &claim).await?;
+    let resource = claim.holder;
     if resource.metadata.deletion_timestamp.is_some() {
-        return Ok(ReassertOutcome::default());
+        return Ok(ReassertOutcome { changes });
     }
-    let mut changes: Vec<ResourceChange> = restore_finalizers(client, access, &resource)
-        .await?
-        .into_iter()
-        .map(|object| {
-            ChangeReason::FinalizerRestored.change(format!(
-                "added finalizer {DELETE_PROTECTION_FINALIZER} to {object}"
-            ))
-        })
-        .collect();
+    changes.extend(
+        restore_finalizers(client, access, &resource)
+            .await?
+            .into_iter()
+            .map(|object| {
+                ChangeReason::FinalizerRestored.change(format!(
+                    "added finalizer {DELETE_PROTECTION_FINALIZER} to {object}"
+                ))
+            }),
+    );
     let view = spec_view(&resource);
     let reference = &resource.spec.worker_options.connection_ref;
     let (connection, ca) = match resolve_connection(
@@ -133,7 +139,7 @@ pub async fn reassert_resources(
 #[derive(Debug, Clone)]
 pub struct Desired<'a> {
     /// The TWD as just read.
-    pub twd: &'a TemporalWorkerDeployment,
+    pub twd: &'a WorkerObject,
     /// Its TemporalConnection's spec.
     pub connection: &'a TemporalConnectionSpec,
     /// Whether the connection's mutual-TLS Secret carries the server CA.
@@ -428,7 +434,7 @@ mod tests {
 
     /// A TWD running `image`, with `LEVEL=level` in its container, under the custom build ID
     /// when `custom`.
-    fn twd(image: &str, level: &str, custom: bool) -> TemporalWorkerDeployment {
+    fn twd(image: &str, level: &str, custom: bool) -> WorkerObject {
         let mut spec = spec_with_image(image);
         spec.replicas = Some(2);
         if let Some(pod) = spec.template.spec.as_mut() {
@@ -448,11 +454,11 @@ mod tests {
         let mut twd = TemporalWorkerDeployment::new("worker", spec);
         twd.metadata.namespace = Some("demo".into());
         twd.metadata.uid = Some("uid-1".into());
-        twd
+        twd.into()
     }
 
     fn desired<'a>(
-        twd: &'a TemporalWorkerDeployment,
+        twd: &'a WorkerObject,
         connection: &'a TemporalConnectionSpec,
     ) -> Desired<'a> {
         Desired {
@@ -465,7 +471,7 @@ mod tests {
 
     /// The Deployment `create_deployment` made for `twd`'s target build with `connection`, as
     /// the API server returns it (replicas changed since by scaling).
-    fn created(twd: &TemporalWorkerDeployment, connection: &TemporalConnectionSpec) -> Deployment {
+    fn created(twd: &WorkerObject, connection: &TemporalConnectionSpec) -> Deployment {
         let build = BuildId::new(spec_view(twd).target_build_id);
         let mut deployment = build_deployment(twd, connection, &build, ServerCa::SystemRoots);
         if let Some(spec) = deployment.spec.as_mut() {

@@ -9,7 +9,9 @@ use serde_json::{Value, json};
 use twc_crds::connection::TemporalConnectionStatus;
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 use twc_crds::worker_deployment::{ConnectionKind, ConnectionReference};
-use twc_crds::{ClusterConnection, TemporalConnection, TemporalWorkerDeployment};
+use twc_crds::{
+    ClusterConnection, Connection, TemporalConnection, TemporalWorkerDeployment, WorkerKind,
+};
 use twc_workflows::model::TwdRef;
 
 use super::conditions::{carry_transition_times, merge_patch, status_changed, upsert_condition};
@@ -17,6 +19,7 @@ use super::connection::connection_object;
 use super::error::{K8sError, ObjectName};
 use super::lookup::get_if_exists;
 use super::retry::retry_on_conflict;
+use super::twd::{get_twd, parse_worker, worker_api, worker_object_name};
 
 /// Condition type on a TemporalConnection.
 pub const CONNECTION_READY: &str = "Ready";
@@ -46,21 +49,36 @@ pub async fn write_twd_status(
 }
 
 /// [`write_twd_status`], also returning the TWD as read just before the write (`None` when it
-/// does not exist), for callers that compare the old status with the new one.
+/// does not exist), for callers that compare the old status with the new one. The status is
+/// written on the claim holder of the TWD's name.
 pub async fn write_twd_status_seen(
     client: &Client,
     twd: &TwdRef,
     status: TemporalWorkerDeploymentStatus,
 ) -> Result<(StatusWrite, Option<Box<TemporalWorkerDeployment>>), K8sError> {
-    let object = ObjectName::new("TemporalWorkerDeployment", &twd.namespace, &twd.name);
-    let api: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), &twd.namespace);
+    let Some(holder) = get_twd(client, twd).await? else {
+        return Ok((StatusWrite::NotFound, None));
+    };
+    write_worker_status(client, holder.kind, twd, status).await
+}
+
+/// Makes the status of the object of `kind` named like `twd` `status` (see [`write_twd_status`]).
+pub async fn write_worker_status(
+    client: &Client,
+    kind: WorkerKind,
+    twd: &TwdRef,
+    status: TemporalWorkerDeploymentStatus,
+) -> Result<(StatusWrite, Option<Box<TemporalWorkerDeployment>>), K8sError> {
+    let object = worker_object_name(kind, &twd.namespace, &twd.name);
+    let api = worker_api(client, &twd.namespace, kind);
     retry_on_conflict("write status of", &object, || async {
-        let Some(current) = get_if_exists(&api, &twd.name)
+        let Some(read) = get_if_exists(&api, &twd.name)
             .await
             .map_err(K8sError::api("get", &object))?
         else {
             return Ok((StatusWrite::NotFound, None));
         };
+        let current = parse_worker(kind, read, &object)?.object;
         let mut desired = status.clone();
         let current_conditions = current
             .status
@@ -107,6 +125,10 @@ pub async fn write_connection_status(
     match reference.kind {
         ConnectionKind::TemporalConnection => {
             let api: Api<TemporalConnection> = Api::namespaced(client.clone(), namespace);
+            write_ready(&api, &object, |c| c.status.as_ref(), &ready).await
+        }
+        ConnectionKind::Connection => {
+            let api: Api<Connection> = Api::namespaced(client.clone(), namespace);
             write_ready(&api, &object, |c| c.status.as_ref(), &ready).await
         }
         ConnectionKind::ClusterConnection => {

@@ -23,6 +23,10 @@ pub const REASON_PAUSED: &str = "Paused";
 /// Reason after an operator aborted the rollout of the target.
 pub const REASON_ABORTED: &str = "Aborted";
 
+/// Reason on an object refused because the other kind of its name holds the claim on the
+/// Temporal Worker Deployment (both conditions False).
+pub const REASON_DUPLICATE_CLAIM: &str = "DuplicateClaim";
+
 /// Condition type, while a deleted TWD's cleanup waits for something: what it waits for.
 pub const DELETING: &str = "Deleting";
 /// Reason of [`DELETING`] while Temporal refuses or lags the cleanup (versions with pollers).
@@ -57,6 +61,22 @@ pub fn deletion_condition(blocked_by: Option<CleanupBlock>, message: &str) -> Co
         reason: reason.to_owned(),
         message: format!("Deletion waits for the cleanup of Temporal: {message}"),
     }
+}
+
+/// `[Ready, Progressing]` of an object refused because `holder` (`<Kind> <namespace>/<name>`)
+/// already drives the Temporal Worker Deployment `temporal_name`.
+pub fn refused_conditions(this_kind: &str, holder: &str, temporal_name: &str) -> [ConditionView; 2] {
+    let message = format!(
+        "{holder} already manages Temporal worker deployment {temporal_name}; this {this_kind} \
+         changes nothing until {holder} is deleted, then takes over its versions, routing and \
+         Deployments as they are"
+    );
+    [READY, PROGRESSING].map(|type_| ConditionView {
+        type_: type_.to_owned(),
+        status: false,
+        reason: REASON_DUPLICATE_CLAIM.to_owned(),
+        message: message.clone(),
+    })
 }
 
 /// `[Ready, Progressing]` for a rollout of `target_build` at `progress` (reference §4.1, SPEC §4.7).

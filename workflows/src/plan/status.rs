@@ -364,6 +364,33 @@ pub fn with_drain(
     status
 }
 
+/// The status of an object refused by the claim rule (see
+/// [`crate::plan::conditions::refused_conditions`]): both conditions False and the Phase column
+/// `Blocked`, nothing else (it drives nothing).
+pub fn refused(
+    this_kind: &str,
+    holder: &str,
+    temporal_name: &str,
+    generation: i64,
+    now: UnixMillis,
+) -> TemporalWorkerDeploymentStatus {
+    let conditions = crate::plan::conditions::refused_conditions(this_kind, holder, temporal_name);
+    let message = conditions[0].message.clone();
+    TemporalWorkerDeploymentStatus {
+        observed_generation: Some(generation),
+        conditions: conditions
+            .into_iter()
+            .map(|c| condition(c, generation, now))
+            .collect(),
+        rollout: Some(RolloutStatus {
+            phase: Some(RolloutPhase::Blocked),
+            message: Some(message),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// `status` with the [`crate::plan::conditions::DELETING`] condition set to `view` (replacing
 /// an earlier one).
 pub fn with_condition(

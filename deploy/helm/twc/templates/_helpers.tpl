@@ -36,22 +36,22 @@ The controller's permissions, and only those; each rule names the code that need
 rules are in deploy/manifests/clusterrole.yaml (a test compares them).
 */}}
 {{- define "twc.rules" -}}
-# Watcher (src/watcher.rs): list+watch TWDs and connections, list TWDs when a connection
+# Watcher (src/watcher.rs): list+watch WorkerDeployments, TemporalWorkerDeployments and both kinds of connection, list TWDs when a connection
 # changes, patch away the temporal.io/rollout-action annotation. Activities: get TWDs and
 # connections (activities/src/k8s/twd.rs, connection.rs), list both and merge-patch their
 # temporal.io/delete-protection finalizer (finalizers.rs).
 - apiGroups: [temporal.io]
-  resources: [temporalworkerdeployments, temporalconnections]
+  resources: [workerdeployments, connections, temporalworkerdeployments, temporalconnections]
   verbs: [get, list, watch, patch]
 # Status writes are merge patches of the status subresource (status.rs).
 - apiGroups: [temporal.io]
-  resources: [temporalworkerdeployments/status, temporalconnections/status]
+  resources: [workerdeployments/status, connections/status, temporalworkerdeployments/status, temporalconnections/status]
   verbs: [patch]
 # Versioned Deployments carry a controller owner reference to their TWD with
 # blockOwnerDeletion: true; where the OwnerReferencesPermissionEnforcement admission plugin
 # is on (e.g. OpenShift), setting it requires update on the owner's finalizers.
 - apiGroups: [temporal.io]
-  resources: [temporalworkerdeployments/finalizers]
+  resources: [workerdeployments/finalizers, temporalworkerdeployments/finalizers]
   verbs: [update]
 # Versioned Deployments (deployments.rs): list by label, get, create if absent, delete when
 # retired; wait_for_pollers watches them by label to hear of Available at once;
