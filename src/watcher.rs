@@ -29,8 +29,8 @@ use kube::runtime::watcher::{self, Event};
 use temporalio_client::errors::WorkflowInteractionError;
 use temporalio_client::{Client, WorkflowSignalOptions, WorkflowStartOptions};
 use twc_activities::k8s::connection::cluster_connection_unsupported;
-use twc_activities::metrics::Metrics;
 use twc_activities::k8s::twd::{split_claim, worker_api};
+use twc_activities::metrics::Metrics;
 use twc_crds::worker_deployment::ConnectionKind;
 use twc_crds::{
     ClusterConnection, Connection, TemporalConnection, TemporalWorkerDeployment, WorkerDeployment,
@@ -108,9 +108,8 @@ pub async fn run(
     );
     let old_connections = merged_stream::<TemporalConnection>(&kube, &config.namespaces)
         .map(|e| e.map(|w| w.map(|c| (ConnectionKind::TemporalConnection, c))));
-    let new_connections = merged_stream::<Connection>(&kube, &config.namespaces).map(|e| {
-        e.map(|w| w.map(|c| (ConnectionKind::Connection, TemporalConnection::from(c))))
-    });
+    let new_connections = merged_stream::<Connection>(&kube, &config.namespaces)
+        .map(|e| e.map(|w| w.map(|c| (ConnectionKind::Connection, TemporalConnection::from(c)))));
     let mut connections = futures::stream::select(old_connections, new_connections);
     let mut cluster_connections = cluster_connection_stream(&kube, &config.namespaces);
     let mut cluster_generations: HashMap<String, (i64, bool)> = HashMap::new();
@@ -333,7 +332,10 @@ impl Workers {
         if let Some(relisted) = self.relisted.get_mut(&(kind, watch)) {
             relisted.insert(key.clone());
         }
-        self.known.entry((kind, watch)).or_default().insert(key.clone());
+        self.known
+            .entry((kind, watch))
+            .or_default()
+            .insert(key.clone());
         let objects = self.objects.entry(key.clone()).or_default();
         objects.retain(|o| o.kind != kind);
         objects.push(twd);
@@ -412,7 +414,9 @@ impl Workers {
     }
 
     fn holders(&self) -> impl Iterator<Item = WorkerObject> + '_ {
-        self.objects.keys().filter_map(|key| self.holder(key).cloned())
+        self.objects
+            .keys()
+            .filter_map(|key| self.holder(key).cloned())
     }
 }
 
@@ -612,8 +616,7 @@ async fn after_signal(
 
 /// A TWD's signal in flight: the object, whether it was forced, whether its generation was new,
 /// and the outcome.
-type SignalInFlight =
-    futures::future::BoxFuture<'static, (WorkerObject, bool, bool, Signalled)>;
+type SignalInFlight = futures::future::BoxFuture<'static, (WorkerObject, bool, bool, Signalled)>;
 
 /// TWD signals sent concurrently, so a burst of changes (or the users of a changed connection)
 /// is not signalled one after another and never holds up the watch: at most
@@ -684,13 +687,7 @@ impl Signals {
     }
 
     /// `twd`'s signal ended: its waiting successor, else the oldest in the backlog, goes next.
-    fn done(
-        &mut self,
-        engine: &Client,
-        config: &WatcherConfig,
-        sent: &Sent,
-        twd: &WorkerObject,
-    ) {
+    fn done(&mut self, engine: &Client, config: &WatcherConfig, sent: &Sent, twd: &WorkerObject) {
         let key = Self::key(twd);
         self.busy.remove(&key);
         if let Some((next, force)) = self.queued.remove(&key) {
@@ -941,7 +938,13 @@ mod tests {
     use super::*;
 
     fn twd(namespace: &str, name: &str) -> WorkerObject {
-        object(WorkerKind::TemporalWorkerDeployment, namespace, name, 0, false)
+        object(
+            WorkerKind::TemporalWorkerDeployment,
+            namespace,
+            name,
+            0,
+            false,
+        )
     }
 
     /// An object of `kind` created at `created` seconds, being deleted or not.

@@ -331,8 +331,7 @@ mod tests {
             Some(ConnectionKind::Connection)
         );
         assert!(
-            serde_json::from_str::<ConnectionReference>(r#"{"name":"x","kind":"Secret"}"#)
-                .is_err()
+            serde_json::from_str::<ConnectionReference>(r#"{"name":"x","kind":"Secret"}"#).is_err()
         );
     }
 
@@ -341,7 +340,11 @@ mod tests {
         use crate::{TemporalWorkerDeployment, WorkerDeployment};
         // (kind of the object, connectionRef, the kind read)
         let cases = [
-            ("WorkerDeployment", r#"{"name":"dev"}"#, ConnectionKind::Connection),
+            (
+                "WorkerDeployment",
+                r#"{"name":"dev"}"#,
+                ConnectionKind::Connection,
+            ),
             (
                 "WorkerDeployment",
                 r#"{"name":"dev","kind":"TemporalConnection"}"#,
@@ -352,7 +355,11 @@ mod tests {
                 r#"{"name":"dev","kind":"ClusterConnection"}"#,
                 ConnectionKind::ClusterConnection,
             ),
-            ("TemporalWorkerDeployment", r#"{"name":"dev"}"#, ConnectionKind::TemporalConnection),
+            (
+                "TemporalWorkerDeployment",
+                r#"{"name":"dev"}"#,
+                ConnectionKind::TemporalConnection,
+            ),
             (
                 "TemporalWorkerDeployment",
                 r#"{"name":"dev","kind":"Connection"}"#,

@@ -186,10 +186,7 @@ mod tests {
                 .map(str::to_owned)
                 .collect::<Vec<_>>()
         };
-        for (new, old) in [
-            (wd, twd),
-            (Connection::crd(), TemporalConnection::crd()),
-        ] {
+        for (new, old) in [(wd, twd), (Connection::crd(), TemporalConnection::crd())] {
             let (new, old) = (lines(&new), lines(&old));
             let first = new.iter().zip(&old).position(|(a, b)| a != b);
             assert!(

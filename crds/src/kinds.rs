@@ -89,7 +89,11 @@ impl WorkerObject {
         format!(
             "{} {}/{}",
             self.kind,
-            self.object.metadata.namespace.as_deref().unwrap_or_default(),
+            self.object
+                .metadata
+                .namespace
+                .as_deref()
+                .unwrap_or_default(),
             self.object.metadata.name.as_deref().unwrap_or_default()
         )
     }
@@ -215,14 +219,29 @@ mod tests {
             // A lone object being deleted still holds it: its deletion cleans Temporal up.
             (vec![(Twd, Some(&t1), "a", true)], Some(0)),
             // The older one holds; the later one is refused.
-            (vec![(Twd, Some(&t1), "a", false), (Wd, Some(&t2), "b", false)], Some(0)),
-            (vec![(Twd, Some(&t2), "a", false), (Wd, Some(&t1), "b", false)], Some(1)),
+            (
+                vec![(Twd, Some(&t1), "a", false), (Wd, Some(&t2), "b", false)],
+                Some(0),
+            ),
+            (
+                vec![(Twd, Some(&t2), "a", false), (Wd, Some(&t1), "b", false)],
+                Some(1),
+            ),
             // Deleting the holder hands the claim to the live one (the move to the new kind).
-            (vec![(Twd, Some(&t1), "a", true), (Wd, Some(&t2), "b", false)], Some(1)),
+            (
+                vec![(Twd, Some(&t1), "a", true), (Wd, Some(&t2), "b", false)],
+                Some(1),
+            ),
             // Both being deleted: the older one cleans up.
-            (vec![(Twd, Some(&t1), "a", true), (Wd, Some(&t2), "b", true)], Some(0)),
+            (
+                vec![(Twd, Some(&t1), "a", true), (Wd, Some(&t2), "b", true)],
+                Some(0),
+            ),
             // Created in the same second: the older kind, which existed first.
-            (vec![(Wd, Some(&t1), "a", false), (Twd, Some(&t1), "b", false)], Some(1)),
+            (
+                vec![(Wd, Some(&t1), "a", false), (Twd, Some(&t1), "b", false)],
+                Some(1),
+            ),
         ];
         for (objects, holder) in cases {
             let facts: Vec<ClaimantFacts<'_>> = objects

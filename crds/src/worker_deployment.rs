@@ -214,7 +214,18 @@ impl ConnectionReference {
 
 /// Kind of the connection a worker deployment references.
 #[derive(
-    JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord,
+    JsonSchema,
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
 )]
 pub enum ConnectionKind {
     /// A `TemporalConnection` in the worker deployment's namespace (the default of a

@@ -285,10 +285,24 @@ async fn kubectl_scale_drives_spec_replicas_through_the_scale_subresource() {
     wait_replicas(&client, &ns, "v1", 3).await;
     // The subresource reads status.replicas and the selector back.
     wait_for("status.replicas 3 with a selector", SCALING, || async {
-        let out = kubectl(&["get", "--raw", &format!("/apis/temporal.io/v1alpha1/namespaces/{ns}/temporalworkerdeployments/hello/scale")], None).await;
-        let v: Value = serde_json::from_str(&out.stdout).map_err(|e| format!("{e}: {}", out.stderr))?;
+        let out = kubectl(
+            &[
+                "get",
+                "--raw",
+                &format!(
+                    "/apis/temporal.io/v1alpha1/namespaces/{ns}/workerdeployments/hello/scale"
+                ),
+            ],
+            None,
+        )
+        .await;
+        let v: Value =
+            serde_json::from_str(&out.stdout).map_err(|e| format!("{e}: {}", out.stderr))?;
         let selector = v["status"]["selector"].as_str().unwrap_or_default();
-        if v["spec"]["replicas"] == 3 && v["status"]["replicas"] == 3 && selector.contains("temporal.io/deployment-name=hello") {
+        if v["spec"]["replicas"] == 3
+            && v["status"]["replicas"] == 3
+            && selector.contains("temporal.io/deployment-name=hello")
+        {
             Ok(())
         } else {
             Err(v.to_string())

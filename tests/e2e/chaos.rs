@@ -550,7 +550,7 @@ async fn ten_image_changes_in_two_seconds_converge_on_the_last_and_retire_the_re
 
     let changes = env_count("CHAOS_RAPID_CHANGES", 10);
     let tags: Vec<String> = (1..=changes).map(|i| format!("r{i}")).collect();
-    let api: Api<twc_crds::TemporalWorkerDeployment> = Api::namespaced(cluster.client.clone(), &ns);
+    let api: Api<twc_crds::WorkerDeployment> = Api::namespaced(cluster.client.clone(), &ns);
     let params = kube::api::PatchParams::apply("chaos-test").force();
     // Spread evenly over under two seconds, as a burst of CI pushes would be: the sleeps are
     // the schedule of the changes, not waits for anything.

@@ -17,13 +17,19 @@ use twc_crds::{ClusterConnection, TemporalWorkerDeployment};
 
 use crate::harness::cli::kubectl;
 use crate::harness::twd::{
-    apply, condition, get_twd, routing, target_build, wait_ready, wait_reason, worker,
+    apply, condition, get_twd, legacy, routing, target_build, wait_ready, wait_reason,
 };
 use crate::harness::wait::wait_for;
 use crate::harness::{env, kube_client, test_namespace};
 
 /// Every TWD of these tests has this name.
 const NAME: &str = "hello";
+
+/// These tests run on the older kinds (TemporalWorkerDeployment, TemporalConnection), which
+/// `twc` keeps serving; the rest of the suite uses WorkerDeployment and Connection.
+fn worker(ns: &str, name: &str, tag: &str, rollout: Value) -> Value {
+    legacy(crate::harness::twd::worker(ns, name, tag, rollout))
+}
 /// A rollout finishes well within this.
 const ROLLOUT: Duration = Duration::from_secs(150);
 
@@ -259,12 +265,12 @@ async fn admission_rejects_an_unknown_connection_kind() {
     let client = kube_client().await;
     let ns = test_namespace(&client, "cconn-kind").await;
     let mut manifest = user(&ns, "shared", "v1");
-    manifest["spec"]["workerOptions"]["connectionRef"]["kind"] = json!("Connection");
+    manifest["spec"]["workerOptions"]["connectionRef"]["kind"] = json!("Secret");
     let out = kubectl(&["create", "-f", "-"], Some(&manifest.to_string())).await;
     assert!(!out.success, "an unknown kind was accepted");
     assert!(
         out.stderr.contains("spec.workerOptions.connectionRef.kind")
-            && out.stderr.contains("Unsupported value: \"Connection\""),
+            && out.stderr.contains("Unsupported value: \"Secret\""),
         "{}",
         out.stderr
     );

@@ -276,7 +276,7 @@ async fn a_bad_rollout_action_is_answered_with_a_warning_and_removed() {
     let out = kubectl(
         &[
             "annotate",
-            "twd",
+            "wd",
             "hello",
             "-n",
             &ns,
@@ -359,7 +359,7 @@ async fn paused_in_the_spec_holds_the_ramp_and_the_step_timer() {
     let out = kubectl(
         &[
             "get",
-            "twd",
+            "wd",
             "hello",
             "-n",
             &ns,

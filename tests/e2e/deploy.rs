@@ -22,7 +22,7 @@ use twc_sandbox::env::{ENV_FILE_NAME, SandboxEnv};
 
 use crate::harness::cli::{CliOutput, kubectl, run};
 use crate::harness::controls::{Via, send};
-use crate::harness::twd::{apply, condition, connection, deployments, get_twd, wait_ready, worker};
+use crate::harness::twd::{apply, condition, deployments, get_twd, legacy, wait_ready};
 use crate::harness::wait::{wait_for, wait_for_with_logs};
 use crate::harness::{env, kube_client, test_namespace};
 
@@ -127,6 +127,17 @@ fn container_args(deployment: &Value) -> Vec<String> {
 }
 
 // ---- charts and manifests (no servers) ---------------------------------------------------------
+
+/// These tests run on the older kinds (TemporalWorkerDeployment, TemporalConnection), which
+/// `twc` keeps serving and whose RBAC the chart grants beside the new kinds'.
+fn worker(ns: &str, name: &str, tag: &str, rollout: Value) -> Value {
+    legacy(crate::harness::twd::worker(ns, name, tag, rollout))
+}
+
+/// The older kind of connection (see [`worker`]).
+fn connection(ns: &str) -> Value {
+    legacy(crate::harness::twd::connection(ns))
+}
 
 #[tokio::test]
 async fn charts_pass_helm_lint_with_default_and_restricted_values() {

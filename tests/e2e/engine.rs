@@ -519,7 +519,7 @@ async fn missing_api_key_secret_is_auth_secret_invalid_until_a_working_connectio
     apply(&connection(&ns)).await;
     apply(&json!({
         "apiVersion": "temporal.io/v1alpha1",
-        "kind": "TemporalConnection",
+        "kind": "Connection",
         "metadata": { "name": "cloud", "namespace": ns },
         "spec": {
             "hostPort": env().temporal_address,

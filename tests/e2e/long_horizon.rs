@@ -21,7 +21,7 @@ use twc_sandbox::up::StopMode;
 use crate::chaos::cluster::{Cluster, Private, status_text};
 use crate::harness::controls::wait_event;
 use crate::harness::tls::TlsFront;
-use crate::harness::twd::{condition, deployments, get_twd, target_build, worker};
+use crate::harness::twd::{condition, deployments, get_twd, legacy, target_build, worker};
 
 /// A rollout finishes well within this, even across an outage.
 const ROLLOUT: Duration = Duration::from_secs(300);
@@ -37,7 +37,8 @@ const CONFIGURATION_ERRORS: [&str; 3] = [
 /// A TWD named `name` running the sample worker `tag` through the TemporalConnection
 /// `connection`.
 fn twd(namespace: &str, name: &str, connection: &str, tag: &str, rollout: Value) -> Value {
-    let mut manifest = worker(namespace, name, tag, rollout);
+    // These tests run on the older kinds, which `twc` keeps serving.
+    let mut manifest = legacy(worker(namespace, name, tag, rollout));
     manifest["spec"]["workerOptions"]["connectionRef"]["name"] = json!(connection);
     manifest
 }
@@ -49,7 +50,7 @@ fn all_at_once() -> Value {
 /// The API-key Secret and TemporalConnection `cloud` to the dev server (TLS on, so it never
 /// connects).
 fn api_key_objects(cluster: &Cluster, namespace: &str) -> [Value; 2] {
-    let mut connection = cluster.connection(namespace, "cloud");
+    let mut connection = legacy(cluster.connection(namespace, "cloud"));
     connection["spec"]["apiKeySecretRef"] = json!({ "name": "cloud-api-key", "key": "key" });
     [
         json!({

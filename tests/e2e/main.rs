@@ -13,6 +13,7 @@ mod deploy;
 mod drain;
 mod engine;
 mod history;
+mod kinds;
 mod long_horizon;
 mod metrics;
 mod pod_runner;

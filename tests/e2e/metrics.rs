@@ -11,10 +11,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use kube::api::{Api, DeleteParams};
-use serde_json::json;
+use serde_json::{Value, json};
 use twc_crds::TemporalWorkerDeployment;
 
-use crate::harness::twd::{apply, connection, wait_ready, wait_reason, worker};
+use crate::harness::twd::{apply, legacy, wait_ready, wait_reason};
 use crate::harness::wait::wait_for;
 use crate::harness::{env, kube_client, test_namespace};
 
@@ -113,6 +113,17 @@ fn equals(scrape: &Scrape, series: &str, want: f64) -> Result<(), String> {
         Some(value) if *value == want => Ok(()),
         other => Err(format!("{series} = {other:?}, want {want}")),
     }
+}
+
+/// These tests run on the older kinds (TemporalWorkerDeployment, TemporalConnection), which
+/// `twc` keeps serving; the rest of the suite uses WorkerDeployment and Connection.
+fn worker(ns: &str, name: &str, tag: &str, rollout: Value) -> Value {
+    legacy(crate::harness::twd::worker(ns, name, tag, rollout))
+}
+
+/// The older kind of connection (see [`worker`]).
+fn connection(ns: &str) -> Value {
+    legacy(crate::harness::twd::connection(ns))
 }
 
 #[tokio::test]

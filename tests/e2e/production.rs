@@ -93,7 +93,7 @@ fn connection(
         spec.extend(extra.clone());
     }
     json!({
-        "apiVersion": "temporal.io/v1alpha1", "kind": "TemporalConnection",
+        "apiVersion": "temporal.io/v1alpha1", "kind": "Connection",
         "metadata": { "name": name, "namespace": namespace },
         "spec": spec
     })

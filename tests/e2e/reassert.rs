@@ -20,14 +20,23 @@ use twc_crds::{TemporalConnection, TemporalWorkerDeployment};
 
 use crate::harness::cli::{kubectl, temporal};
 use crate::harness::controls::{events, wait_event};
-use crate::harness::twd::{
-    apply, connection, deployments, get_twd, routing, target_build, wait_ready, worker,
-};
+use crate::harness::twd::{apply, deployments, get_twd, legacy, routing, target_build, wait_ready};
 use crate::harness::wait::wait_for;
 use crate::harness::{env, kube_client, test_namespace};
 
 /// Every TWD of these tests has this name.
 const NAME: &str = "hello";
+
+/// These tests run on the older kinds (TemporalWorkerDeployment, TemporalConnection), which
+/// `twc` keeps serving; the rest of the suite uses WorkerDeployment and Connection.
+fn worker(ns: &str, name: &str, tag: &str, rollout: Value) -> Value {
+    legacy(crate::harness::twd::worker(ns, name, tag, rollout))
+}
+
+/// The older kind of connection (see [`worker`]).
+fn connection(ns: &str) -> Value {
+    legacy(crate::harness::twd::connection(ns))
+}
 /// A rollout finishes well within this.
 const ROLLOUT: Duration = Duration::from_secs(150);
 /// A turn after a nudge re-asserts within this (the 5-minute resync is never waited for).

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use kube::api::{Api, DeleteParams};
 use serde_json::json;
-use twc_crds::TemporalWorkerDeployment;
 
 use crate::harness::twd::{
     apply, condition, connection, deployments, get_twd, routing, target_build, wait_ready,
@@ -314,7 +313,7 @@ async fn deleting_a_twd_returns_routing_to_unversioned_and_removes_everything() 
             .flatten()
             .any(|f| f == twc_crds::labels::DELETE_PROTECTION_FINALIZER)
     );
-    let api: Api<TemporalWorkerDeployment> = Api::namespaced(client.clone(), &ns);
+    let api: Api<twc_crds::WorkerDeployment> = Api::namespaced(client.clone(), &ns);
     if let Err(e) = api.delete("hello", &DeleteParams::default()).await {
         panic!("deleting TWD: {e}");
     }
@@ -338,7 +337,7 @@ async fn deleting_a_twd_returns_routing_to_unversioned_and_removes_everything() 
     let conn = crate::harness::cli::kubectl(
         &[
             "get",
-            "tconn",
+            "connection",
             "dev",
             "-n",
             &ns,

@@ -813,6 +813,10 @@ impl TwdWorkflow {
             .as_ref()
             .is_none_or(|current| signal.supersedes(current));
         if newer {
+            // Another object of the name took over: its status was never written by this run.
+            if self.spec.as_ref().is_some_and(|held| held.uid != signal.uid) {
+                self.last_status = None;
+            }
             // An aborted build rolls out again once the spec has moved on and come back to it.
             self.aborted.retain(|build| *build == signal.build_id);
             self.spec = Some(signal);

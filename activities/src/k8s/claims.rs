@@ -32,7 +32,10 @@ pub const TOOK_OVER: &str = "TookOver";
 
 /// Refuses the live objects of `claim.others` and hands over from those being deleted; returns
 /// the hand-overs done (Normal events on the holder).
-pub async fn settle_others(client: &Client, claim: &Claim) -> Result<Vec<ResourceChange>, K8sError> {
+pub async fn settle_others(
+    client: &Client,
+    claim: &Claim,
+) -> Result<Vec<ResourceChange>, K8sError> {
     let mut changes = Vec::new();
     if claim.holder.deleting() {
         // Everything of this name is being deleted: the deletion path cleans up and releases.
@@ -50,7 +53,11 @@ pub async fn settle_others(client: &Client, claim: &Claim) -> Result<Vec<Resourc
 
 /// Shows on `other` that `holder` drives its name's Temporal Worker Deployment; the Warning
 /// event goes out when the status first says so.
-async fn refuse(client: &Client, other: &WorkerObject, holder: &WorkerObject) -> Result<(), K8sError> {
+async fn refuse(
+    client: &Client,
+    other: &WorkerObject,
+    holder: &WorkerObject,
+) -> Result<(), K8sError> {
     let twd = twd_ref(other);
     let refused = status::refused(
         other.kind.as_str(),
@@ -61,12 +68,21 @@ async fn refuse(client: &Client, other: &WorkerObject, holder: &WorkerObject) ->
     );
     let message = refused.conditions[0].message.clone();
     let (written, before) = write_worker_status(client, other.kind, &twd, refused).await?;
-    let shown_before = before
-        .and_then(|b| b.status)
-        .is_some_and(|s| s.conditions.iter().any(|c| c.reason == REASON_DUPLICATE_CLAIM));
+    let shown_before = before.and_then(|b| b.status).is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.reason == REASON_DUPLICATE_CLAIM)
+    });
     if written == StatusWrite::Written && !shown_before {
         tracing::warn!(object = %other.describe(), holder = %holder.describe(), "refused: {message}");
-        emit_event_on(client, other, EventKind::Warning, REASON_DUPLICATE_CLAIM, &message).await?;
+        emit_event_on(
+            client,
+            other,
+            EventKind::Warning,
+            REASON_DUPLICATE_CLAIM,
+            &message,
+        )
+        .await?;
     }
     Ok(())
 }

@@ -281,7 +281,10 @@ async fn list_connections(
     namespace: &str,
 ) -> Result<Vec<NamespacedConnection>, K8sError> {
     let mut found = Vec::new();
-    for kind in [ConnectionKind::Connection, ConnectionKind::TemporalConnection] {
+    for kind in [
+        ConnectionKind::Connection,
+        ConnectionKind::TemporalConnection,
+    ] {
         let scope = ObjectName::new(kind.as_str(), namespace, "(all)");
         let listed = match connection_api(client, namespace, kind)
             .list(&ListParams::default())

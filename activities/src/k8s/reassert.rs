@@ -19,13 +19,13 @@ use twc_workflows::contract::{ReassertOutcome, ResourceChange};
 use twc_workflows::model::{SpecView, TwdRef};
 use twc_workflows::plan::spec_view::spec_view;
 
+use super::claims::settle_others;
 use super::connection::{ClusterAccess, resolve_connection};
 use super::deployment_builder::{build_deployment, selector_labels};
 use super::deployments::{apply_connection, list_owned_deployments, update_deployment};
 use super::error::{K8sError, ObjectName, ResolveError};
 use super::finalizers::restore_finalizers;
 use super::injection::{ServerCa, TLS_VOLUME};
-use super::claims::settle_others;
 use super::twd::read_claim;
 
 /// Why `reassert_resources` changed something: the reason of the Normal event it becomes.
@@ -457,10 +457,7 @@ mod tests {
         twd.into()
     }
 
-    fn desired<'a>(
-        twd: &'a WorkerObject,
-        connection: &'a TemporalConnectionSpec,
-    ) -> Desired<'a> {
+    fn desired<'a>(twd: &'a WorkerObject, connection: &'a TemporalConnectionSpec) -> Desired<'a> {
         Desired {
             twd,
             connection,

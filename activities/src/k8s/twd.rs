@@ -100,11 +100,7 @@ pub async fn list_workers(
 ) -> Result<Vec<WorkerObject>, K8sError> {
     let mut found = Vec::new();
     for kind in WorkerKind::ALL {
-        let scope = ObjectName::new(
-            kind.as_str(),
-            namespace.unwrap_or_default(),
-            "(all)",
-        );
+        let scope = ObjectName::new(kind.as_str(), namespace.unwrap_or_default(), "(all)");
         let api: Api<DynamicObject> = match namespace {
             Some(namespace) => worker_api(client, namespace, kind),
             None => Api::all_with(client.clone(), &kind.api_resource()),
@@ -149,12 +145,18 @@ mod tests {
                 OLD.into(),
                 fake_api::not_found("temporalworkerdeployments", "hello"),
             ),
-            (NEW.into(), fake_api::not_found("workerdeployments", "hello")),
+            (
+                NEW.into(),
+                fake_api::not_found("workerdeployments", "hello"),
+            ),
         ]);
         assert!(matches!(get_twd(&client, &twd()).await, Ok(None)));
         // A restarting API server that does not serve the CRD yet says nothing about the TWD.
         let client = fake_api::client(vec![
-            (NEW.into(), fake_api::not_found("workerdeployments", "hello")),
+            (
+                NEW.into(),
+                fake_api::not_found("workerdeployments", "hello"),
+            ),
             (OLD.into(), fake_api::unserved()),
         ]);
         match get_twd(&client, &twd()).await {

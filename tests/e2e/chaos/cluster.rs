@@ -116,11 +116,11 @@ impl Cluster {
         .await
     }
 
-    /// A TemporalConnection named `name` to this sandbox's Temporal.
+    /// A Connection named `name` to this sandbox's Temporal.
     pub fn connection(&self, namespace: &str, name: &str) -> Value {
         json!({
             "apiVersion": "temporal.io/v1alpha1",
-            "kind": "TemporalConnection",
+            "kind": "Connection",
             "metadata": { "name": name, "namespace": namespace },
             "spec": { "hostPort": self.env.temporal_address }
         })

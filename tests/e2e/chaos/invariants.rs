@@ -204,7 +204,9 @@ pub async fn assert_no_orphans(cluster: &Cluster, namespace: &str, expected: &[E
             .owner_references
             .iter()
             .flatten()
-            .find(|o| o.kind == "TemporalWorkerDeployment" && o.controller == Some(true))
+            .find(|o| {
+                twc_crds::WorkerKind::from_kind(&o.kind).is_some() && o.controller == Some(true)
+            })
             .map(|o| o.name.clone());
         let build = deployment
             .metadata

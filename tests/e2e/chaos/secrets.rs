@@ -208,7 +208,7 @@ async fn secrets_never_reach_histories_memos_objects_events_or_logs() {
         .kubectl(
             &[
                 "get",
-                "events,twd,tconn,deploy,configmaps",
+                "events,wd,connections,twd,tconn,deploy,configmaps",
                 "-n",
                 &ns,
                 "-o",

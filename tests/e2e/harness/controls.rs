@@ -148,7 +148,7 @@ pub async fn send(via: Via, action: &str, namespace: &str, name: &str) {
                 &[
                     "annotate",
                     "--overwrite",
-                    "twd",
+                    "wd",
                     name,
                     "-n",
                     namespace,
@@ -210,16 +210,22 @@ pub async fn wait_annotation_removed(client: &kube::Client, namespace: &str, nam
 /// One event of a TWD: (type, reason, message).
 pub type EventRow = (String, String, String);
 
-/// The TWD's events.
+/// The TWD's events (on either kind of its name).
 pub async fn events(client: &kube::Client, namespace: &str, name: &str) -> Vec<EventRow> {
     let api: Api<Event> = Api::namespaced(client.clone(), namespace);
-    let selector =
-        format!("involvedObject.kind=TemporalWorkerDeployment,involvedObject.name={name}");
+    let selector = format!("involvedObject.name={name}");
     api.list(&ListParams::default().fields(&selector))
         .await
         .map(|l| l.items)
         .unwrap_or_default()
         .into_iter()
+        .filter(|e| {
+            e.involved_object
+                .kind
+                .as_deref()
+                .and_then(twc_crds::WorkerKind::from_kind)
+                .is_some()
+        })
         .map(|e| {
             (
                 e.type_.unwrap_or_default(),

@@ -1,5 +1,6 @@
-//! Building, applying and reading TemporalWorkerDeployments, their Deployments and their
-//! routing in Temporal, for the engine tests.
+//! Building, applying and reading worker deployments (the `WorkerDeployment` kind by default;
+//! [`legacy`] turns a manifest into the older kinds), their Deployments and their routing in
+//! Temporal, for the engine tests.
 
 use std::time::Duration;
 
@@ -17,21 +18,33 @@ pub fn image(tag: &str) -> String {
     format!("twc.local/sample-worker:{tag}")
 }
 
-/// A TemporalConnection named `dev` to the sandbox's Temporal.
+/// A Connection named `dev` to the sandbox's Temporal.
 pub fn connection(namespace: &str) -> Value {
     json!({
         "apiVersion": "temporal.io/v1alpha1",
-        "kind": "TemporalConnection",
+        "kind": "Connection",
         "metadata": { "name": "dev", "namespace": namespace },
         "spec": { "hostPort": env().temporal_address }
     })
 }
 
-/// A TWD running the sample worker with `tag`, 1 replica, short sunset delays.
+/// `manifest` (a WorkerDeployment or Connection) as the older kind of the same name
+/// (TemporalWorkerDeployment, TemporalConnection), which `twc` keeps serving.
+pub fn legacy(mut manifest: Value) -> Value {
+    let older = match manifest["kind"].as_str() {
+        Some("WorkerDeployment") => "TemporalWorkerDeployment",
+        Some("Connection") => "TemporalConnection",
+        _ => return manifest,
+    };
+    manifest["kind"] = older.into();
+    manifest
+}
+
+/// A WorkerDeployment running the sample worker with `tag`, 1 replica, short sunset delays.
 pub fn worker(namespace: &str, name: &str, tag: &str, rollout: Value) -> Value {
     json!({
         "apiVersion": "temporal.io/v1alpha1",
-        "kind": "TemporalWorkerDeployment",
+        "kind": "WorkerDeployment",
         "metadata": { "name": name, "namespace": namespace },
         "spec": {
             "replicas": 1,
@@ -54,16 +67,30 @@ pub async fn apply(manifest: &Value) {
     assert!(out.success, "kubectl apply failed: {}", out.stderr);
 }
 
-/// Reads a TWD.
+/// Reads a worker deployment of either kind (the one holding its name's claim).
 pub async fn get_twd(
     client: &kube::Client,
     namespace: &str,
     name: &str,
 ) -> Result<TemporalWorkerDeployment, String> {
-    Api::<TemporalWorkerDeployment>::namespaced(client.clone(), namespace)
-        .get(name)
-        .await
-        .map_err(|e| e.to_string())
+    read_worker(client, namespace, name).await.map(|o| o.object)
+}
+
+/// Reads a worker deployment of either kind, with its kind.
+pub async fn read_worker(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<twc_crds::WorkerObject, String> {
+    let twd = twc_workflows::model::TwdRef {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+    };
+    match twc_activities::k8s::get_twd(client, &twd).await {
+        Ok(Some(object)) => Ok(object),
+        Ok(None) => Err(format!("no worker deployment {namespace}/{name}")),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// A condition of a TWD: (status, reason, message).

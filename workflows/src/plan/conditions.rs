@@ -65,7 +65,11 @@ pub fn deletion_condition(blocked_by: Option<CleanupBlock>, message: &str) -> Co
 
 /// `[Ready, Progressing]` of an object refused because `holder` (`<Kind> <namespace>/<name>`)
 /// already drives the Temporal Worker Deployment `temporal_name`.
-pub fn refused_conditions(this_kind: &str, holder: &str, temporal_name: &str) -> [ConditionView; 2] {
+pub fn refused_conditions(
+    this_kind: &str,
+    holder: &str,
+    temporal_name: &str,
+) -> [ConditionView; 2] {
     let message = format!(
         "{holder} already manages Temporal worker deployment {temporal_name}; this {this_kind} \
          changes nothing until {holder} is deleted, then takes over its versions, routing and \
