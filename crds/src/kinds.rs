@@ -213,7 +213,8 @@ mod tests {
         use WorkerKind::{TemporalWorkerDeployment as Twd, WorkerDeployment as Wd};
         let (t1, t2) = (at(100), at(200));
         // (objects as (kind, created, uid, deleting), index of the holder)
-        let cases: Vec<(Vec<(WorkerKind, Option<&Time>, &str, bool)>, Option<usize>)> = vec![
+        type Object<'a> = (WorkerKind, Option<&'a Time>, &'a str, bool);
+        let cases: Vec<(Vec<Object<'_>>, Option<usize>)> = vec![
             (vec![], None),
             (vec![(Wd, Some(&t1), "a", false)], Some(0)),
             // A lone object being deleted still holds it: its deletion cleans Temporal up.

@@ -814,7 +814,11 @@ impl TwdWorkflow {
             .is_none_or(|current| signal.supersedes(current));
         if newer {
             // Another object of the name took over: its status was never written by this run.
-            if self.spec.as_ref().is_some_and(|held| held.uid != signal.uid) {
+            if self
+                .spec
+                .as_ref()
+                .is_some_and(|held| held.uid != signal.uid)
+            {
                 self.last_status = None;
             }
             // An aborted build rolls out again once the spec has moved on and come back to it.

@@ -34,6 +34,9 @@ pub fn worker_object_name(kind: WorkerKind, namespace: &str, name: &str) -> Obje
 }
 
 /// Reads a listed or fetched object of `kind` into the controller's type.
+// The error is the crate's one error type, as every caller returns it (async callers carry it
+// in their futures anyway).
+#[allow(clippy::result_large_err)]
 pub fn parse_worker(
     kind: WorkerKind,
     object: DynamicObject,
