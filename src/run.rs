@@ -50,6 +50,13 @@ pub struct RunArgs {
     /// Every replica of one installation must use the same value.
     #[arg(long, env = "TWC_IDENTITY", default_value = "twc")]
     identity: String,
+    /// Manager identities of another controller whose worker deployments this one takes over:
+    /// when a routing change meets a worker deployment managed by one of them, the manager
+    /// identity is claimed instead of the change stopping (an exact identity, or a prefix
+    /// ending in `*`, e.g. `temporal-worker-controller/temporal-system/*`; comma-separated or
+    /// repeated). Only once that controller is stopped: see the migration guide in README.md.
+    #[arg(long, env = "TWC_TAKE_OVER_MANAGER_FROM", value_delimiter = ',')]
+    take_over_manager_from: Vec<String>,
     /// Comma-separated namespaces to watch (default: all).
     #[arg(long, env = "TWC_WATCH_NAMESPACES", value_delimiter = ',')]
     watch_namespaces: Vec<String>,
@@ -172,7 +179,10 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         .await;
     });
     let activities = EngineActivities::new(kube, config.identity.clone(), Arc::clone(&metrics))
-        .with_cluster_access(cluster_access);
+        .with_cluster_access(cluster_access)
+        .with_take_over(twc_activities::temporal::TakeOver::new(
+            args.take_over_manager_from.clone(),
+        ));
     let mut stop_trim = stop_rx.clone();
     let trim = tokio::spawn(memory::trim_every(args.heap_trim_interval, async move {
         let _ = stop_trim.wait_for(|stop| *stop).await;

@@ -28,6 +28,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use temporalio_client::errors::WorkflowInteractionError;
 use temporalio_client::{Client, WorkflowSignalOptions, WorkflowStartOptions};
+use twc_activities::k8s::adoption;
 use twc_activities::k8s::connection::cluster_connection_unsupported;
 use twc_activities::k8s::twd::{split_claim, worker_api};
 use twc_activities::metrics::Metrics;
@@ -123,7 +124,7 @@ pub async fn run(
     let watches = config.namespaces.len().max(1);
     let mut sync = InitialSync::new(watches, synced);
     let mut workers = Workers::default();
-    let mut signals = Signals::default();
+    let mut signals = Signals::new(kube.clone());
     loop {
         tokio::select! {
             () = &mut shutdown => return,
@@ -496,6 +497,7 @@ enum Signalled {
 
 /// Signals a TWD's workflow if its generation or deletion state is new (or `force`).
 async fn signal_twd(
+    kube: &kube::Client,
     engine: &Client,
     config: &WatcherConfig,
     sent: &Sent,
@@ -514,9 +516,32 @@ async fn signal_twd(
         return Signalled::Unchanged;
     }
     let twd_ref = TwdRef { namespace, name };
+    // First sight of a worker deployment another controller managed: take over the build of a
+    // live Deployment running its template, so that nothing is rolled out again.
+    let mut adopted = None;
+    if adoption::may_adopt(twd) {
+        match adoption::find_adoptable_build(kube, twd).await {
+            Ok(None) => {}
+            Ok(Some(build)) => match adoption::record_adoption(kube, twd, &build).await {
+                Ok(()) => adopted = Some(build),
+                Err(e) => {
+                    tracing::warn!(twd = %twd_ref.key(), "recording an adopted build failed (will retry): {e}");
+                    return Signalled::Failed;
+                }
+            },
+            Err(e) => {
+                tracing::warn!(twd = %twd_ref.key(), "looking for a build to take over failed (will retry): {e}");
+                return Signalled::Failed;
+            }
+        }
+    }
+    let build_id = match adopted {
+        Some(adopted) => adopted.build_id,
+        None => twc_crds::build_id::target_build_id(twd).to_string(),
+    };
     let signal = SpecSignal {
         generation,
-        build_id: twc_crds::build_id::compute_build_id(&twd.spec).to_string(),
+        build_id,
         deleting,
         uid: Some(uid.clone()),
     };
@@ -624,8 +649,9 @@ type SignalInFlight = futures::future::BoxFuture<'static, (WorkerObject, bool, b
 /// signal is in flight waits, and replaces any older one waiting, forced if either was), the
 /// rest in arrival order. A forced signal (a nudge after a connection change) is sent even when
 /// the TWD's generation was.
-#[derive(Default)]
 struct Signals {
+    /// The Kubernetes client (a first signal may take a build over: [`signal_twd`]).
+    kube: kube::Client,
     in_flight: futures::stream::FuturesUnordered<SignalInFlight>,
     /// TWDs with a signal in flight.
     busy: HashSet<(String, String)>,
@@ -636,6 +662,16 @@ struct Signals {
 }
 
 impl Signals {
+    fn new(kube: kube::Client) -> Self {
+        Self {
+            kube,
+            in_flight: Default::default(),
+            busy: Default::default(),
+            queued: Default::default(),
+            backlog: Default::default(),
+        }
+    }
+
     fn key(twd: &WorkerObject) -> (String, String) {
         (
             twd.metadata.namespace.clone().unwrap_or_default(),
@@ -678,10 +714,10 @@ impl Signals {
             .map(|seen| (key.clone(), seen.clone()))
             .into_iter()
             .collect();
-        let (engine, config) = (engine.clone(), config.clone());
+        let (engine, config, kube) = (engine.clone(), config.clone(), self.kube.clone());
         self.busy.insert(key);
         self.in_flight.push(Box::pin(async move {
-            let outcome = signal_twd(&engine, &config, &known, &twd, force).await;
+            let outcome = signal_twd(&kube, &engine, &config, &known, &twd, force).await;
             (twd, force, fresh, outcome)
         }));
     }

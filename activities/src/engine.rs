@@ -72,6 +72,8 @@ pub struct EngineActivities {
     connection_states: Arc<Mutex<HashMap<String, (bool, String)>>>,
     /// Whether ClusterConnections may be used (not when restricted to namespaces).
     cluster_access: ClusterAccess,
+    /// Manager identities of another controller taken over (`--take-over-manager-from`).
+    take_over: temporal::TakeOver,
 }
 
 /// A TWD resolved for work against its Temporal.
@@ -112,7 +114,15 @@ impl EngineActivities {
             metrics,
             connection_states: Arc::new(Mutex::new(HashMap::new())),
             cluster_access: ClusterAccess::Granted,
+            take_over: temporal::TakeOver::default(),
         }
+    }
+
+    /// The same activities claiming the manager identity of worker deployments from the
+    /// identities `take_over` covers instead of stopping at them.
+    pub fn with_take_over(mut self, take_over: temporal::TakeOver) -> Self {
+        self.take_over = take_over;
+        self
     }
 
     /// The same activities with `access` to cluster-scoped objects: [`ClusterAccess::Restricted`]
@@ -685,11 +695,15 @@ impl EngineActivities {
                 tracing::info!(twd = %request.twd.key(), change = ?request.change, target = %resolved.spec.target_build_id, "routing change for a build the TWD no longer targets; not written");
                 return Ok(RoutingOutcome::Conflict);
             }
-            let result = temporal::set_routing(
+            let manager = temporal::Manager {
+                identity: &self.identity,
+                take_over: &self.take_over,
+            };
+            let result = temporal::set_routing_as(
                 &resolved.temporal,
                 &resolved.spec.temporal_namespace,
                 &request.twd.key(),
-                &self.identity,
+                &manager,
                 request.change,
                 request.conflict_token.as_deref(),
             )

@@ -73,6 +73,27 @@ pub fn compute_build_id(spec: &TemporalWorkerDeploymentSpec) -> BuildId {
     }
 }
 
+/// The build ID of a worker deployment's current spec: the build taken over for exactly this
+/// pod template (`status.adoptedBuild`, see [`crate::worker_deployment::AdoptedBuild`]) unless
+/// a custom build ID is set, else [`compute_build_id`].
+pub fn target_build_id(twd: &crate::TemporalWorkerDeployment) -> BuildId {
+    if twd.spec.worker_options.unsafe_custom_build_id.is_none()
+        && let Some(adopted) = adopted_build(twd)
+    {
+        return BuildId(adopted.build_id.clone());
+    }
+    compute_build_id(&twd.spec)
+}
+
+/// `status.adoptedBuild` when it stands for the current pod template.
+pub fn adopted_build(
+    twd: &crate::TemporalWorkerDeployment,
+) -> Option<&crate::worker_deployment::AdoptedBuild> {
+    let adopted = twd.status.as_ref()?.adopted_build.as_ref()?;
+    (adopted.template_hash == template_hash(&twd.spec.template) && !adopted.build_id.is_empty())
+        .then_some(adopted)
+}
+
 /// Hex SHA-256 of the canonical JSON (keys sorted, no whitespace) of a pod template.
 pub fn template_hash(template: &PodTemplateSpec) -> String {
     // A PodTemplateSpec always serializes; fall back to Null rather than panicking.
@@ -206,6 +227,43 @@ fn trim_separators(value: &str) -> &str {
 mod tests {
     use super::*;
     use crate::worker_deployment::test_support::spec_with_image;
+
+    #[test]
+    fn an_adopted_build_stands_for_its_template_only() {
+        use crate::TemporalWorkerDeployment;
+        use crate::worker_deployment::{AdoptedBuild, TemporalWorkerDeploymentStatus};
+        let twd = |image: &str, adopted_for: Option<&str>, custom: Option<&str>| {
+            let mut spec = spec_with_image(image);
+            spec.worker_options.unsafe_custom_build_id = custom.map(str::to_owned);
+            let mut twd = TemporalWorkerDeployment::new("w", spec);
+            twd.status = adopted_for.map(|for_image| TemporalWorkerDeploymentStatus {
+                adopted_build: Some(AdoptedBuild {
+                    build_id: "v1-4b95".into(),
+                    template_hash: template_hash(&spec_with_image(for_image).template),
+                }),
+                ..Default::default()
+            });
+            twd
+        };
+        let computed = |image: &str| compute_build_id(&spec_with_image(image)).to_string();
+        // (image, adopted for the template of, custom build ID, target build)
+        let cases = [
+            ("w:v1", None, None, computed("w:v1")),
+            ("w:v1", Some("w:v1"), None, "v1-4b95".to_owned()),
+            // The template moved on: the adoption lapses.
+            ("w:v2", Some("w:v1"), None, computed("w:v2")),
+            // A custom build ID wins.
+            ("w:v1", Some("w:v1"), Some("mine"), "mine".to_owned()),
+        ];
+        for (image, adopted_for, custom, expected) in cases {
+            let object = twd(image, adopted_for, custom);
+            assert_eq!(
+                target_build_id(&object).as_str(),
+                expected,
+                "{image} {adopted_for:?} {custom:?}"
+            );
+        }
+    }
 
     #[test]
     fn image_prefix_takes_tag_then_digest_then_path() {

@@ -833,6 +833,23 @@ pub struct TemporalWorkerDeploymentStatus {
     /// Label selector of every pod of this worker, all versions (for `/scale`: HPA, KEDA).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+    /// The build ID of a version another controller made (the Go Temporal Worker Controller)
+    /// whose Deployment runs exactly the current pod template, taken over instead of computing a
+    /// new one; it lapses when the template changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopted_build: Option<AdoptedBuild>,
+}
+
+/// A build ID taken over for a pod template.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AdoptedBuild {
+    /// The build ID, as the version's Deployment is labelled.
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    /// SHA-256 of the pod template it stands for (the `temporal.io/pod-template-spec-hash` of
+    /// this controller).
+    pub template_hash: String,
 }
 
 /// Lifecycle state of a version, from Temporal's point of view.

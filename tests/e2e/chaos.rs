@@ -637,7 +637,7 @@ async fn signal_spec(cluster: &Cluster, namespace: &str, name: &str) {
     };
     let signal = SpecSignal {
         generation: twd.metadata.generation.unwrap_or_default(),
-        build_id: twc_crds::build_id::compute_build_id(&twd.spec).to_string(),
+        build_id: twc_crds::build_id::target_build_id(&twd).to_string(),
         deleting: false,
         uid: twd.metadata.uid.clone(),
     };

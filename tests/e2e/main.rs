@@ -21,4 +21,5 @@ mod production;
 mod reassert;
 mod recovery;
 mod rollout;
+mod takeover;
 mod tracing;

@@ -87,6 +87,10 @@ pub struct SpecView {
     /// `spec.autoscaling` (absent in histories from before it existed, and when unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<AutoscalePolicy>,
+    /// `status.adoptedBuild` while it stands for the current pod template: the target build
+    /// was taken over from another controller (kept in the status the engine writes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopted_build: Option<twc_crds::worker_deployment::AdoptedBuild>,
 }
 
 /// Backlog-driven replicas (`spec.autoscaling`), windows in milliseconds.

@@ -248,6 +248,14 @@ pub(super) fn apply_connection(
     ca: ServerCa,
 ) -> bool {
     let hash = injection::connection_spec_hash(connection, ca);
+    // Stamped when taken over from another controller with these settings (`adoption`).
+    if deployment
+        .annotations()
+        .get(super::adoption::ADOPTED_CONNECTION_HASH)
+        == Some(&hash)
+    {
+        return false;
+    }
     let Some(spec) = deployment.spec.as_mut() else {
         return false;
     };

@@ -7,6 +7,7 @@
 //! conflict-retried patches guarded by resourceVersion), so a retried activity converges.
 //! Secret values are never logged or returned in errors.
 
+pub mod adoption;
 pub mod claims;
 pub mod conditions;
 pub mod connection;

@@ -8,6 +8,7 @@
 //! namespaces), the connection and its Secret, and the TWD's Deployments.
 //! What to change is decided by pure functions over the objects read ([`bring_up_to_date`]).
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -19,12 +20,16 @@ use twc_workflows::contract::{ReassertOutcome, ResourceChange};
 use twc_workflows::model::{SpecView, TwdRef};
 use twc_workflows::plan::spec_view::spec_view;
 
+use super::adoption::{
+    ADOPTED_CONNECTION_HASH, ADOPTED_TEMPLATE_HASH, runs_template, stamp_deployment,
+};
 use super::claims::settle_others;
 use super::connection::{ClusterAccess, resolve_connection};
 use super::deployment_builder::{build_deployment, selector_labels};
 use super::deployments::{apply_connection, list_owned_deployments, update_deployment};
 use super::error::{K8sError, ObjectName, ResolveError};
 use super::finalizers::restore_finalizers;
+use super::injection::connection_spec_hash;
 use super::injection::{ServerCa, TLS_VOLUME};
 use super::twd::read_claim;
 
@@ -111,11 +116,23 @@ pub async fn reassert_resources(
         ca,
         in_place: in_place_build(&resource, &view),
     };
-    for deployment in list_owned_deployments(client, twd, &view.uid).await? {
+    for mut deployment in list_owned_deployments(client, twd, &view.uid).await? {
+        if deployment.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        // A Deployment another controller made whose pods already run what this one would
+        // write is stamped as such, not rewritten (which would restart its pods).
+        let stamps = adoption_stamps(client, &deployment, &desired).await?;
+        if !stamps.is_empty() {
+            stamp_deployment(client, &deployment, &stamps).await?;
+            deployment
+                .metadata
+                .annotations
+                .get_or_insert_default()
+                .extend(stamps);
+        }
         // Decided on the copy just listed, so an up-to-date Deployment costs no further read.
-        if deployment.metadata.deletion_timestamp.is_some()
-            || bring_up_to_date(&mut deployment.clone(), &desired).is_none()
-        {
+        if bring_up_to_date(&mut deployment.clone(), &desired).is_none() {
             continue;
         }
         let name = deployment.name_any();
@@ -146,6 +163,61 @@ pub struct Desired<'a> {
     pub ca: ServerCa,
     /// The build whose Deployment follows template edits in place (see [`in_place_build`]).
     pub in_place: Option<BuildId>,
+}
+
+/// The stamps (Deployment annotations) a Deployment another controller made gets because its
+/// pods already run what `desired` asks: the connection's settings
+/// ([`ADOPTED_CONNECTION_HASH`]) and, for the in-place build, the pod template
+/// ([`ADOPTED_TEMPLATE_HASH`], checked by a dry run).
+async fn adoption_stamps(
+    client: &Client,
+    deployment: &Deployment,
+    desired: &Desired<'_>,
+) -> Result<BTreeMap<String, String>, K8sError> {
+    let mut stamps = BTreeMap::new();
+    let made_here = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.labels.as_ref())
+        .and_then(|l| l.get(labels::MANAGED_BY))
+        .is_some_and(|v| v == labels::MANAGED_BY_VALUE);
+    if made_here {
+        return Ok(stamps);
+    }
+    if let Some(hash) = adopted_connection(deployment, desired) {
+        stamps.insert(ADOPTED_CONNECTION_HASH.to_owned(), hash);
+    }
+    let in_place = desired.in_place.as_ref().is_some_and(|build| {
+        deployment.labels().get(labels::BUILD_ID)
+            == selector_labels(&desired.twd.name_any(), build).get(labels::BUILD_ID)
+    });
+    let wanted = build_id::template_hash(&desired.twd.spec.template);
+    let stamped = deployment.annotations().get(ADOPTED_TEMPLATE_HASH) == Some(&wanted);
+    if in_place && !stamped && runs_template(client, deployment, desired.twd).await? {
+        stamps.insert(ADOPTED_TEMPLATE_HASH.to_owned(), wanted);
+    }
+    Ok(stamps)
+}
+
+/// The connection hash to stamp on `deployment` when its pods carry exactly the settings
+/// `desired` would inject, under another controller's annotation.
+fn adopted_connection(deployment: &Deployment, desired: &Desired<'_>) -> Option<String> {
+    let hash = connection_spec_hash(desired.connection, desired.ca);
+    let pod_hash = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(labels::CONNECTION_SPEC_HASH));
+    if pod_hash == Some(&hash)
+        || deployment.annotations().get(ADOPTED_CONNECTION_HASH) == Some(&hash)
+    {
+        return None;
+    }
+    let build = BuildId::new(deployment.labels().get(labels::BUILD_ID)?.clone());
+    let built = build_deployment(desired.twd, desired.connection, &build, desired.ca);
+    (pod_connection(deployment) == pod_connection(&built)).then_some(hash)
 }
 
 /// The build rolled in place on template edits: the target build under `unsafeCustomBuildID`
@@ -231,10 +303,13 @@ fn roll_template(deployment: &mut Deployment, desired: &Desired<'_>) -> bool {
     if deployment.labels().get(labels::BUILD_ID) != build_label.as_ref() {
         return false;
     }
+    let wanted = build_id::template_hash(&desired.twd.spec.template);
+    if deployment.annotations().get(ADOPTED_TEMPLATE_HASH) == Some(&wanted) {
+        return false;
+    }
     let Some(spec) = deployment.spec.as_mut() else {
         return false;
     };
-    let wanted = build_id::template_hash(&desired.twd.spec.template);
     let stale = spec
         .template
         .metadata

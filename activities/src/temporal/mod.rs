@@ -36,7 +36,7 @@ pub use gate::{
     gate_workflow_id_prefix, start_gates, stop_build_gates, wait_gates,
 };
 pub use pool::{ClientPool, PoolKey, PoolOptions, TemporalClient};
-pub use routing::{reset_to_unversioned, set_routing};
+pub use routing::{Manager, TakeOver, reset_to_unversioned, set_routing, set_routing_as};
 pub use versions::{delete_version, delete_worker_deployment};
 
 #[cfg(test)]

@@ -50,6 +50,74 @@ pub async fn set_routing(
     change: RoutingChange,
     conflict_token: Option<&str>,
 ) -> Result<RoutingOutcome, TemporalError> {
+    let none = TakeOver::default();
+    let manager = Manager {
+        identity,
+        take_over: &none,
+    };
+    set_routing_as(
+        client,
+        namespace,
+        deployment_name,
+        &manager,
+        change,
+        conflict_token,
+    )
+    .await
+}
+
+/// Who writes routing: this controller's identity, and the identities it takes worker
+/// deployments over from.
+#[derive(Debug, Clone, Copy)]
+pub struct Manager<'a> {
+    /// The identity claimed as manager and sent with every write.
+    pub identity: &'a str,
+    /// Manager identities claimed over instead of refused.
+    pub take_over: &'a TakeOver,
+}
+
+/// Manager identities of another controller (the Go Temporal Worker Controller) whose worker
+/// deployments this controller takes over, claiming the manager identity from them instead of
+/// stopping at it (`--take-over-manager-from`): exact identities, or prefixes ending in `*`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TakeOver(Vec<String>);
+
+impl TakeOver {
+    /// From the flag's values (empty ones ignored).
+    pub fn new(patterns: impl IntoIterator<Item = String>) -> Self {
+        Self(
+            patterns
+                .into_iter()
+                .map(|p| p.trim().to_owned())
+                .filter(|p| !p.is_empty())
+                .collect(),
+        )
+    }
+
+    /// Whether `holder` is an identity taken over from.
+    pub fn covers(&self, holder: &str) -> bool {
+        !holder.is_empty()
+            && self
+                .0
+                .iter()
+                .any(|pattern| match pattern.strip_suffix('*') {
+                    Some(prefix) => holder.starts_with(prefix),
+                    None => holder == pattern,
+                })
+    }
+}
+
+/// [`set_routing`] for `manager`: a manager identity it [`TakeOver::covers`] is claimed like a
+/// free one.
+pub async fn set_routing_as(
+    client: &TemporalClient,
+    namespace: &str,
+    deployment_name: &str,
+    manager: &Manager<'_>,
+    change: RoutingChange,
+    conflict_token: Option<&str>,
+) -> Result<RoutingOutcome, TemporalError> {
+    let identity = manager.identity;
     let state = match fetch_worker_deployment(client, namespace, deployment_name).await {
         Ok(Some(state)) => state,
         Ok(None) if change == RoutingChange::ClearRamp => return Ok(RoutingOutcome::Applied),
@@ -67,11 +135,15 @@ pub async fn set_routing(
     if change == RoutingChange::ClearRamp && state.ramping_build_id.is_none() {
         return Ok(RoutingOutcome::Applied);
     }
-    if let Some(blocked) = held_by_other(&state, deployment_name, identity) {
+    let taking_over = manager.take_over.covers(&state.manager_identity);
+    if !taking_over && let Some(blocked) = held_by_other(&state, deployment_name, identity) {
         return Ok(RoutingOutcome::Blocked(blocked));
     }
     let mut token = decode_token(conflict_token.unwrap_or(&state.conflict_token))?;
-    if state.manager_identity.is_empty() {
+    if taking_over {
+        info!(%namespace, %deployment_name, from = %state.manager_identity, "taking the manager identity over (--take-over-manager-from)");
+    }
+    if state.manager_identity.is_empty() || taking_over {
         match claim_manager(client, namespace, deployment_name, identity, token).await {
             Ok(new_token) => token = new_token,
             Err(err) => return write_failure(err, deployment_name),
@@ -184,7 +256,8 @@ fn manager_blocked(deployment_name: &str, holder: &str) -> Blocked {
         reason: BlockReason::PlanExecutionFailed,
         message: format!(
             "manager identity of worker deployment {deployment_name} is held by '{holder}'; run \
-             `{}` to let the controller manage it",
+             `{}` to let the controller manage it, or, when that is another controller you are \
+             moving from (stopped), start this one with --take-over-manager-from '{holder}'",
             unset_command(deployment_name, holder)
         ),
     }
@@ -394,6 +467,33 @@ async fn stamp_metadata(
             )
         })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod take_over_tests {
+    use super::*;
+
+    #[test]
+    fn only_the_identities_named_are_taken_over() {
+        let take_over = TakeOver::new([
+            "temporal-worker-controller/tw-system/*".to_owned(),
+            "legacy".to_owned(),
+            " ".to_owned(),
+        ]);
+        // (holder, taken over)
+        let cases = [
+            ("temporal-worker-controller/tw-system/0f3a-uid", true),
+            ("temporal-worker-controller/other/0f3a-uid", false),
+            ("legacy", true),
+            ("legacy/more", false),
+            ("", false),
+            ("twc", false),
+        ];
+        for (holder, expected) in cases {
+            assert_eq!(take_over.covers(holder), expected, "{holder}");
+        }
+        assert!(!TakeOver::default().covers("anyone"));
+    }
 }
 
 #[cfg(test)]

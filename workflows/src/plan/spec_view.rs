@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use twc_crds::TemporalWorkerDeployment;
-use twc_crds::build_id::compute_build_id;
+use twc_crds::build_id::{adopted_build, target_build_id};
 use twc_crds::duration::parse_duration;
 use twc_crds::naming::versioned_deployment_name;
 use twc_crds::worker_deployment::{
@@ -33,7 +33,7 @@ pub fn spec_view(twd: &TemporalWorkerDeployment) -> SpecView {
     let meta = &twd.metadata;
     let mut invalid = Vec::new();
 
-    let build_id = compute_build_id(spec);
+    let build_id = target_build_id(twd);
     let name = meta.name.as_deref().unwrap_or_default();
 
     let steps = step_views(
@@ -140,6 +140,7 @@ pub fn spec_view(twd: &TemporalWorkerDeployment) -> SpecView {
         drain,
         analysis,
         autoscaling,
+        adopted_build: adopted_build(twd).cloned(),
     }
 }
 
@@ -592,7 +593,7 @@ mod tests {
             });
         });
         let view = spec_view(&twd);
-        let build = compute_build_id(&twd.spec);
+        let build = twc_crds::build_id::compute_build_id(&twd.spec);
 
         assert_eq!(view.invalid, Vec::<String>::new());
         assert_eq!(view.generation, 7);

@@ -52,6 +52,7 @@ pub fn project(
         temporal,
     };
 
+    status.adopted_build = spec.adopted_build.clone();
     status.target_version = Some(target_version(&versions, target, report));
     status.current_version = routing.current.map(|build| versions.status(build));
     status.deprecated_versions = deprecated_versions(&versions, target);
