@@ -467,5 +467,95 @@ async fn a_fleet_of_the_go_controller_is_taken_over_with_nothing_moving() {
             }
         })
         .await;
+
+    // Handing back (README, "Moving back to the Go controller"): pin the build with
+    // unsafeCustomBuildID while twc runs (nothing moves), stop twc; the Go controller then finds
+    // its target built, routed, and its Deployments carrying its connection hash and no
+    // pod-template hash of its own, so it changes nothing.
+    let current = target_build(
+        &get_twd(&cluster.client, &ns, "orders")
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+    )
+    .unwrap_or_default();
+    let before = snapshot(cluster, &ns, &pinned)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut pinned_build = orders.manifest(&ns, "v2");
+    pinned_build["spec"]["workerOptions"]["unsafeCustomBuildID"] = json!(current);
+    cluster.apply(&pinned_build).await;
+    cluster
+        .wait("the pinned build is taken as the target", WAIT, || async {
+            let twd = get_twd(&cluster.client, &ns, "orders").await?;
+            let seen = twd.status.as_ref().and_then(|s| s.observed_generation);
+            if seen == twd.metadata.generation
+                && target_build(&twd).as_deref() == Some(current.as_str())
+            {
+                Ok(())
+            } else {
+                Err(serde_json::to_string(&twd.status).unwrap_or_default())
+            }
+        })
+        .await;
+    holds_for(
+        "nothing moved when the build was pinned",
+        Duration::from_secs(5),
+        || async {
+            let now = snapshot(cluster, &ns, &pinned).await?;
+            if now == before {
+                Ok(())
+            } else {
+                Err(format!("before:\n{before}\nnow:\n{now}"))
+            }
+        },
+    )
+    .await;
+    assert!(private.sandbox.kill_controller().await.is_some());
+    let deployments: Value = serde_json::from_str(
+        &cluster
+            .kubectl(
+                &[
+                    "get",
+                    "deployments",
+                    "-n",
+                    &ns,
+                    "-l",
+                    "temporal.io/deployment-name=orders",
+                    "-o",
+                    "json",
+                ],
+                None,
+            )
+            .await
+            .stdout,
+    )
+    .unwrap_or_default();
+    let target = deployments["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["metadata"]["labels"]["temporal.io/build-id"] == json!(current))
+        .cloned()
+        .unwrap_or_else(|| panic!("no Deployment of {current}: {deployments}"));
+    let annotations = &target["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(
+        annotations["temporal.io/connection-spec-hash"],
+        json!(hex_sha256(&cluster.env.temporal_address))
+    );
+    assert!(
+        annotations
+            .get("temporal.io/pod-template-spec-hash")
+            .is_none(),
+        "{annotations}"
+    );
+    assert_eq!(
+        target["metadata"]["name"],
+        json!(versioned_deployment_name("orders", &BuildId::new(&current)))
+    );
+    let r = cluster
+        .routing(&format!("{ns}/orders"))
+        .await
+        .unwrap_or_default();
+    assert_eq!(r.current.as_deref(), Some(current.as_str()));
     private.sandbox.stop().await;
 }

@@ -36,12 +36,12 @@ use super::twd::{worker_api, worker_object_name};
 
 /// Deployment annotation: the connection hash of `twc` for the settings the pods of a taken-over
 /// Deployment already carry (its own pod-template annotation is another controller's).
-pub const ADOPTED_CONNECTION_HASH: &str = "temporal.io/adopted-connection-spec-hash";
+pub const ADOPTED_CONNECTION_HASH: &str = "twc.temporal.io/adopted-connection-hash";
 
 /// Deployment annotation: the pod-template hash of `twc` for the template the pods of a
 /// taken-over Deployment already run (under `unsafeCustomBuildID`, whose Deployment follows
 /// template edits in place).
-pub const ADOPTED_TEMPLATE_HASH: &str = "temporal.io/adopted-pod-template-spec-hash";
+pub const ADOPTED_TEMPLATE_HASH: &str = "twc.temporal.io/adopted-pod-template-hash";
 
 /// Env vars a controller sets in every container (the Temporal identity of the version and the
 /// connection's settings): not part of the user's template.
@@ -53,7 +53,12 @@ const IDENTITY_ENV: &[&str] = &[
 ];
 
 /// Pod-template annotations a controller sets.
-const CONTROLLER_ANNOTATIONS: &[&str] = &[labels::POD_TEMPLATE_HASH, labels::CONNECTION_SPEC_HASH];
+const CONTROLLER_ANNOTATIONS: &[&str] = &[
+    labels::POD_TEMPLATE_HASH,
+    labels::CONNECTION_SPEC_HASH,
+    labels::GO_POD_TEMPLATE_SPEC_HASH,
+    labels::GO_CONNECTION_SPEC_HASH,
+];
 
 /// Whether `twd` may take over a build: it never had a status from `twc` (its status has no
 /// `rollout`), records no adoption yet, uses no custom build ID and is not being deleted.
@@ -308,8 +313,11 @@ mod tests {
             (labels::DEPLOYMENT_NAME.to_owned(), "hello".to_owned()),
         ]);
         meta.annotations.get_or_insert_default().extend([
-            (labels::POD_TEMPLATE_HASH.to_owned(), "aa".to_owned()),
-            (labels::CONNECTION_SPEC_HASH.to_owned(), "bb".to_owned()),
+            (
+                labels::GO_POD_TEMPLATE_SPEC_HASH.to_owned(),
+                "aa".to_owned(),
+            ),
+            (labels::GO_CONNECTION_SPEC_HASH.to_owned(), "bb".to_owned()),
         ]);
         if let Some(pod) = template.spec.as_mut() {
             for c in &mut pod.containers {

@@ -42,6 +42,10 @@ pub fn build_deployment(
         labels::CONNECTION_SPEC_HASH.into(),
         injection::connection_spec_hash(connection, ca),
     );
+    pod_annotations.insert(
+        labels::GO_CONNECTION_SPEC_HASH.into(),
+        injection::go_connection_spec_hash(connection),
+    );
 
     let identity = WorkerIdentity {
         temporal_namespace: twd.spec.worker_options.temporal_namespace.clone(),

@@ -269,6 +269,10 @@ pub(super) fn apply_connection(
         return false;
     }
     annotations.insert(labels::CONNECTION_SPEC_HASH.to_owned(), hash);
+    annotations.insert(
+        labels::GO_CONNECTION_SPEC_HASH.to_owned(),
+        injection::go_connection_spec_hash(connection),
+    );
     if let Some(pod) = spec.template.spec.as_mut() {
         injection::reinject_connection(pod, connection, ca);
     }

@@ -75,6 +75,30 @@ pub struct WorkerIdentity {
     pub build_id: String,
 }
 
+/// The Go controller's connection hash (its `temporal.io/connection-spec-hash`): hex SHA-256 of
+/// the address, the TLS server name and the mutual-TLS (else API-key) Secret name, concatenated;
+/// empty without an address.
+pub fn go_connection_spec_hash(connection: &TemporalConnectionSpec) -> String {
+    if connection.host_port.is_empty() {
+        return String::new();
+    }
+    let secret = connection
+        .mutual_tls_secret_ref
+        .as_ref()
+        .map(|r| r.name.as_str())
+        .or(connection
+            .api_key_secret_ref
+            .as_ref()
+            .map(|r| r.name.as_str()))
+        .unwrap_or_default();
+    let text = format!(
+        "{}{}{secret}",
+        connection.host_port,
+        connection.server_name().unwrap_or_default()
+    );
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
 /// Hex SHA-256 of everything the connection injects into pods (address, TLS name, auth mode,
 /// Secret name and key, CA presence); pods are rebuilt when it changes. No secret material.
 pub fn connection_spec_hash(connection: &TemporalConnectionSpec, ca: ServerCa) -> String {
@@ -797,6 +821,32 @@ mod tests {
             .and_then(|v| v[0].secret.as_ref())
             .and_then(|s| s.secret_name.as_deref());
         assert_eq!(secret, Some("new-cert"));
+    }
+
+    #[test]
+    fn the_go_controllers_connection_hash_covers_address_server_name_and_secret_name() {
+        let sha = |text: &str| hex::encode(Sha256::digest(text.as_bytes()));
+        let mut named = mtls("client-tls");
+        named.tls = Some(twc_crds::connection::TlsSpec {
+            server_name: Some("temporal.example".into()),
+            ca_secret_ref: None,
+        });
+        // (connection, what the Go controller hashes)
+        let cases = [
+            (plain("temporal:7233"), "temporal:7233".to_owned()),
+            (
+                mtls("client-tls"),
+                format!("{}client-tls", mtls("client-tls").host_port),
+            ),
+            (
+                named.clone(),
+                format!("{}temporal.exampleclient-tls", named.host_port),
+            ),
+        ];
+        for (connection, text) in cases {
+            assert_eq!(go_connection_spec_hash(&connection), sha(&text), "{text}");
+        }
+        assert_eq!(go_connection_spec_hash(&plain("")), "");
     }
 
     #[test]
