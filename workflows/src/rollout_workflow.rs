@@ -210,6 +210,7 @@ impl RolloutWorkflow {
                 pause_requested: false,
                 held: HeldTime::default(),
                 analysis: Default::default(),
+                progress: Default::default(),
             },
             gate_attempt: 1,
             sequence: 0,
@@ -309,6 +310,7 @@ impl RolloutWorkflow {
                 return abort(ctx, &twd, &build_id, &observation, None).await;
             }
             track_hold(ctx, &twd, &observation, now).await;
+            ctx.state_mut(|s| s.memory.progress.track(&observation, &build_id, now));
             let memory = ctx.state(|s| s.memory.clone());
             let decision = decide(&observation, &memory, now);
             mark_blocked(
@@ -402,33 +404,7 @@ impl RolloutWorkflow {
                         u64::try_from(deadline_at - now).unwrap_or(0).max(1000),
                     )
                     .min(MAX_ACTIVITY_WAIT);
-                    let request = WaitForPollersRequest {
-                        twd: twd.clone(),
-                        build_id: build_id.clone(),
-                        max_wait_ms: i64::try_from(max_wait.as_millis()).unwrap_or(60_000),
-                        observe_when_ready: ctx.patched(PATCH_OBSERVE_IN_WAIT),
-                    };
-                    let options = waits_queue(ctx, waiting_options(max_wait));
-                    let options = with_summary(options, "wait for pollers");
-                    let waiting = ctx.execute_activity(WaitForPollers, request, options);
-                    let waited = unless_signalled(ctx, waiting).await.map(|outcome| {
-                        outcome.map_err(|e| activity_failed("wait_for_pollers", &e))
-                    });
-                    match waited {
-                        Some(Ok(PollerWaitOutcome {
-                            blocked: Some(blocked),
-                            ..
-                        })) => {
-                            report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
-                            wait_for_change(ctx, BLOCKED_RECHECK).await;
-                        }
-                        Some(Err(blocked)) => on_failure(ctx, blocked).await,
-                        Some(Ok(PollerWaitOutcome {
-                            observation: Some(observation),
-                            ..
-                        })) => prefetched = Some(observation),
-                        Some(Ok(_)) | None => {}
-                    }
+                    prefetched = wait_until_ready(ctx, &twd, &build_id, max_wait).await;
                 }
                 RolloutDecision::DeadlineExceeded(blocked) => {
                     report(ctx, RolloutProgress::Blocked, Some(blocked.clone()), None).await;
@@ -441,6 +417,14 @@ impl RolloutWorkflow {
                     )
                     .await;
                     wait_for_change(ctx, IDLE_RECHECK).await;
+                }
+                RolloutDecision::WaitForAvailability { message } => {
+                    let ramp = ramp_of(&observation, &build_id)
+                        .map(|pct| (step_of(&observation, pct), Some(pct), None));
+                    let progress = RolloutProgress::WaitingForAvailability;
+                    send_report(ctx, progress, None, ramp, None, Some(message)).await;
+                    // Woken by the Deployment's change (the wait watches it), not a long timer.
+                    prefetched = wait_until_ready(ctx, &twd, &build_id, MAX_ACTIVITY_WAIT).await;
                 }
                 RolloutDecision::RunGate => {
                     report(ctx, RolloutProgress::WaitingForPromotion, None, None).await;
@@ -764,7 +748,8 @@ fn search_attributes_on(ctx: &WorkflowContext<RolloutWorkflow>) -> bool {
     ctx.search_attributes().contains_key(&SA_BUILD_ID)
 }
 
-/// Applies a pending `retry`: the gate runs again (new attempt) and the deadline restarts.
+/// Applies a pending `retry`: the gate runs again (new attempt) and the progress deadline is
+/// measured afresh (a build revived from zero replicas must become Available within it again).
 fn apply_operator_flags(ctx: &mut WorkflowContext<RolloutWorkflow>) {
     let now = now_millis(ctx);
     ctx.state_mut(|s| {
@@ -779,6 +764,7 @@ fn apply_operator_flags(ctx: &mut WorkflowContext<RolloutWorkflow>) {
                 s.gate_runs.clear();
             }
             s.memory.started_at = now;
+            s.memory.progress = Default::default();
         }
     });
 }
@@ -788,6 +774,45 @@ async fn observe(
     twd: &TwdRef,
 ) -> Result<Observation, Blocked> {
     run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await
+}
+
+/// Waits (one `wait_for_pollers`, at most `max_wait`, ended early by a signal) until the build
+/// is registered and Available; returns the observation the wait made once it was. A blocked
+/// connection or a failure is reported here.
+async fn wait_until_ready(
+    ctx: &mut WorkflowContext<RolloutWorkflow>,
+    twd: &TwdRef,
+    build_id: &str,
+    max_wait: Duration,
+) -> Option<Box<Observation>> {
+    let request = WaitForPollersRequest {
+        twd: twd.clone(),
+        build_id: build_id.to_owned(),
+        max_wait_ms: i64::try_from(max_wait.as_millis()).unwrap_or(60_000),
+        observe_when_ready: ctx.patched(PATCH_OBSERVE_IN_WAIT),
+    };
+    let options = waits_queue(ctx, waiting_options(max_wait));
+    let options = with_summary(options, "wait for pollers");
+    let waiting = ctx.execute_activity(WaitForPollers, request, options);
+    let waited = unless_signalled(ctx, waiting)
+        .await
+        .map(|outcome| outcome.map_err(|e| activity_failed("wait_for_pollers", &e)));
+    match waited {
+        Some(Ok(PollerWaitOutcome {
+            blocked: Some(blocked),
+            ..
+        })) => {
+            report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
+            wait_for_change(ctx, BLOCKED_RECHECK).await;
+            None
+        }
+        Some(Err(blocked)) => {
+            on_failure(ctx, blocked).await;
+            None
+        }
+        Some(Ok(PollerWaitOutcome { observation, .. })) => observation,
+        None => None,
+    }
 }
 
 /// Runs the gate (bounded wait), records its result in memory.
@@ -1091,7 +1116,7 @@ async fn route(
             if let Some((progress, ramp)) = applied
                 && ctx.patched(PATCH_REPORT_ROUTING)
             {
-                send_report(ctx, progress, None, ramp, Some(routing)).await;
+                send_report(ctx, progress, None, ramp, Some(routing), None).await;
             }
             let (reason, message) = match &change {
                 RoutingChange::SetCurrent { build_id }
@@ -1318,21 +1343,23 @@ async fn report(
     blocked: Option<Blocked>,
     ramp: Option<(usize, Option<u8>, Option<UnixMillis>)>,
 ) {
-    send_report(ctx, progress, blocked, ramp, None).await;
+    send_report(ctx, progress, blocked, ramp, None, None).await;
 }
 
-/// [`report`], with the routing just written when there is one. A report that differs from
-/// the last one only in its routing is not sent again.
+/// [`report`], with the routing just written when there is one, and a message of its own when
+/// the decision has one. A report that differs from the last one only in its routing is not
+/// sent again.
 async fn send_report(
     ctx: &WorkflowContext<RolloutWorkflow>,
     progress: RolloutProgress,
     blocked: Option<Blocked>,
     ramp: Option<(usize, Option<u8>, Option<UnixMillis>)>,
     routing: Option<AppliedRouting>,
+    message: Option<String>,
 ) {
     let info = ctx.info();
     let (workflow_id, run_id) = (info.workflow_id().to_owned(), info.run_id().to_owned());
-    let message = report_message(ctx, progress, blocked.as_ref(), ramp);
+    let message = message.unwrap_or_else(|| report_message(ctx, progress, blocked.as_ref(), ramp));
     let candidate = ctx.state(|s| RolloutReport {
         build_id: s.input.build_id.clone(),
         workflow_id,
@@ -1397,6 +1424,9 @@ fn report_message(
             } else {
                 format!("Build {build} is registered and waiting for promotion")
             }
+        }
+        RolloutProgress::WaitingForAvailability => {
+            format!("Build {build} was Available and is not now; the rollout holds until it is")
         }
         RolloutProgress::Ramping => match ramp {
             Some((step, Some(pct), _)) => {

@@ -846,6 +846,7 @@ impl TwdWorkflow {
                     RolloutProgress::WaitingForPollers
                         | RolloutProgress::WaitingForPromotion
                         | RolloutProgress::Ramping
+                        | RolloutProgress::WaitingForAvailability
                         | RolloutProgress::Paused
                 )
         });
