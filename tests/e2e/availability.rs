@@ -155,6 +155,19 @@ async fn wait_available(cluster: &Cluster, ns: &str, build: &str, replicas: i32)
         .await
 }
 
+/// Waits until the rollout holds for availability, the build's two pods are Available again,
+/// and the rollout is Ramping again within [`RESUME_WITHIN`] of that.
+async fn held_until_available(cluster: &Cluster, ns: &str, build: &str) {
+    wait_progressing(cluster, ns, "WaitingForAvailability", ROLLOUT).await;
+    let available_at = wait_available(cluster, ns, build, 2).await;
+    let resumed_at = wait_progressing(cluster, ns, "Ramping", ROLLOUT).await;
+    assert!(
+        resumed_at - available_at <= RESUME_WITHIN.as_millis() as i64,
+        "Ramping again {} ms after the Deployment was Available",
+        resumed_at - available_at
+    );
+}
+
 /// Process IDs of the running pods of `build` of the TWD `ns/NAME`: the sample-worker processes
 /// the pod runner started with that worker deployment and build in their environment.
 fn pod_pids(ns: &str, build: &str) -> Vec<u32> {
@@ -282,25 +295,11 @@ async fn replicas_changes_and_pod_restarts_during_a_long_step_hold_the_rollout_w
         "replicas change before the deadline"
     );
     cluster.apply(&noisy(&ns, "v2", 2)).await;
-    wait_progressing(cluster, &ns, "WaitingForAvailability", ROLLOUT).await;
-    let available_at = wait_available(cluster, &ns, &v2, 2).await;
-    let resumed_at = wait_progressing(cluster, &ns, "Ramping", ROLLOUT).await;
-    assert!(
-        resumed_at - available_at <= RESUME_WITHIN.as_millis() as i64,
-        "Ramping again {} ms after the Deployment was Available",
-        resumed_at - available_at
-    );
+    held_until_available(cluster, &ns, &v2).await;
 
     // 2. One pod killed: restarted, it is not ready for a while either.
     kill_one_pod(cluster, &ns, &v2).await;
-    wait_progressing(cluster, &ns, "WaitingForAvailability", ROLLOUT).await;
-    let available_at = wait_available(cluster, &ns, &v2, 2).await;
-    let resumed_at = wait_progressing(cluster, &ns, "Ramping", ROLLOUT).await;
-    assert!(
-        resumed_at - available_at <= RESUME_WITHIN.as_millis() as i64,
-        "Ramping again {} ms after the Deployment was Available",
-        resumed_at - available_at
-    );
+    held_until_available(cluster, &ns, &v2).await;
     assert!(
         now_ms() < step_ends_at,
         "the scenario outlasted the step; lengthen STEP_SECS"
