@@ -10,13 +10,14 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use temporalio_common::MemoValues;
 use temporalio_common::data_converters::RawValue;
 use temporalio_common::search_attributes::SearchAttributeKey;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::workflows::{join, select};
 use temporalio_sdk::{
-    ActivityOptions, CancellableFuture, SyncWorkflowContext, WorkflowContext, WorkflowContextView,
-    WorkflowResult,
+    ActivityOptions, CancellableFuture, ContinueAsNewOptions, SyncWorkflowContext, WorkflowContext,
+    WorkflowContextView, WorkflowResult,
 };
 
 use crate::contract::{
@@ -155,7 +156,19 @@ pub struct CarriedRollout {
     /// Since when activities have been failing (transient errors are not reported at once).
     #[serde(default)]
     pub failing_since: Option<UnixMillis>,
+    /// `spec.rollout.paused` as last observed (controls are answered from it before the new
+    /// run's first observation).
+    #[serde(default)]
+    pub spec_paused: bool,
+    /// When the rollout's first run started (the rollout's start, however many runs it takes);
+    /// absent in inputs carried from before it existed.
+    #[serde(default)]
+    pub first_started_at: Option<UnixMillis>,
 }
+
+/// Memo key of a continued run: when the rollout's first run started (Unix milliseconds), so
+/// a list of runs shows one rollout with its start (`twc status`).
+pub const MEMO_ROLLOUT_STARTED_AT: &str = "rolloutStartedAt";
 
 /// How a rollout ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -193,6 +206,8 @@ pub struct RolloutWorkflow {
     /// Since when activities have been failing after their retries (cleared by a successful
     /// observation): a failure is reported only once it outlasts [`TRANSIENT_GRACE`].
     failing_since: Option<UnixMillis>,
+    /// When the rollout's first run started.
+    first_started_at: UnixMillis,
 }
 
 #[workflow_methods]
@@ -200,43 +215,7 @@ impl RolloutWorkflow {
     /// Builds the initial state from the input.
     #[init]
     pub fn new(ctx: &WorkflowContextView, input: RolloutInput) -> Self {
-        let now = millis(ctx.start_time());
-        let carried = input.carried.clone().unwrap_or_else(|| CarriedRollout {
-            memory: RolloutMemory {
-                build_id: input.build_id.clone(),
-                started_at: now,
-                gate: GateState::NotRun,
-                promote_requested: false,
-                pause_requested: false,
-                held: HeldTime::default(),
-                analysis: Default::default(),
-                progress: Default::default(),
-            },
-            gate_attempt: 1,
-            sequence: 0,
-            controls: Vec::new(),
-            gate_runs: Vec::new(),
-            last_report: None,
-            failing_since: None,
-        });
-        let pending_controls = carried.controls.len() as u64;
-        Self {
-            input,
-            memory: carried.memory,
-            gate_attempt: carried.gate_attempt,
-            gate_runs: carried.gate_runs,
-            // Carried controls count as signals not yet handled.
-            wakeups: pending_controls,
-            observed_wakeups: 0,
-            abort_requested: false,
-            retry_requested: false,
-            controls: carried.controls,
-            spec_paused: false,
-            outcome_blocked: false,
-            last_report: carried.last_report,
-            sequence: carried.sequence,
-            failing_since: carried.failing_since,
-        }
+        Self::starting(input, millis(ctx.start_time()))
     }
 
     /// Runs the rollout until the build is Current, superseded or aborted.
@@ -262,23 +241,11 @@ impl RolloutWorkflow {
                 turns > MAX_TURNS_PER_RUN && ctx.state(|s| s.wakeups == 0)
             };
             if continue_now {
-                let carried = ctx.state(|s| CarriedRollout {
-                    memory: s.memory.clone(),
-                    gate_attempt: s.gate_attempt,
-                    sequence: s.sequence,
-                    controls: s.controls.clone(),
-                    gate_runs: s.gate_runs.clone(),
-                    last_report: s.last_report.clone(),
-                    failing_since: s.failing_since,
-                });
-                let input = RolloutInput {
-                    twd: twd.clone(),
-                    build_id: build_id.clone(),
-                    history_event_bound: ctx.state(|s| s.input.history_event_bound),
-                    carried: Some(carried),
-                    created_by_parent: false,
-                };
-                ctx.continue_as_new(input, Default::default())?;
+                let input = ctx.state(RolloutWorkflow::continued_input);
+                let mut memo = MemoValues::new();
+                memo.insert(MEMO_ROLLOUT_STARTED_AT, ctx.state(|s| s.first_started_at));
+                let options = ContinueAsNewOptions::builder().memo(memo).build();
+                ctx.continue_as_new(input, options)?;
             }
             let now = now_millis(ctx);
             // An observation the wait for pollers made once ready is decided on directly; the
@@ -636,6 +603,71 @@ impl RolloutWorkflow {
 }
 
 impl RolloutWorkflow {
+    /// The state a run starts from at `now`: a fresh rollout, or what the run before it carried.
+    fn starting(input: RolloutInput, now: UnixMillis) -> Self {
+        let carried = input.carried.clone().unwrap_or_else(|| CarriedRollout {
+            memory: RolloutMemory {
+                build_id: input.build_id.clone(),
+                started_at: now,
+                gate: GateState::NotRun,
+                promote_requested: false,
+                pause_requested: false,
+                held: HeldTime::default(),
+                analysis: Default::default(),
+                progress: Default::default(),
+            },
+            gate_attempt: 1,
+            sequence: 0,
+            controls: Vec::new(),
+            gate_runs: Vec::new(),
+            last_report: None,
+            failing_since: None,
+            spec_paused: false,
+            first_started_at: Some(now),
+        });
+        let pending_controls = carried.controls.len() as u64;
+        Self {
+            input,
+            memory: carried.memory,
+            gate_attempt: carried.gate_attempt,
+            gate_runs: carried.gate_runs,
+            // Carried controls count as signals not yet handled.
+            wakeups: pending_controls,
+            observed_wakeups: 0,
+            abort_requested: false,
+            retry_requested: false,
+            controls: carried.controls,
+            spec_paused: carried.spec_paused,
+            outcome_blocked: false,
+            last_report: carried.last_report,
+            sequence: carried.sequence,
+            failing_since: carried.failing_since,
+            first_started_at: carried.first_started_at.unwrap_or(now),
+        }
+    }
+
+    /// The input of the next run: everything this run decides from (an abort or a retry is
+    /// acted on in the turn that applies it, so none is pending here).
+    fn continued_input(&self) -> RolloutInput {
+        RolloutInput {
+            twd: self.input.twd.clone(),
+            build_id: self.input.build_id.clone(),
+            history_event_bound: self.input.history_event_bound,
+            carried: Some(CarriedRollout {
+                memory: self.memory.clone(),
+                gate_attempt: self.gate_attempt,
+                sequence: self.sequence,
+                controls: self.controls.clone(),
+                gate_runs: self.gate_runs.clone(),
+                last_report: self.last_report.clone(),
+                failing_since: self.failing_since,
+                spec_paused: self.spec_paused,
+                first_started_at: Some(self.first_started_at),
+            }),
+            created_by_parent: false,
+        }
+    }
+
     fn push_control(&mut self, action: ControlAction) {
         self.controls.push(action);
         self.wakeups += 1;
@@ -1546,8 +1578,43 @@ mod tests {
     use super::*;
     use crate::model::TemporalState;
     use crate::plan::fixtures::{
-        NEW, OLD, deployment, observation, spec, temporal_with_old_current,
+        NEW, OLD, deployment, observation, secs, spec, temporal_with_old_current,
     };
+
+    #[test]
+    fn a_continued_run_starts_from_everything_the_run_before_it_decided_from() {
+        let input = RolloutInput {
+            twd: TwdRef {
+                namespace: "demo".into(),
+                name: "hello".into(),
+            },
+            build_id: NEW.into(),
+            history_event_bound: Some(100),
+            carried: None,
+            created_by_parent: true,
+        };
+        let mut first = RolloutWorkflow::starting(input, secs(10));
+        first.spec_paused = true;
+        first.memory.pause_requested = true;
+        first.memory.progress.available_at = Some(secs(20));
+        first.memory.held.held_since = Some(secs(30));
+        first.gate_attempt = 2;
+        first.sequence = 7;
+        first.failing_since = Some(secs(40));
+        first.push_control(ControlAction::Resume);
+
+        let next = RolloutWorkflow::starting(first.continued_input(), secs(5_000));
+        // Controls are answered as the run before would have, before any observation.
+        assert_eq!(next.control_view(), first.control_view());
+        assert!(next.control_view().spec_paused);
+        assert_eq!(next.memory, first.memory);
+        // The carried control is still to be handled.
+        assert_eq!(next.wakeups, 1);
+        assert_eq!(next.first_started_at, secs(10), "the rollout's start");
+        assert_eq!(next.memory.started_at, secs(10));
+        // And it would carry the same again.
+        assert_eq!(next.continued_input(), first.continued_input());
+    }
 
     #[test]
     fn routing_after_a_write_is_what_temporal_then_routes() {
