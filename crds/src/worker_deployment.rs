@@ -62,8 +62,9 @@ pub struct TemporalWorkerDeploymentSpec {
     /// Seconds a new pod must be ready before it counts as available.
     #[serde(default)]
     pub min_ready_seconds: i32,
-    /// Seconds a new version has to register its pollers and become available before the
-    /// rollout stops with `ProgressDeadlineExceeded`.
+    /// Seconds a new version may make no progress (more pods ready, its pollers registered)
+    /// before it is registered and available; then the rollout stops with
+    /// `ProgressDeadlineExceeded`. A version that was available once is not stopped by it.
     #[serde(default = "default_progress_deadline_seconds")]
     #[schemars(range(min = 1))]
     pub progress_deadline_seconds: i32,

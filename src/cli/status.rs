@@ -8,6 +8,8 @@
 use std::fmt::Write as _;
 use std::time::{Duration, UNIX_EPOCH};
 
+use anyhow::Context as _;
+
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::jiff::Timestamp;
@@ -18,7 +20,7 @@ use twc_crds::worker_deployment::{DeprecatedVersion, RolloutStrategy, VersionSta
 use twc_crds::{TemporalWorkerDeployment, WorkerKind, WorkerObject};
 use twc_workflows::control::ControlState;
 use twc_workflows::model::{RolloutProgress, TwdRef};
-use twc_workflows::rollout_workflow::{SA_BUILD_ID, SA_OUTCOME};
+use twc_workflows::rollout_workflow::{MEMO_ROLLOUT_STARTED_AT, SA_BUILD_ID, SA_OUTCOME};
 
 use super::engine::{EngineArgs, sandbox_of};
 use super::{
@@ -45,6 +47,8 @@ pub struct StatusArgs {
 const ENGINE_WAIT: Duration = Duration::from_secs(5);
 /// Rollouts listed under "Recent rollouts".
 const RECENT_ROLLOUTS: usize = 5;
+/// Runs read to find them (a rollout that continued as new has several).
+const RUNS_READ: usize = 100;
 
 /// Prints the status of the TWD named in `args`.
 pub fn run(args: StatusArgs) -> anyhow::Result<()> {
@@ -71,12 +75,42 @@ struct Snapshot {
     now_ms: i64,
 }
 
-/// One line of "Recent rollouts".
+/// One line of "Recent rollouts": one rollout, however many runs it took.
+#[derive(Debug)]
 struct RolloutRow {
     build_id: String,
     status: String,
     outcome: String,
     started_ms: Option<i64>,
+}
+
+/// One run of a rollout workflow, as the visibility list returns it.
+#[derive(Debug, Clone)]
+struct RunRow {
+    workflow_id: String,
+    build_id: String,
+    status: String,
+    outcome: String,
+    /// The run's own start.
+    started_ms: Option<i64>,
+    /// The rollout's start, in the memo of a run continued from another.
+    rollout_started_ms: Option<i64>,
+}
+
+/// Rollouts of `runs` (listed newest first), one per workflow ID, at most `limit`: the newest
+/// run's status and outcome, the rollout's start (its first run's).
+fn rollout_rows(runs: impl IntoIterator<Item = RunRow>, limit: usize) -> Vec<RolloutRow> {
+    let mut seen = std::collections::HashSet::new();
+    runs.into_iter()
+        .filter(|run| seen.insert(run.workflow_id.clone()))
+        .take(limit)
+        .map(|run| RolloutRow {
+            started_ms: run.rollout_started_ms.or(run.started_ms),
+            build_id: run.build_id,
+            status: run.status,
+            outcome: run.outcome,
+        })
+        .collect()
 }
 
 async fn status(args: &StatusArgs) -> anyhow::Result<String> {
@@ -141,15 +175,19 @@ pub fn rollouts_query(twd: &TwdRef) -> String {
 }
 
 async fn recent_rollouts(engine: &Client, twd: &TwdRef) -> anyhow::Result<Vec<RolloutRow>> {
-    let options = WorkflowListOptions::builder()
-        .limit(RECENT_ROLLOUTS)
-        .build();
+    let options = WorkflowListOptions::builder().limit(RUNS_READ).build();
     let mut stream = engine.list_workflows(rollouts_query(twd), options);
-    let mut rows = Vec::new();
+    let mut runs = Vec::new();
+    let mut rollouts = std::collections::HashSet::new();
     while let Some(execution) = stream.next().await {
-        let execution = execution?;
+        let execution = execution.context("listing the TWD's rollout workflows")?;
+        // Enough once a rollout beyond those shown begins.
+        if rollouts.insert(execution.id().to_owned()) && rollouts.len() > RECENT_ROLLOUTS {
+            break;
+        }
         let attributes = execution.search_attributes();
-        rows.push(RolloutRow {
+        runs.push(RunRow {
+            workflow_id: execution.id().to_owned(),
             build_id: attributes.get(&SA_BUILD_ID).unwrap_or_default(),
             status: format!("{:?}", execution.status()),
             outcome: attributes.get(&SA_OUTCOME).unwrap_or_default(),
@@ -157,9 +195,14 @@ async fn recent_rollouts(engine: &Client, twd: &TwdRef) -> anyhow::Result<Vec<Ro
                 .start_time()
                 .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                 .and_then(|d| i64::try_from(d.as_millis()).ok()),
+            rollout_started_ms: execution
+                .memo()
+                .get::<i64>(MEMO_ROLLOUT_STARTED_AT)
+                .ok()
+                .flatten(),
         });
     }
-    Ok(rows)
+    Ok(rollout_rows(runs, RECENT_ROLLOUTS))
 }
 
 /// The TWD's events (on either kind of its name), newest first.
@@ -647,6 +690,45 @@ mod tests {
             out,
             "  AGE  REASON  MESSAGE\n  5s   Ramped  ramped to 30%\n"
         );
+    }
+
+    #[test]
+    fn recent_rollouts_show_one_row_per_rollout_with_its_first_runs_start() {
+        let run = |id: &str, status: &str, started: i64, rollout_started: Option<i64>| RunRow {
+            workflow_id: format!("rollout/ns/hello/{id}"),
+            build_id: id.to_owned(),
+            status: status.to_owned(),
+            outcome: format!("{status} outcome"),
+            started_ms: Some(started),
+            rollout_started_ms: rollout_started,
+        };
+        // v3 runs in its sixth run (five continue-as-new since it started at 1000), newest
+        // first; then v2 (one run) and v1 (two runs).
+        let mut runs = vec![run("v3", "Running", 6000, Some(1000))];
+        for started in [5000, 4000, 3000, 2000] {
+            runs.push(run("v3", "ContinuedAsNew", started, Some(1000)));
+        }
+        runs.push(run("v3", "ContinuedAsNew", 1000, None));
+        runs.push(run("v2", "Completed", 900, None));
+        runs.push(run("v1", "Completed", 500, Some(100)));
+        runs.push(run("v1", "ContinuedAsNew", 100, None));
+        let shown: Vec<(String, String, String, Option<i64>)> = rollout_rows(runs.clone(), 5)
+            .into_iter()
+            .map(|r| (r.build_id, r.status, r.outcome, r.started_ms))
+            .collect();
+        let row = |id: &str, status: &str, started: i64| {
+            let outcome = format!("{status} outcome");
+            (id.to_owned(), status.to_owned(), outcome, Some(started))
+        };
+        assert_eq!(
+            shown,
+            vec![
+                row("v3", "Running", 1000),
+                row("v2", "Completed", 900),
+                row("v1", "Completed", 100),
+            ]
+        );
+        assert_eq!(rollout_rows(runs, 2).len(), 2, "at most the limit");
     }
 
     #[test]

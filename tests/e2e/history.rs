@@ -5,10 +5,12 @@
 
 use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 use twc_crds::worker_deployment::RolloutPhase;
 
 use crate::chaos::cluster::{Cluster, Private, status_text};
+use crate::harness::controls::kubectl_twc_in;
 use crate::harness::twd::{condition, get_twd, target_build, worker};
 use crate::harness::wait::wait_for;
 
@@ -77,6 +79,73 @@ async fn signal_until_continued(
         .await
 }
 
+/// When the first and the newest run of `workflow_id` started (Unix ms).
+async fn run_starts_ms(cluster: &Cluster, workflow_id: &str) -> (i64, i64) {
+    let rows = cluster
+        .workflows(&format!("WorkflowId = '{workflow_id}'"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut starts = Vec::new();
+    for row in rows {
+        let described = cluster
+            .describe_workflow(&cluster.env.temporal_namespace, &row.id, &row.run_id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let started = described["workflowExecutionInfo"]["startTime"]
+            .as_str()
+            .and_then(|t| t.parse::<Timestamp>().ok())
+            .unwrap_or_else(|| panic!("no startTime in {described}"));
+        starts.push(started.as_millisecond());
+    }
+    let first = starts.iter().min().copied().unwrap_or_default();
+    let newest = starts.iter().max().copied().unwrap_or_default();
+    (first, newest)
+}
+
+/// The "Recent rollouts" of `kubectl twc status`: (build ID, seconds since it started).
+async fn recent_rollouts(cluster: &Cluster, ns: &str, name: &str) -> Vec<(String, i64)> {
+    let out = kubectl_twc_in(&cluster.env, &["status", name, "-n", ns]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let rows: Vec<(String, i64)> = out
+        .stdout
+        .lines()
+        .skip_while(|l| *l != "Recent rollouts")
+        .skip(2)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            let [build, .., age, "ago"] = cells.as_slice() else {
+                return None;
+            };
+            Some(((*build).to_owned(), seconds(age)?))
+        })
+        .collect();
+    assert!(!rows.is_empty(), "no recent rollouts:\n{}", out.stdout);
+    rows
+}
+
+/// Seconds of an age as `kubectl twc` prints it (`5s`, `2m5s`, `1h2m`).
+fn seconds(age: &str) -> Option<i64> {
+    let mut total = 0;
+    let mut number = String::new();
+    for c in age.chars() {
+        match c {
+            '0'..='9' => number.push(c),
+            'h' | 'm' | 's' => {
+                let unit = match c {
+                    'h' => 3600,
+                    'm' => 60,
+                    _ => 1,
+                };
+                total += number.parse::<i64>().ok()? * unit;
+                number.clear();
+            }
+            _ => return None,
+        }
+    }
+    Some(total)
+}
+
 async fn wait_phase(cluster: &Cluster, ns: &str, name: &str, phase: RolloutPhase) {
     cluster
         .wait(&format!("{ns}/{name} phase {phase:?}"), ROLLOUT, || async {
@@ -136,6 +205,38 @@ async fn held_rollouts_continue_as_new_under_signals_and_finish() {
     let v2 = target_build(&twd).unwrap_or_default();
     let rollout_id = format!("rollout/{ns}/held/{v2}");
     signal_until_continued(cluster, &rollout_id, &["pause", "resume"], 3).await;
+    // `kubectl twc status` shows the rollout once, started when its first run started, even
+    // when its newest run started well after it.
+    let (first, _) = run_starts_ms(cluster, &rollout_id).await;
+    wait_for(
+        "the rollout's first run is 10 s old",
+        Duration::from_secs(20),
+        || async {
+            let old = Timestamp::now().as_millisecond() - first;
+            if old >= 10_000 {
+                Ok(())
+            } else {
+                Err(format!("{old} ms"))
+            }
+        },
+    )
+    .await;
+    signal_until_continued(cluster, &rollout_id, &["pause", "resume"], 1).await;
+    let (_, newest) = run_starts_ms(cluster, &rollout_id).await;
+    assert!(
+        newest - first >= 10_000,
+        "newest run {newest}, first {first}"
+    );
+    let rows = recent_rollouts(cluster, &ns, "held").await;
+    let age = (Timestamp::now().as_millisecond() - first) / 1000;
+    let held_rows: Vec<_> = rows.iter().filter(|r| r.0 == v2).collect();
+    assert_eq!(held_rows.len(), 1, "one row for {v2}: {rows:?}");
+    assert!(
+        (held_rows[0].1 - age).abs() <= 3,
+        "{v2} started {}s ago by the CLI, {age}s ago by its first run: {rows:?}",
+        held_rows[0].1
+    );
+    assert_eq!(rows.len(), 2, "v1 and v2, once each: {rows:?}");
 
     // A pause survives continue-as-new: paused, then kept busy with more `pause` controls
     // (each answered "unchanged") until it has continued as new again.

@@ -5,6 +5,7 @@ mod harness;
 
 mod analysis;
 mod autoscaling;
+mod availability;
 mod chaos;
 mod cluster_connection;
 mod controls;

@@ -214,6 +214,9 @@ pub fn describe(state: &ControlState) -> String {
             "waiting for its gate or promotion".to_owned()
         }
         Some(RolloutProgress::Ramping) => "ramping".to_owned(),
+        Some(RolloutProgress::WaitingForAvailability) => {
+            "waiting for its Deployment to be Available again".to_owned()
+        }
         Some(RolloutProgress::Paused) => "paused".to_owned(),
         Some(RolloutProgress::Complete) => "complete".to_owned(),
         Some(RolloutProgress::Superseded) => "superseded".to_owned(),

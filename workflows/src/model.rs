@@ -391,6 +391,9 @@ pub enum RolloutProgress {
     WaitingForPromotion,
     /// Ramping at a step.
     Ramping,
+    /// The build was Available and is not now (a pod restarting, more replicas starting): held
+    /// where it is, without a deadline, until it is Available again.
+    WaitingForAvailability,
     /// Target is Current.
     Complete,
     /// Stopped by an error (see the reason).

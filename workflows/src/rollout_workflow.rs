@@ -10,13 +10,14 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use temporalio_common::MemoValues;
 use temporalio_common::data_converters::RawValue;
 use temporalio_common::search_attributes::SearchAttributeKey;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::workflows::{join, select};
 use temporalio_sdk::{
-    ActivityOptions, CancellableFuture, SyncWorkflowContext, WorkflowContext, WorkflowContextView,
-    WorkflowResult,
+    ActivityOptions, CancellableFuture, ContinueAsNewOptions, SyncWorkflowContext, WorkflowContext,
+    WorkflowContextView, WorkflowResult,
 };
 
 use crate::contract::{
@@ -155,7 +156,19 @@ pub struct CarriedRollout {
     /// Since when activities have been failing (transient errors are not reported at once).
     #[serde(default)]
     pub failing_since: Option<UnixMillis>,
+    /// `spec.rollout.paused` as last observed (controls are answered from it before the new
+    /// run's first observation).
+    #[serde(default)]
+    pub spec_paused: bool,
+    /// When the rollout's first run started (the rollout's start, however many runs it takes);
+    /// absent in inputs carried from before it existed.
+    #[serde(default)]
+    pub first_started_at: Option<UnixMillis>,
 }
+
+/// Memo key of a continued run: when the rollout's first run started (Unix milliseconds), so
+/// a list of runs shows one rollout with its start (`twc status`).
+pub const MEMO_ROLLOUT_STARTED_AT: &str = "rolloutStartedAt";
 
 /// How a rollout ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -193,6 +206,8 @@ pub struct RolloutWorkflow {
     /// Since when activities have been failing after their retries (cleared by a successful
     /// observation): a failure is reported only once it outlasts [`TRANSIENT_GRACE`].
     failing_since: Option<UnixMillis>,
+    /// When the rollout's first run started.
+    first_started_at: UnixMillis,
 }
 
 #[workflow_methods]
@@ -200,42 +215,7 @@ impl RolloutWorkflow {
     /// Builds the initial state from the input.
     #[init]
     pub fn new(ctx: &WorkflowContextView, input: RolloutInput) -> Self {
-        let now = millis(ctx.start_time());
-        let carried = input.carried.clone().unwrap_or_else(|| CarriedRollout {
-            memory: RolloutMemory {
-                build_id: input.build_id.clone(),
-                started_at: now,
-                gate: GateState::NotRun,
-                promote_requested: false,
-                pause_requested: false,
-                held: HeldTime::default(),
-                analysis: Default::default(),
-            },
-            gate_attempt: 1,
-            sequence: 0,
-            controls: Vec::new(),
-            gate_runs: Vec::new(),
-            last_report: None,
-            failing_since: None,
-        });
-        let pending_controls = carried.controls.len() as u64;
-        Self {
-            input,
-            memory: carried.memory,
-            gate_attempt: carried.gate_attempt,
-            gate_runs: carried.gate_runs,
-            // Carried controls count as signals not yet handled.
-            wakeups: pending_controls,
-            observed_wakeups: 0,
-            abort_requested: false,
-            retry_requested: false,
-            controls: carried.controls,
-            spec_paused: false,
-            outcome_blocked: false,
-            last_report: carried.last_report,
-            sequence: carried.sequence,
-            failing_since: carried.failing_since,
-        }
+        Self::starting(input, millis(ctx.start_time()))
     }
 
     /// Runs the rollout until the build is Current, superseded or aborted.
@@ -261,23 +241,11 @@ impl RolloutWorkflow {
                 turns > MAX_TURNS_PER_RUN && ctx.state(|s| s.wakeups == 0)
             };
             if continue_now {
-                let carried = ctx.state(|s| CarriedRollout {
-                    memory: s.memory.clone(),
-                    gate_attempt: s.gate_attempt,
-                    sequence: s.sequence,
-                    controls: s.controls.clone(),
-                    gate_runs: s.gate_runs.clone(),
-                    last_report: s.last_report.clone(),
-                    failing_since: s.failing_since,
-                });
-                let input = RolloutInput {
-                    twd: twd.clone(),
-                    build_id: build_id.clone(),
-                    history_event_bound: ctx.state(|s| s.input.history_event_bound),
-                    carried: Some(carried),
-                    created_by_parent: false,
-                };
-                ctx.continue_as_new(input, Default::default())?;
+                let input = ctx.state(RolloutWorkflow::continued_input);
+                let mut memo = MemoValues::new();
+                memo.insert(MEMO_ROLLOUT_STARTED_AT, ctx.state(|s| s.first_started_at));
+                let options = ContinueAsNewOptions::builder().memo(memo).build();
+                ctx.continue_as_new(input, options)?;
             }
             let now = now_millis(ctx);
             // An observation the wait for pollers made once ready is decided on directly; the
@@ -309,6 +277,7 @@ impl RolloutWorkflow {
                 return abort(ctx, &twd, &build_id, &observation, None).await;
             }
             track_hold(ctx, &twd, &observation, now).await;
+            ctx.state_mut(|s| s.memory.progress.track(&observation, &build_id, now));
             let memory = ctx.state(|s| s.memory.clone());
             let decision = decide(&observation, &memory, now);
             mark_blocked(
@@ -402,33 +371,7 @@ impl RolloutWorkflow {
                         u64::try_from(deadline_at - now).unwrap_or(0).max(1000),
                     )
                     .min(MAX_ACTIVITY_WAIT);
-                    let request = WaitForPollersRequest {
-                        twd: twd.clone(),
-                        build_id: build_id.clone(),
-                        max_wait_ms: i64::try_from(max_wait.as_millis()).unwrap_or(60_000),
-                        observe_when_ready: ctx.patched(PATCH_OBSERVE_IN_WAIT),
-                    };
-                    let options = waits_queue(ctx, waiting_options(max_wait));
-                    let options = with_summary(options, "wait for pollers");
-                    let waiting = ctx.execute_activity(WaitForPollers, request, options);
-                    let waited = unless_signalled(ctx, waiting).await.map(|outcome| {
-                        outcome.map_err(|e| activity_failed("wait_for_pollers", &e))
-                    });
-                    match waited {
-                        Some(Ok(PollerWaitOutcome {
-                            blocked: Some(blocked),
-                            ..
-                        })) => {
-                            report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
-                            wait_for_change(ctx, BLOCKED_RECHECK).await;
-                        }
-                        Some(Err(blocked)) => on_failure(ctx, blocked).await,
-                        Some(Ok(PollerWaitOutcome {
-                            observation: Some(observation),
-                            ..
-                        })) => prefetched = Some(observation),
-                        Some(Ok(_)) | None => {}
-                    }
+                    prefetched = wait_until_ready(ctx, &twd, &build_id, max_wait).await;
                 }
                 RolloutDecision::DeadlineExceeded(blocked) => {
                     report(ctx, RolloutProgress::Blocked, Some(blocked.clone()), None).await;
@@ -441,6 +384,14 @@ impl RolloutWorkflow {
                     )
                     .await;
                     wait_for_change(ctx, IDLE_RECHECK).await;
+                }
+                RolloutDecision::WaitForAvailability { message } => {
+                    let ramp = ramp_of(&observation, &build_id)
+                        .map(|pct| (step_of(&observation, pct), Some(pct), None));
+                    let progress = RolloutProgress::WaitingForAvailability;
+                    send_report(ctx, progress, None, ramp, None, Some(message)).await;
+                    // Woken by the Deployment's change (the wait watches it), not a long timer.
+                    prefetched = wait_until_ready(ctx, &twd, &build_id, MAX_ACTIVITY_WAIT).await;
                 }
                 RolloutDecision::RunGate => {
                     report(ctx, RolloutProgress::WaitingForPromotion, None, None).await;
@@ -652,6 +603,71 @@ impl RolloutWorkflow {
 }
 
 impl RolloutWorkflow {
+    /// The state a run starts from at `now`: a fresh rollout, or what the run before it carried.
+    fn starting(input: RolloutInput, now: UnixMillis) -> Self {
+        let carried = input.carried.clone().unwrap_or_else(|| CarriedRollout {
+            memory: RolloutMemory {
+                build_id: input.build_id.clone(),
+                started_at: now,
+                gate: GateState::NotRun,
+                promote_requested: false,
+                pause_requested: false,
+                held: HeldTime::default(),
+                analysis: Default::default(),
+                progress: Default::default(),
+            },
+            gate_attempt: 1,
+            sequence: 0,
+            controls: Vec::new(),
+            gate_runs: Vec::new(),
+            last_report: None,
+            failing_since: None,
+            spec_paused: false,
+            first_started_at: Some(now),
+        });
+        let pending_controls = carried.controls.len() as u64;
+        Self {
+            input,
+            memory: carried.memory,
+            gate_attempt: carried.gate_attempt,
+            gate_runs: carried.gate_runs,
+            // Carried controls count as signals not yet handled.
+            wakeups: pending_controls,
+            observed_wakeups: 0,
+            abort_requested: false,
+            retry_requested: false,
+            controls: carried.controls,
+            spec_paused: carried.spec_paused,
+            outcome_blocked: false,
+            last_report: carried.last_report,
+            sequence: carried.sequence,
+            failing_since: carried.failing_since,
+            first_started_at: carried.first_started_at.unwrap_or(now),
+        }
+    }
+
+    /// The input of the next run: everything this run decides from (an abort or a retry is
+    /// acted on in the turn that applies it, so none is pending here).
+    fn continued_input(&self) -> RolloutInput {
+        RolloutInput {
+            twd: self.input.twd.clone(),
+            build_id: self.input.build_id.clone(),
+            history_event_bound: self.input.history_event_bound,
+            carried: Some(CarriedRollout {
+                memory: self.memory.clone(),
+                gate_attempt: self.gate_attempt,
+                sequence: self.sequence,
+                controls: self.controls.clone(),
+                gate_runs: self.gate_runs.clone(),
+                last_report: self.last_report.clone(),
+                failing_since: self.failing_since,
+                spec_paused: self.spec_paused,
+                first_started_at: Some(self.first_started_at),
+            }),
+            created_by_parent: false,
+        }
+    }
+
     fn push_control(&mut self, action: ControlAction) {
         self.controls.push(action);
         self.wakeups += 1;
@@ -764,7 +780,8 @@ fn search_attributes_on(ctx: &WorkflowContext<RolloutWorkflow>) -> bool {
     ctx.search_attributes().contains_key(&SA_BUILD_ID)
 }
 
-/// Applies a pending `retry`: the gate runs again (new attempt) and the deadline restarts.
+/// Applies a pending `retry`: the gate runs again (new attempt) and the progress deadline is
+/// measured afresh (a build revived from zero replicas must become Available within it again).
 fn apply_operator_flags(ctx: &mut WorkflowContext<RolloutWorkflow>) {
     let now = now_millis(ctx);
     ctx.state_mut(|s| {
@@ -779,6 +796,7 @@ fn apply_operator_flags(ctx: &mut WorkflowContext<RolloutWorkflow>) {
                 s.gate_runs.clear();
             }
             s.memory.started_at = now;
+            s.memory.progress = Default::default();
         }
     });
 }
@@ -788,6 +806,45 @@ async fn observe(
     twd: &TwdRef,
 ) -> Result<Observation, Blocked> {
     run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await
+}
+
+/// Waits (one `wait_for_pollers`, at most `max_wait`, ended early by a signal) until the build
+/// is registered and Available; returns the observation the wait made once it was. A blocked
+/// connection or a failure is reported here.
+async fn wait_until_ready(
+    ctx: &mut WorkflowContext<RolloutWorkflow>,
+    twd: &TwdRef,
+    build_id: &str,
+    max_wait: Duration,
+) -> Option<Box<Observation>> {
+    let request = WaitForPollersRequest {
+        twd: twd.clone(),
+        build_id: build_id.to_owned(),
+        max_wait_ms: i64::try_from(max_wait.as_millis()).unwrap_or(60_000),
+        observe_when_ready: ctx.patched(PATCH_OBSERVE_IN_WAIT),
+    };
+    let options = waits_queue(ctx, waiting_options(max_wait));
+    let options = with_summary(options, "wait for pollers");
+    let waiting = ctx.execute_activity(WaitForPollers, request, options);
+    let waited = unless_signalled(ctx, waiting)
+        .await
+        .map(|outcome| outcome.map_err(|e| activity_failed("wait_for_pollers", &e)));
+    match waited {
+        Some(Ok(PollerWaitOutcome {
+            blocked: Some(blocked),
+            ..
+        })) => {
+            report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
+            wait_for_change(ctx, BLOCKED_RECHECK).await;
+            None
+        }
+        Some(Err(blocked)) => {
+            on_failure(ctx, blocked).await;
+            None
+        }
+        Some(Ok(PollerWaitOutcome { observation, .. })) => observation,
+        None => None,
+    }
 }
 
 /// Runs the gate (bounded wait), records its result in memory.
@@ -1091,7 +1148,7 @@ async fn route(
             if let Some((progress, ramp)) = applied
                 && ctx.patched(PATCH_REPORT_ROUTING)
             {
-                send_report(ctx, progress, None, ramp, Some(routing)).await;
+                send_report(ctx, progress, None, ramp, Some(routing), None).await;
             }
             let (reason, message) = match &change {
                 RoutingChange::SetCurrent { build_id }
@@ -1318,21 +1375,23 @@ async fn report(
     blocked: Option<Blocked>,
     ramp: Option<(usize, Option<u8>, Option<UnixMillis>)>,
 ) {
-    send_report(ctx, progress, blocked, ramp, None).await;
+    send_report(ctx, progress, blocked, ramp, None, None).await;
 }
 
-/// [`report`], with the routing just written when there is one. A report that differs from
-/// the last one only in its routing is not sent again.
+/// [`report`], with the routing just written when there is one, and a message of its own when
+/// the decision has one. A report that differs from the last one only in its routing is not
+/// sent again.
 async fn send_report(
     ctx: &WorkflowContext<RolloutWorkflow>,
     progress: RolloutProgress,
     blocked: Option<Blocked>,
     ramp: Option<(usize, Option<u8>, Option<UnixMillis>)>,
     routing: Option<AppliedRouting>,
+    message: Option<String>,
 ) {
     let info = ctx.info();
     let (workflow_id, run_id) = (info.workflow_id().to_owned(), info.run_id().to_owned());
-    let message = report_message(ctx, progress, blocked.as_ref(), ramp);
+    let message = message.unwrap_or_else(|| report_message(ctx, progress, blocked.as_ref(), ramp));
     let candidate = ctx.state(|s| RolloutReport {
         build_id: s.input.build_id.clone(),
         workflow_id,
@@ -1397,6 +1456,9 @@ fn report_message(
             } else {
                 format!("Build {build} is registered and waiting for promotion")
             }
+        }
+        RolloutProgress::WaitingForAvailability => {
+            format!("Build {build} was Available and is not now; the rollout holds until it is")
         }
         RolloutProgress::Ramping => match ramp {
             Some((step, Some(pct), _)) => {
@@ -1516,8 +1578,43 @@ mod tests {
     use super::*;
     use crate::model::TemporalState;
     use crate::plan::fixtures::{
-        NEW, OLD, deployment, observation, spec, temporal_with_old_current,
+        NEW, OLD, deployment, observation, secs, spec, temporal_with_old_current,
     };
+
+    #[test]
+    fn a_continued_run_starts_from_everything_the_run_before_it_decided_from() {
+        let input = RolloutInput {
+            twd: TwdRef {
+                namespace: "demo".into(),
+                name: "hello".into(),
+            },
+            build_id: NEW.into(),
+            history_event_bound: Some(100),
+            carried: None,
+            created_by_parent: true,
+        };
+        let mut first = RolloutWorkflow::starting(input, secs(10));
+        first.spec_paused = true;
+        first.memory.pause_requested = true;
+        first.memory.progress.available_at = Some(secs(20));
+        first.memory.held.held_since = Some(secs(30));
+        first.gate_attempt = 2;
+        first.sequence = 7;
+        first.failing_since = Some(secs(40));
+        first.push_control(ControlAction::Resume);
+
+        let next = RolloutWorkflow::starting(first.continued_input(), secs(5_000));
+        // Controls are answered as the run before would have, before any observation.
+        assert_eq!(next.control_view(), first.control_view());
+        assert!(next.control_view().spec_paused);
+        assert_eq!(next.memory, first.memory);
+        // The carried control is still to be handled.
+        assert_eq!(next.wakeups, 1);
+        assert_eq!(next.first_started_at, secs(10), "the rollout's start");
+        assert_eq!(next.memory.started_at, secs(10));
+        // And it would carry the same again.
+        assert_eq!(next.continued_input(), first.continued_input());
+    }
 
     #[test]
     fn routing_after_a_write_is_what_temporal_then_routes() {

@@ -867,6 +867,7 @@ impl TwdWorkflow {
                     RolloutProgress::WaitingForPollers
                         | RolloutProgress::WaitingForPromotion
                         | RolloutProgress::Ramping
+                        | RolloutProgress::WaitingForAvailability
                         | RolloutProgress::Paused
                 )
         });

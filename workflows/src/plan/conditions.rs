@@ -18,6 +18,9 @@ pub const REASON_RAMPING: &str = "Ramping";
 pub const REASON_WAITING_FOR_PROMOTION: &str = "WaitingForPromotion";
 /// Reason while the target's workers have not registered.
 pub const REASON_WAITING_FOR_POLLERS: &str = "WaitingForPollers";
+/// Reason while a target that was Available is briefly not (a pod restarting, more replicas
+/// starting): the rollout holds until it is again.
+pub const REASON_WAITING_FOR_AVAILABILITY: &str = "WaitingForAvailability";
 /// Reason while the rollout is held by `spec.rollout.paused` or a pause signal.
 pub const REASON_PAUSED: &str = "Paused";
 /// Reason after an operator aborted the rollout of the target.
@@ -147,6 +150,15 @@ pub fn rollout_conditions(
             REASON_WAITING_FOR_POLLERS,
             format!("Target version {target_build} is not yet registered with Temporal"),
             format!("Waiting for workers with buildID {target_build} to start polling"),
+        ),
+        RolloutProgress::WaitingForAvailability => pair(
+            false,
+            true,
+            REASON_WAITING_FOR_AVAILABILITY,
+            format!("Target version {target_build} was available and is not now"),
+            format!(
+                "Waiting for the Deployment of buildID {target_build} to be Available again; the rollout holds where it is"
+            ),
         ),
         RolloutProgress::Paused => pair(
             false,
@@ -287,6 +299,24 @@ mod tests {
                         true,
                         "WaitingForPollers",
                         "Waiting for workers with buildID v2-abc to start polling",
+                    ),
+                ],
+            ),
+            (
+                RolloutProgress::WaitingForAvailability,
+                None,
+                [
+                    row(
+                        "Ready",
+                        false,
+                        "WaitingForAvailability",
+                        "Target version v2-abc was available and is not now",
+                    ),
+                    row(
+                        "Progressing",
+                        true,
+                        "WaitingForAvailability",
+                        "Waiting for the Deployment of buildID v2-abc to be Available again; the rollout holds where it is",
                     ),
                 ],
             ),

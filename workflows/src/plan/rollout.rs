@@ -33,6 +33,64 @@ pub struct RolloutMemory {
     /// Canary analysis of the step in force (absent in memories from before it existed).
     #[serde(default)]
     pub analysis: crate::plan::analysis::AnalysisMemory,
+    /// The build's progress toward Available, which the progress deadline measures.
+    #[serde(default)]
+    pub progress: Progress,
+}
+
+/// How far the build got toward serving, for the progress deadline.
+///
+/// Kubernetes measures a Deployment's `progressDeadlineSeconds` from its last progress (more
+/// pods updated or available), not from the start of its rollout; so does the rollout: more of
+/// the build's pods ready, or its workers registered, is progress. Once the build was registered
+/// and Available the deadline no longer applies: a pod restarting, an eviction or more replicas
+/// starting later make it briefly not Available, which holds the rollout
+/// ([`RolloutDecision::WaitForAvailability`]) instead of failing it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    /// When the build last progressed; `None`: not since the rollout started (or was retried).
+    pub last_at: Option<UnixMillis>,
+    /// Most of its pods seen ready at once.
+    pub ready_replicas: i32,
+    /// Its workers were seen registered with Temporal.
+    pub registered: bool,
+    /// When it was first seen registered and Available.
+    pub available_at: Option<UnixMillis>,
+}
+
+impl Progress {
+    /// Records what `observation` shows of `build` at `now`; true when it progressed.
+    pub fn track(&mut self, observation: &Observation, build: &str, now: UnixMillis) -> bool {
+        let Some(deployment) = observation.deployment(build) else {
+            return false;
+        };
+        let registered = registered_version(observation, build).is_some();
+        let mut progressed = false;
+        if deployment.ready_replicas > self.ready_replicas {
+            self.ready_replicas = deployment.ready_replicas;
+            progressed = true;
+        }
+        if registered && !self.registered {
+            self.registered = true;
+            progressed = true;
+        }
+        if registered && deployment.available && self.available_at.is_none() {
+            self.available_at = Some(now);
+            progressed = true;
+        }
+        if progressed {
+            self.last_at = Some(now);
+        }
+        progressed
+    }
+
+    /// When the progress deadline of `deadline_ms` passes for a rollout started (or retried)
+    /// at `started_at`.
+    pub fn deadline_at(&self, started_at: UnixMillis, deadline_ms: i64) -> UnixMillis {
+        self.last_at
+            .map_or(started_at, |at| at.max(started_at))
+            .saturating_add(deadline_ms)
+    }
 }
 
 /// How long the rollout has been held (paused) during the Progressive step in force.
@@ -145,6 +203,12 @@ pub enum RolloutDecision {
     },
     /// The progress deadline passed before the build registered or became available.
     DeadlineExceeded(Blocked),
+    /// The build was registered and Available and is not now (a pod restarting, more replicas
+    /// starting): hold where the rollout is, with no deadline, until it is Available again.
+    WaitForAvailability {
+        /// What is missing, in words.
+        message: String,
+    },
     /// Run the gate workflows.
     RunGate,
     /// The gate failed: scale the build to zero and stop (until retry or a new build).
@@ -218,9 +282,11 @@ fn gate_failed(build: &str, message: &str) -> Blocked {
 /// Decides the next step of the rollout of `memory.build_id` from an observation at `now`.
 ///
 /// Checks, first match wins: superseded; invalid spec; Temporal unreadable; no Deployment;
-/// failed gate; replicas; already Current (clear a stale ramp, else complete); not registered or not
-/// Available (wait, bounded by the progress deadline); rollback (promote at once); gate; pause;
-/// manual promotion; Manual strategy; no Current version yet; AllAtOnce; Progressive steps.
+/// failed gate; replicas; already Current (clear a stale ramp, else complete); not registered or
+/// not Available (wait: bounded by the progress deadline, counted from the build's last
+/// progress, until it was once registered and Available; held without a deadline after);
+/// rollback (promote at once); gate; pause; manual promotion; Manual strategy; no Current
+/// version yet; AllAtOnce; Progressive steps.
 ///
 /// Two consequences of that order: a paused rollout still runs its gate (the gate routes no
 /// traffic) and still completes a rollback (a rollback is one jump back to a known version).
@@ -306,11 +372,16 @@ pub fn decide(
         };
     }
 
-    let version = temporal
-        .version(build)
-        .filter(|v| v.state != VersionState::NotRegistered);
+    let version = registered_version(observation, build);
     if version.is_none() || !deployment.available {
-        let deadline_at = memory.started_at.saturating_add(spec.progress_deadline_ms);
+        if memory.progress.available_at.is_some() {
+            return RolloutDecision::WaitForAvailability {
+                message: unavailable_message(build, deployment, version.is_some()),
+            };
+        }
+        let deadline_at = memory
+            .progress
+            .deadline_at(memory.started_at, spec.progress_deadline_ms);
         if now > deadline_at {
             return RolloutDecision::DeadlineExceeded(deadline_blocked(
                 spec,
@@ -369,6 +440,45 @@ pub fn decide(
             )
         }
     }
+}
+
+/// The build's version, if Temporal lists it registered.
+fn registered_version<'a>(
+    observation: &'a Observation,
+    build: &str,
+) -> Option<&'a TemporalVersion> {
+    observation
+        .temporal
+        .as_ref()
+        .ok()?
+        .version(build)
+        .filter(|v| v.state != VersionState::NotRegistered)
+}
+
+/// What a build that was Available lacks now.
+fn unavailable_message(build: &str, deployment: &DeploymentView, registered: bool) -> String {
+    let missing = if deployment.available {
+        "Temporal does not list its workers as registered".to_owned()
+    } else {
+        let wanted = deployment.replicas.unwrap_or(1);
+        let problem = deployment
+            .problem
+            .as_deref()
+            .map(|p| format!(": {p}"))
+            .unwrap_or_default();
+        let unregistered = if registered {
+            ""
+        } else {
+            "; Temporal does not list its workers as registered"
+        };
+        format!(
+            "Deployment {} has {} of {wanted} pods ready{problem}{unregistered}",
+            deployment.name, deployment.ready_replicas
+        )
+    };
+    format!(
+        "Build {build} was Available and is not now ({missing}); the rollout holds where it is until it is Available again"
+    )
 }
 
 /// Replicas the target Deployment must be scaled to, if any (reference §2.6).
@@ -515,6 +625,7 @@ mod tests {
             pause_requested: false,
             held: HeldTime::default(),
             analysis: AnalysisMemory::default(),
+            progress: Progress::default(),
         }
     }
 
@@ -1007,6 +1118,174 @@ mod tests {
             "{}",
             blocked.message
         );
+    }
+
+    /// A memory whose build was registered and Available at `at` (its last progress).
+    fn was_available(at: UnixMillis) -> RolloutMemory {
+        RolloutMemory {
+            progress: Progress {
+                last_at: Some(at),
+                ready_replicas: 2,
+                registered: true,
+                available_at: Some(at),
+            },
+            ..memory()
+        }
+    }
+
+    /// NEW's Deployment with `ready` of its pods ready, not Available.
+    fn with_ready(obs: Observation, ready: i32) -> Observation {
+        edit(obs, |o| {
+            let d = new_deployment_mut(o);
+            d.ready_replicas = ready;
+            d.available = false;
+        })
+    }
+
+    #[test]
+    fn the_progress_deadline_counts_from_the_last_progress_like_a_deployments() {
+        let unavailable = with_ready(ready(AllAtOnce), 1);
+        let progressed_at = |at: UnixMillis, started_at: UnixMillis| RolloutMemory {
+            started_at,
+            progress: Progress {
+                last_at: Some(at),
+                ready_replicas: 1,
+                registered: true,
+                available_at: None,
+            },
+            ..memory()
+        };
+        let exceeded = |o: &Observation, m: &RolloutMemory, now| matches!(decide(o, m, now), RolloutDecision::DeadlineExceeded(b) if b.reason == BlockReason::ProgressDeadlineExceeded);
+        // (name, memory, now, Some(deadline) to wait for, or None for exceeded)
+        let cases: Vec<(&str, RolloutMemory, UnixMillis, Option<UnixMillis>)> = vec![
+            (
+                "no progress since the start",
+                memory(),
+                secs(600),
+                Some(secs(600)),
+            ),
+            (
+                "no progress since the start, past it",
+                memory(),
+                secs(601),
+                None,
+            ),
+            (
+                "a pod got ready late: counted from then",
+                progressed_at(secs(500), 0),
+                secs(1000),
+                Some(secs(1100)),
+            ),
+            (
+                "no progress since that pod",
+                progressed_at(secs(500), 0),
+                secs(1101),
+                None,
+            ),
+            (
+                "retried after it: counted from the retry",
+                progressed_at(secs(500), secs(2000)),
+                secs(2100),
+                Some(secs(2600)),
+            ),
+        ];
+        for (name, memory, now, expected) in cases {
+            match expected {
+                Some(deadline_at) => assert_eq!(
+                    decide(&unavailable, &memory, now),
+                    RolloutDecision::WaitForPollers { deadline_at },
+                    "{name}"
+                ),
+                None => assert!(exceeded(&unavailable, &memory, now), "{name}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_build_that_was_available_holds_while_briefly_not_and_is_never_past_its_deadline() {
+        // Issue #31: Progressive, one 5 h step at 10 %, a progress deadline of 600 s; the build
+        // was registered and Available 60 s into the rollout and ramped at 70 s.
+        let mut spec = spec_for(Progressive);
+        spec.steps = steps(&[(10, 5 * 3600)]);
+        let step = ramping(spec, 10.0, Some(secs(70)));
+        let memory = was_available(secs(60));
+        let hold = RolloutDecision::HoldStep {
+            step: 0,
+            until: secs(70 + 5 * 3600),
+        };
+        let holds_for_availability = |o: &Observation, now| {
+            let decision = decide(o, &memory, now);
+            match decision {
+                RolloutDecision::WaitForAvailability { message } => message,
+                other => panic!("expected WaitForAvailability, got {other:?}"),
+            }
+        };
+        // 11.8 minutes in, past the deadline counted from the start: spec.replicas went from 1 to
+        // 2, the Deployment was scaled and 1 of its 2 pods is ready.
+        let scaled_up = with_ready(step.clone(), 1);
+        let message = holds_for_availability(&scaled_up, secs(708));
+        assert!(
+            message.contains(&format!(
+                "Deployment {} has 1 of 2 pods ready",
+                deployment_name(NEW)
+            )),
+            "{message}"
+        );
+        // Hours later a pod is evicted (its problem named), or Temporal briefly does not list
+        // the version: the same hold.
+        let evicted = edit(with_ready(step.clone(), 1), |o| {
+            new_deployment_mut(o).problem = Some("pod hello-x: process exited".into())
+        });
+        let message = holds_for_availability(&evicted, secs(4 * 3600));
+        assert!(message.contains("pod hello-x: process exited"), "{message}");
+        let unlisted = edit(step.clone(), |o| {
+            temporal_mut(o).versions.retain(|v| v.build_id != NEW)
+        });
+        let message = holds_for_availability(&unlisted, secs(4 * 3600));
+        assert!(message.contains("not list its workers"), "{message}");
+        // Available again: the step goes on to its end, which the hold did not move.
+        assert_eq!(decide(&step, &memory, secs(712)), hold);
+        assert_eq!(
+            decide(&step, &memory, secs(70 + 5 * 3600)),
+            RolloutDecision::SetCurrent
+        );
+    }
+
+    #[test]
+    fn progress_is_more_pods_ready_registration_or_availability() {
+        let not_registered = |pods: i32| {
+            edit(with_ready(ready(AllAtOnce), pods), |o| {
+                temporal_mut(o).versions.retain(|v| v.build_id != NEW)
+            })
+        };
+        let mut progress = Progress::default();
+        // (name, observation, progressed)
+        let steps: Vec<(&str, Observation, bool)> = vec![
+            ("nothing ready yet", not_registered(0), false),
+            ("a pod ready", not_registered(1), true),
+            ("the same pod", not_registered(1), false),
+            ("the pod restarted", not_registered(0), false),
+            ("ready again: no new best", not_registered(1), false),
+            ("registered", with_ready(ready(AllAtOnce), 1), true),
+            ("a second pod", with_ready(ready(AllAtOnce), 2), true),
+            ("Available", ready(AllAtOnce), true),
+            (
+                "a pod restarted after",
+                with_ready(ready(AllAtOnce), 1),
+                false,
+            ),
+        ];
+        for (i, (name, obs, progressed)) in steps.iter().enumerate() {
+            let now = secs(i as i64 * 10);
+            let last = progress.last_at;
+            assert_eq!(progress.track(obs, NEW, now), *progressed, "{name}");
+            let expected = if *progressed { Some(now) } else { last };
+            assert_eq!(progress.last_at, expected, "{name}");
+        }
+        assert_eq!(progress.available_at, Some(secs(70)));
+        // No Deployment (being created) is no progress.
+        let missing = edit(ready(AllAtOnce), |o| o.deployments.clear());
+        assert!(!Progress::default().track(&missing, NEW, 0));
     }
 
     #[test]

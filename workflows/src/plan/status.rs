@@ -262,6 +262,7 @@ fn rollout_status(
         RolloutProgress::WaitingForPollers
         | RolloutProgress::WaitingForPromotion
         | RolloutProgress::Ramping
+        | RolloutProgress::WaitingForAvailability
         | RolloutProgress::Superseded => RolloutPhase::Rolling,
         RolloutProgress::Paused => RolloutPhase::Paused,
         RolloutProgress::Complete => RolloutPhase::Complete,
@@ -718,6 +719,13 @@ mod tests {
                 mid_rollout(),
                 Some(report(RolloutProgress::Ramping)),
                 both("True", "Ramping"),
+                RolloutPhase::Rolling,
+            ),
+            (
+                "a ramping build briefly not Available is still rolling",
+                mid_rollout(),
+                Some(report(RolloutProgress::WaitingForAvailability)),
+                both("True", "WaitingForAvailability"),
                 RolloutPhase::Rolling,
             ),
             (
