@@ -54,7 +54,7 @@ enum Command {
     Up {
         #[command(flatten)]
         common: Common,
-        /// Apply the sample TemporalConnection and TemporalWorkerDeployment of examples/dev.
+        /// Apply the sample Connection and WorkerDeployment of examples/dev.
         #[arg(long)]
         apply_samples: bool,
     },
@@ -447,11 +447,11 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
         Try:\n\
         \x20 export KUBECONFIG={kc}\n\
         \x20 alias kubectl='{kubectl_bin}'\n\
-        \x20 kubectl get twd -A\n\
-        \x20 kubectl -n demo get deploy,twd\n\
+        \x20 kubectl get wd -A\n\
+        \x20 kubectl -n demo get deploy,wd\n\
         \x20 # roll out a new version (a new image tag is a new build ID):\n\
-        \x20 kubectl -n demo patch twd hello --type merge -p '{{\"spec\":{{\"template\":{{\"spec\":{{\"containers\":[{{\"name\":\"worker\",\"image\":\"twc.local/sample-worker:v2\"}}]}}}}}}}}'\n\
-        \x20 kubectl -n demo get twd hello -w\n\
+        \x20 kubectl -n demo patch wd hello --type merge -p '{{\"spec\":{{\"template\":{{\"spec\":{{\"containers\":[{{\"name\":\"worker\",\"image\":\"twc.local/sample-worker:v2\"}}]}}}}}}}}'\n\
+        \x20 kubectl -n demo get wd hello -w\n\
         \x20 {temporal} worker deployment describe --name demo/hello --address {addr}\n\
         \x20 # the operator commands, as a kubectl plugin (no other setting needed here):\n\
         \x20 ln -sf {bin}/twc ~/.local/bin/kubectl-twc\n\

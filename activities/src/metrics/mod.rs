@@ -163,7 +163,7 @@ impl Metrics {
             rollouts_started: registered(
                 &mut registry,
                 "twc_rollouts_started",
-                "Rollouts started (a rollout workflow first named in a TWD's status), by strategy",
+                "Rollouts started (a rollout workflow first named in a worker deployment's status), by strategy",
                 Family::default(),
             ),
             rollouts_completed: registered(
@@ -205,13 +205,13 @@ impl Metrics {
             ramp_percentage: registered(
                 &mut registry,
                 "twc_ramp_percentage",
-                "Share of new workflows routed to the TWD's target version, from its status: the ramp while Ramping, 100 once Current, 0 otherwise",
+                "Share of new workflows routed to the worker deployment's target version, from its status: the ramp while Ramping, 100 once Current, 0 otherwise",
                 Family::default(),
             ),
             versions: registered(
                 &mut registry,
                 "twc_versions",
-                "Versions of a TWD in its status (target, current and deprecated versions with a Deployment)",
+                "Versions of a worker deployment (WorkerDeployment or TemporalWorkerDeployment of one name) in its status (target, current and deprecated versions with a Deployment)",
                 Family::default(),
             ),
             temporal_requests: registered(

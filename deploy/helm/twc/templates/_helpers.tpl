@@ -55,11 +55,13 @@ rules are in deploy/manifests/clusterrole.yaml (a test compares them).
   verbs: [update]
 # Versioned Deployments (deployments.rs): list by label, get, create if absent, delete when
 # retired; wait_for_pollers watches them by label to hear of Available at once;
-# reassert_resources (reassert.rs) updates them (a PUT) to follow TemporalConnection
-# changes and, under unsafeCustomBuildID, template edits.
+# reassert_resources (reassert.rs) updates them (a PUT) to follow connection changes and,
+# under unsafeCustomBuildID, template edits; merge-patches their owner references when the
+# other kind of a name takes over (claims.rs) and stamps Deployments taken over from the Go
+# controller, whose templates a dry-run create compares (adoption.rs).
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, update, delete]
+  verbs: [get, list, watch, create, update, patch, delete]
 # Scaling is a merge patch of the scale subresource (scale_deployment).
 - apiGroups: [apps]
   resources: [deployments/scale]
