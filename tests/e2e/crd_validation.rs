@@ -65,6 +65,17 @@ fn analysis(analysis: Value) -> Box<dyn Fn(&mut Value)> {
     Box::new(move |m| m["spec"]["rollout"]["analysis"] = analysis.clone())
 }
 
+/// `manifest` under the current name of its kind (WorkerDeployment, Connection).
+fn current_kind(mut manifest: Value) -> Value {
+    let current = match manifest["kind"].as_str() {
+        Some("TemporalWorkerDeployment") => "WorkerDeployment",
+        Some("TemporalConnection") => "Connection",
+        _ => return manifest,
+    };
+    manifest["kind"] = current.into();
+    manifest
+}
+
 /// Applies `manifest` and returns kubectl's error text if it was rejected.
 async fn rejection(manifest: &Value) -> Option<String> {
     let out = kubectl(&["create", "-f", "-"], Some(&manifest.to_string())).await;
@@ -369,18 +380,26 @@ async fn invalid_manifests_are_rejected_with_a_clear_message() {
         ),
     ];
     let mut failures = Vec::new();
-    for (name, mut manifest, mutate, expected) in cases {
-        mutate(&mut manifest);
-        match rejection(&manifest).await {
-            None => failures.push(format!("{name}: was accepted")),
-            Some(err) if !err.contains(expected) => {
-                failures.push(format!("{name}: message {err:?} lacks {expected:?}"))
+    for (name, manifest, mutate, expected) in cases {
+        // The same rules under both names of each kind.
+        for mut manifest in [manifest.clone(), current_kind(manifest)] {
+            mutate(&mut manifest);
+            let kind = manifest["kind"].as_str().unwrap_or_default().to_owned();
+            match rejection(&manifest).await {
+                None => failures.push(format!("{name} ({kind}): was accepted")),
+                Some(err) if !err.contains(expected) => failures.push(format!(
+                    "{name} ({kind}): message {err:?} lacks {expected:?}"
+                )),
+                Some(_) => {}
             }
-            Some(_) => {}
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    let stored = kubectl(&["get", "twd,tconn", "-n", &ns, "-o", "name"], None).await;
+    let stored = kubectl(
+        &["get", "twd,tconn,wd,connections", "-n", &ns, "-o", "name"],
+        None,
+    )
+    .await;
     assert_eq!(
         stored.stdout.trim(),
         "",
@@ -391,8 +410,34 @@ async fn invalid_manifests_are_rejected_with_a_clear_message() {
 #[tokio::test]
 async fn go_controller_manifests_are_accepted_with_the_same_defaults() {
     let client = kube_client().await;
-    let ns = test_namespace(&client, "crd-valid").await;
-    let mut manifest = worker(&ns, "hello");
+    // (short name of the worker kind, of the connection kind, and their full names)
+    let kinds = [
+        (
+            "twd",
+            "tconn",
+            "temporalworkerdeployment",
+            "temporalconnection",
+        ),
+        ("wd", "connection", "workerdeployment", "connection"),
+    ];
+    for (short, connection_short, worker_kind, connection_kind) in kinds {
+        let ns = test_namespace(&client, "crd-valid").await;
+        accepted_with_the_same_defaults(&ns, short, connection_short, worker_kind, connection_kind)
+            .await;
+    }
+}
+
+async fn accepted_with_the_same_defaults(
+    ns: &str,
+    short: &str,
+    connection_short: &str,
+    worker_kind: &str,
+    connection_kind: &str,
+) {
+    let ns = ns.to_owned();
+    let current = short == "wd";
+    let of_kind = |m: Value| if current { current_kind(m) } else { m };
+    let mut manifest = of_kind(worker(&ns, "hello"));
     manifest["spec"]["rollout"]["gate"] =
         json!({ "workflowType": "RolloutGate", "input": { "thresholds": { "errorRate": 0.01 } } });
     manifest["spec"]["rollout"]["steps"] = steps(&[1, 10, 50], "1s");
@@ -401,12 +446,12 @@ async fn go_controller_manifests_are_accepted_with_the_same_defaults() {
     assert!(created.success, "valid TWD rejected: {}", created.stderr);
     let conn = kubectl(
         &["create", "-f", "-"],
-        Some(&connection(&ns, "dev").to_string()),
+        Some(&of_kind(connection(&ns, "dev")).to_string()),
     )
     .await;
     assert!(conn.success, "valid connection rejected: {}", conn.stderr);
 
-    let got = kubectl(&["get", "twd", "hello", "-n", &ns, "-o", "json"], None).await;
+    let got = kubectl(&["get", short, "hello", "-n", &ns, "-o", "json"], None).await;
     let stored: Value = serde_json::from_str(&got.stdout).unwrap_or_default();
     let spec = &stored["spec"];
     assert_eq!(spec["progressDeadlineSeconds"], json!(600));
@@ -422,18 +467,25 @@ async fn go_controller_manifests_are_accepted_with_the_same_defaults() {
         json!(0.01)
     );
 
-    let short = kubectl(&["get", "twd", "-n", &ns, "-o", "name"], None).await;
+    let named = kubectl(&["get", short, "-n", &ns, "-o", "name"], None).await;
     assert_eq!(
-        short.stdout.trim(),
-        "temporalworkerdeployment.temporal.io/hello"
+        named.stdout.trim(),
+        format!("{worker_kind}.temporal.io/hello")
     );
-    let columns = kubectl(&["get", "twd", "-n", &ns], None).await;
+    let columns = kubectl(&["get", short, "-n", &ns], None).await;
     let header = columns.stdout.lines().next().unwrap_or_default().to_owned();
     for column in ["NAME", "CURRENT", "TARGET", "RAMP %", "PHASE", "AGE"] {
         assert!(header.contains(column), "header {header:?} lacks {column}");
     }
-    let tconn = kubectl(&["get", "tconn", "dev", "-n", &ns, "-o", "name"], None).await;
-    assert_eq!(tconn.stdout.trim(), "temporalconnection.temporal.io/dev");
+    let tconn = kubectl(
+        &["get", connection_short, "dev", "-n", &ns, "-o", "name"],
+        None,
+    )
+    .await;
+    assert_eq!(
+        tconn.stdout.trim(),
+        format!("{connection_kind}.temporal.io/dev")
+    );
 }
 
 #[tokio::test]
