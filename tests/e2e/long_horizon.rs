@@ -116,8 +116,8 @@ async fn warnings(client: &kube::Client, namespace: &str) -> Vec<(String, String
         .collect()
 }
 
-/// Whether an object of `kind` holds the delete-protection finalizer.
-async fn holds_finalizer<K>(client: &kube::Client, namespace: &str, name: &str) -> bool
+/// Whether an object of `kind` holds the delete-protection finalizer (false when it is gone).
+pub(crate) async fn holds_finalizer<K>(client: &kube::Client, namespace: &str, name: &str) -> bool
 where
     K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
         + Clone
@@ -138,7 +138,7 @@ where
 }
 
 /// The TWDs left in a namespace, with their finalizers and conditions, for "last observed".
-async fn leftovers(client: &kube::Client, namespace: &str) -> String {
+pub(crate) async fn leftovers(client: &kube::Client, namespace: &str) -> String {
     let twds = Api::<TemporalWorkerDeployment>::namespaced(client.clone(), namespace)
         .list(&ListParams::default())
         .await
