@@ -71,7 +71,7 @@ impl TlsFront {
     }
 
     async fn start_with(upstream: &str, clients: ClientCerts) -> Self {
-        let certificates = Certificates::issue().await;
+        let certificates = Certificates::issue("twc test CA").await;
         let acceptor = acceptor(&certificates, clients);
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
@@ -106,10 +106,11 @@ impl TlsFront {
         })
     }
 
-    /// A Secret like [`TlsFront::secret`] whose client certificate another CA issued: a proxy
-    /// started with [`TlsFront::start_verifying`] refuses it.
+    /// A Secret like [`TlsFront::secret`] whose client certificate a CA unknown to this proxy
+    /// issued: a proxy started with [`TlsFront::start_verifying`] refuses it (TLS alert
+    /// `UnknownCA`, which the controller reads as a refused credential).
     pub async fn foreign_secret(&self, namespace: &str, name: &str) -> Value {
-        let foreign = Certificates::issue().await;
+        let foreign = Certificates::issue("twc foreign CA").await;
         json!({
             "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
             "metadata": { "name": name, "namespace": namespace },
@@ -183,9 +184,9 @@ fn acceptor(certificates: &Certificates, clients: ClientCerts) -> TlsAcceptor {
 }
 
 impl Certificates {
-    /// A CA valid for two days, and a server (for [`SERVER_NAME`]) and a client certificate
+    /// A CA named `ca_name` valid for two days, and a server (for [`SERVER_NAME`]) and a client certificate
     /// it issued, made with `openssl` in a fresh temporary folder.
-    async fn issue() -> Self {
+    async fn issue(ca_name: &str) -> Self {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "twc-tls-{}-{}",
@@ -213,7 +214,7 @@ impl Certificates {
                     "-days",
                     "2",
                     "-subj",
-                    "/CN=twc test CA",
+                    &format!("/CN={ca_name}"),
                     "-addext",
                     "basicConstraints=critical,CA:TRUE",
                     "-addext",
