@@ -41,4 +41,4 @@ pub use gate_input::{GateField, gate_input, step_gate};
 pub use injection::ServerCa;
 pub use reassert::reassert_resources;
 pub use status::{StatusWrite, write_connection_status, write_twd_status, write_twd_status_seen};
-pub use twd::get_twd;
+pub use twd::{get_twd, namespace_deleting};

@@ -1,10 +1,11 @@
-//! Reads of the TemporalWorkerDeployment itself.
+//! Reads of the TemporalWorkerDeployment itself, and of its namespace.
 
+use k8s_openapi::api::core::v1::Namespace;
 use kube::{Api, Client};
 use twc_crds::TemporalWorkerDeployment;
 use twc_workflows::model::TwdRef;
 
-use super::error::{K8sError, ObjectName};
+use super::error::{K8sError, ObjectName, is_forbidden};
 use super::lookup::get_if_exists;
 
 /// The TWD, or `None` when it does not exist.
@@ -17,6 +18,21 @@ pub async fn get_twd(
     get_if_exists(&api, &twd.name)
         .await
         .map_err(K8sError::api("get", &object))
+}
+
+/// Whether the namespace `name` is being deleted (false when it is gone, or when the controller
+/// may not read namespaces).
+pub async fn namespace_deleting(client: &Client, name: &str) -> Result<bool, K8sError> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let object = ObjectName::cluster_scoped("Namespace", name);
+    match get_if_exists(&api, name).await {
+        Ok(namespace) => Ok(namespace.is_some_and(|n| n.metadata.deletion_timestamp.is_some())),
+        Err(e) if is_forbidden(&e) => {
+            tracing::debug!(%object, "may not read the namespace: {e}");
+            Ok(false)
+        }
+        Err(e) => Err(K8sError::api("get", &object)(e)),
+    }
 }
 
 #[cfg(test)]
