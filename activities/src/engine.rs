@@ -1249,8 +1249,10 @@ impl EngineActivities {
                 versions: known_versions(resource.status.as_ref()),
                 identity: self.identity.clone(),
             };
+            // What was left and how to remove it come before the cause: an event keeps only
+            // the first 1,024 bytes.
             let message = format!(
-                "Released TemporalWorkerDeployment {} without cleaning up Temporal ({cause}); deleted {deleted} versioned Deployment(s). {}",
+                "Released TemporalWorkerDeployment {} without cleaning up Temporal; deleted {deleted} versioned Deployment(s). {}. Why: {cause}",
                 twd.key(),
                 left.describe()
             );

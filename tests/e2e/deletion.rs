@@ -161,9 +161,9 @@ async fn twd_history(cluster: &Cluster, namespace: &str, name: &str) -> String {
 }
 
 /// What a release without the cleanup of Temporal leaves for the user to find: a
-/// `TemporalCleanupSkipped` Warning event (recorded in `event_namespace`), the controller's log
-/// line, and the release activity's result in the TWD workflow's history, each naming the
-/// worker deployment left in Temporal.
+/// `TemporalCleanupSkipped` Warning event (recorded in `event_namespace`) naming the worker
+/// deployment left in Temporal and the command that removes it, the controller's log line, and
+/// the release activity's result in the TWD workflow's history.
 async fn assert_release_recorded(
     cluster: &Cluster,
     namespace: &str,
@@ -171,7 +171,8 @@ async fn assert_release_recorded(
     event_namespace: &str,
 ) {
     let deployment = format!("{namespace}/{name}");
-    let left = format!("worker deployment {deployment}");
+    let left = format!("Left in Temporal: worker deployment {deployment}");
+    let remove = format!("temporal worker deployment delete --name {deployment}");
     let events = cluster
         .wait(
             &format!("a TemporalCleanupSkipped event about {deployment} in {event_namespace}"),
@@ -184,7 +185,10 @@ async fn assert_release_recorded(
                     "TemporalCleanupSkipped",
                 )
                 .await;
-                if found.iter().any(|m| m.contains(&left)) {
+                if found
+                    .iter()
+                    .any(|m| m.contains(&left) && m.contains(&remove))
+                {
                     Ok(found)
                 } else {
                     Err(format!("events: {found:?}"))
