@@ -312,17 +312,27 @@ impl EngineActivities {
         {
             return Ok(Some(Teardown::Namespace));
         }
-        let connection = k8s::find_connection(
+        Ok(self
+            .connection_of(twd, resource)
+            .await?
+            .is_some_and(|c| c.is_deleting())
+            .then_some(Teardown::Connection))
+    }
+
+    /// The connection the TWD uses, if it exists (and may be read).
+    async fn connection_of(
+        &self,
+        twd: &TwdRef,
+        resource: &TemporalWorkerDeployment,
+    ) -> Result<Option<k8s::Connection>, ActivityError> {
+        k8s::find_connection(
             &self.kube,
             self.cluster_access,
             &twd.namespace,
             &resource.spec.worker_options.connection_ref,
         )
         .await
-        .map_err(retryable)?;
-        Ok(connection
-            .is_some_and(|c| c.is_deleting())
-            .then_some(Teardown::Connection))
+        .map_err(retryable)
     }
 
     /// Evicts the client of a failed call when its credentials were rejected.
@@ -1221,14 +1231,7 @@ impl EngineActivities {
                     twd.key()
                 ));
             }
-            let connection = k8s::find_connection(
-                &self.kube,
-                self.cluster_access,
-                &twd.namespace,
-                &resource.spec.worker_options.connection_ref,
-            )
-            .await
-            .map_err(retryable)?;
+            let connection = self.connection_of(&twd, &resource).await?;
             let mut deleted = 0;
             for deployment in k8s::list_versioned_deployments(&self.kube, &twd, &spec.uid)
                 .await

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, Namespace};
+use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 use twc_crds::{TemporalConnection, TemporalWorkerDeployment};
@@ -19,7 +19,7 @@ use crate::chaos::cluster::{Cluster, status_text};
 use crate::harness::controls::holds_for;
 use crate::harness::tls::TlsFront;
 use crate::harness::twd::{condition, get_twd, worker};
-use crate::long_horizon::{holds_finalizer, leftovers};
+use crate::long_horizon::{delete_namespace, holds_finalizer, leftovers};
 
 /// A rollout, or a TWD's first blocked condition, shows well within this.
 const SETTLE: Duration = Duration::from_secs(300);
@@ -239,28 +239,10 @@ async fn deleting_a_namespace_whose_twds_cannot_reach_temporal_completes_within_
     )
     .await;
 
-    let deleted_at = Instant::now();
-    let out = cluster
-        .kubectl(&["delete", "namespace", &ns, "--wait=false"], None)
-        .await;
-    assert!(out.success, "kubectl delete namespace: {}", out.stderr);
-    let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
-    cluster
-        .wait(
-            &format!("namespace {ns} is gone"),
-            NAMESPACE_GONE,
-            || async {
-                match namespaces.get_opt(&ns).await {
-                    Ok(None) => Ok(()),
-                    Ok(Some(_)) => Err(leftovers(&cluster.client, &ns).await),
-                    Err(e) => Err(e.to_string()),
-                }
-            },
-        )
-        .await;
+    let took = delete_namespace(&cluster, &ns, NAMESPACE_GONE).await;
     eprintln!(
         "deletion: namespace {ns} gone {:.1}s after `kubectl delete namespace`",
-        deleted_at.elapsed().as_secs_f64()
+        took.as_secs_f64()
     );
 
     // `ok` was cleaned up in Temporal; `bad` was released without it, and says so where the

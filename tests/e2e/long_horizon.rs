@@ -325,29 +325,32 @@ async fn deleting_a_namespace_with_api_key_and_mtls_twds_completes() {
         )
         .await;
 
+    let took = delete_namespace(&cluster, &ns, NAMESPACE_GONE).await;
+    eprintln!(
+        "nsdelete: namespace gone {:.1}s after `kubectl delete namespace`",
+        took.as_secs_f64()
+    );
+}
+
+/// `kubectl delete namespace <ns> --wait=false`, then waits up to `timeout` for it to be gone
+/// (the TWDs left in it are the last observation); returns how long it took.
+pub(crate) async fn delete_namespace(cluster: &Cluster, ns: &str, timeout: Duration) -> Duration {
     let deleted_at = Instant::now();
     let out = cluster
-        .kubectl(&["delete", "namespace", &ns, "--wait=false"], None)
+        .kubectl(&["delete", "namespace", ns, "--wait=false"], None)
         .await;
     assert!(out.success, "kubectl delete namespace: {}", out.stderr);
     let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
     cluster
-        .wait(
-            &format!("namespace {ns} is gone"),
-            NAMESPACE_GONE,
-            || async {
-                match namespaces.get_opt(&ns).await {
-                    Ok(None) => Ok(()),
-                    Ok(Some(_)) => Err(leftovers(&cluster.client, &ns).await),
-                    Err(e) => Err(e.to_string()),
-                }
-            },
-        )
+        .wait(&format!("namespace {ns} is gone"), timeout, || async {
+            match namespaces.get_opt(ns).await {
+                Ok(None) => Ok(()),
+                Ok(Some(_)) => Err(leftovers(&cluster.client, ns).await),
+                Err(e) => Err(e.to_string()),
+            }
+        })
         .await;
-    eprintln!(
-        "nsdelete: namespace gone {:.1}s after `kubectl delete namespace`",
-        deleted_at.elapsed().as_secs_f64()
-    );
+    deleted_at.elapsed()
 }
 
 #[tokio::test]
