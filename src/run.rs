@@ -60,6 +60,11 @@ pub struct RunArgs {
     /// Comma-separated namespaces to watch (default: all).
     #[arg(long, env = "TWC_WATCH_NAMESPACES", value_delimiter = ',')]
     watch_namespaces: Vec<String>,
+    /// The controller's own namespace, where it records the events about TWDs whose namespace
+    /// is being deleted (that namespace refuses new events). Default: the Kubernetes client's
+    /// namespace (the pod's in a cluster; the kubeconfig context's, else `default`, outside).
+    #[arg(long, env = "POD_NAMESPACE")]
+    controller_namespace: Option<String>,
     /// Do not set the Twc* search attributes on rollouts (use when they are not registered).
     #[arg(long, env = "TWC_NO_SEARCH_ATTRIBUTES")]
     no_search_attributes: bool,
@@ -178,11 +183,18 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         )
         .await;
     });
+    let own_namespace = args
+        .controller_namespace
+        .clone()
+        .filter(|n| !n.trim().is_empty())
+        .unwrap_or_else(|| kube.default_namespace().to_owned());
+    tracing::info!(namespace = %own_namespace, "events about TWDs of namespaces being deleted go to the controller's namespace");
     let activities = EngineActivities::new(kube, config.identity.clone(), Arc::clone(&metrics))
         .with_cluster_access(cluster_access)
         .with_take_over(twc_activities::temporal::TakeOver::new(
             args.take_over_manager_from.clone(),
-        ));
+        ))
+        .with_own_namespace(own_namespace);
     let mut stop_trim = stop_rx.clone();
     let trim = tokio::spawn(memory::trim_every(args.heap_trim_interval, async move {
         let _ = stop_trim.wait_for(|stop| *stop).await;

@@ -959,7 +959,8 @@ async fn remove_action_annotation(
 
 async fn warn_event(kube: &kube::Client, twd: &TwdRef, reason: &str, message: &str) {
     if let Err(e) =
-        twc_activities::k8s::emit_event(kube, twd, EventKind::Warning, reason, message).await
+        twc_activities::k8s::emit_event(kube, twd, EventKind::Warning, (reason, message), None)
+            .await
     {
         tracing::warn!(twd = %twd.key(), reason, "recording an event failed: {e}");
     }

@@ -21,13 +21,15 @@ use twc_crds::worker_deployment::{
 use twc_workflows::contract::{
     AnalysisRequest, AnalysisResult, BacklogReport, BacklogRequest, BuildRequest, CleanupBlock,
     CleanupOutcome, CreateDeploymentOutcome, DeleteVersionOutcome, DeleteVersionRequest,
-    DeploymentRequest, DrainOutcome, DrainRequest, EventRequest, GateOutcome, GateRequest,
-    Measurement, PinnedCount, PinnedRequest, PollerWaitOutcome, RecheckOutcome, RoutingChange,
-    RoutingOutcome, RoutingRequest, ScaleRequest, StatusRequest, WaitForPollersRequest,
+    DeploymentRequest, DrainOutcome, DrainRequest, EventKind, EventRequest, GateOutcome,
+    GateRequest, Measurement, PinnedCount, PinnedRequest, PollerWaitOutcome, RecheckOutcome,
+    ReleaseRequest, RoutingChange, RoutingOutcome, RoutingRequest, ScaleRequest, StatusRequest,
+    Teardown, WaitForPollersRequest,
 };
 use twc_workflows::model::{
     BlockReason, Blocked, CheckProvider, CheckView, Observation, SpecView, TemporalState, TwdRef,
 };
+use twc_workflows::plan::deletion;
 use twc_workflows::plan::spec_view::spec_view;
 
 use crate::k8s::connection::{ClusterAccess, connection_object};
@@ -35,7 +37,7 @@ use crate::k8s::{self, ResolveError};
 use crate::metrics::{self, Metrics};
 use crate::prometheus::{self, PrometheusClient};
 use crate::temporal::{
-    self, ClientPool, PoolOptions, TaskQueueKind, TemporalClient, TemporalError,
+    self, ClientPool, PoolOptions, StatusClass, TaskQueueKind, TemporalClient, TemporalError,
 };
 
 /// How often `run_gate` looks again.
@@ -74,6 +76,9 @@ pub struct EngineActivities {
     cluster_access: ClusterAccess,
     /// Manager identities of another controller taken over (`--take-over-manager-from`).
     take_over: temporal::TakeOver,
+    /// The controller's own namespace: where events about TWDs of a namespace being deleted
+    /// are recorded.
+    own_namespace: String,
 }
 
 /// A TWD resolved for work against its Temporal.
@@ -81,6 +86,28 @@ struct Resolved {
     resource: WorkerObject,
     spec: SpecView,
     temporal: TemporalClient,
+}
+
+/// Why a TWD could not be resolved for work against its Temporal.
+enum Unresolved {
+    /// Its connection, or a Secret the connection names, is missing or unusable (or may not be
+    /// used by this controller).
+    Settings(Blocked),
+    /// No client of its Temporal could be made with them.
+    Client {
+        /// How the TWD shows it.
+        blocked: Blocked,
+        /// Temporal refused the credentials (rather than being out of reach).
+        refused: bool,
+    },
+}
+
+impl Unresolved {
+    fn into_blocked(self) -> Blocked {
+        match self {
+            Self::Settings(blocked) | Self::Client { blocked, .. } => blocked,
+        }
+    }
 }
 
 /// Where a `wait_for_pollers` spent its time, for its debug log line.
@@ -115,6 +142,7 @@ impl EngineActivities {
             connection_states: Arc::new(Mutex::new(HashMap::new())),
             cluster_access: ClusterAccess::Granted,
             take_over: temporal::TakeOver::default(),
+            own_namespace: "default".to_owned(),
         }
     }
 
@@ -122,6 +150,13 @@ impl EngineActivities {
     /// identities `take_over` covers instead of stopping at them.
     pub fn with_take_over(mut self, take_over: temporal::TakeOver) -> Self {
         self.take_over = take_over;
+        self
+    }
+
+    /// The same activities recording events about TWDs of a namespace being deleted (which
+    /// refuses new events) in `namespace`, the controller's own (default: `default`).
+    pub fn with_own_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.own_namespace = namespace.into();
         self
     }
 
@@ -139,6 +174,17 @@ impl EngineActivities {
         &self,
         twd: &TwdRef,
     ) -> Result<Option<Result<Resolved, Blocked>>, ActivityError> {
+        Ok(self
+            .resolve_detailed(twd)
+            .await?
+            .map(|r| r.map_err(Unresolved::into_blocked)))
+    }
+
+    /// [`EngineActivities::resolve`], saying which side failed.
+    async fn resolve_detailed(
+        &self,
+        twd: &TwdRef,
+    ) -> Result<Option<Result<Resolved, Unresolved>>, ActivityError> {
         let Some(resource) = k8s::get_twd(&self.kube, twd).await.map_err(retryable)? else {
             return Ok(None);
         };
@@ -158,20 +204,24 @@ impl EngineActivities {
             Err(ResolveError::Blocked(blocked)) => {
                 self.note_connection(&twd.namespace, reference, Err(&blocked))
                     .await;
-                return Ok(Some(Err(blocked)));
+                return Ok(Some(Err(Unresolved::Settings(blocked))));
             }
         };
-        match self.pool.get(&config).await {
+        match self.pool.try_get(&config).await {
             Ok(temporal) => Ok(Some(Ok(Resolved {
                 resource,
                 spec,
                 temporal,
             }))),
-            Err(blocked) => {
+            Err(error) => {
+                let blocked = temporal::pool::creation_failed(&config, &error);
                 let reference = &resource.spec.worker_options.connection_ref;
                 self.note_connection(&twd.namespace, reference, Err(&blocked))
                     .await;
-                Ok(Some(Err(blocked)))
+                Ok(Some(Err(Unresolved::Client {
+                    blocked,
+                    refused: error.needs_eviction(),
+                })))
             }
         }
     }
@@ -237,47 +287,62 @@ impl EngineActivities {
         }))
     }
 
-    /// The deletion path's answer when Temporal cannot be reached with the TWD's settings: which
-    /// object it waits for and what the user can do ([`CleanupBlock`] when the connection or
-    /// its Secret is missing or unusable, plain `Pending` otherwise).
+    /// The deletion path's answer when Temporal cannot be reached with the TWD's settings
+    /// (`block`, because of `cause`): what it waits for, what the user can do, and what is being
+    /// deleted along with the TWD (then nothing will fix the settings).
     async fn cleanup_blocked(
         &self,
         twd: &TwdRef,
-        blocked: Blocked,
+        resource: &twc_crds::TemporalWorkerDeployment,
+        block: CleanupBlock,
+        cause: &str,
     ) -> Result<CleanupOutcome, ActivityError> {
-        let missing = match blocked.reason {
-            BlockReason::TemporalConnectionNotFound => CleanupBlock::ConnectionGone,
-            BlockReason::AuthSecretInvalid => CleanupBlock::SecretGone,
-            _ => {
-                return Ok(CleanupOutcome::Pending {
-                    message: format!(
-                        "Waiting to remove worker deployment {} from Temporal: {}",
-                        twd.key(),
-                        blocked.message
-                    ),
-                    blocked_by: None,
-                });
-            }
-        };
-        let Some(resource) = k8s::get_twd(&self.kube, twd).await.map_err(retryable)? else {
-            return Ok(CleanupOutcome::Done);
-        };
         let reference = &resource.spec.worker_options.connection_ref;
-        let connection_name = connection_object(&twd.namespace, reference).to_string();
-        let connection_deleting =
-            k8s::find_connection(&self.kube, self.cluster_access, &twd.namespace, reference)
+        let connection = connection_object(&twd.namespace, reference).to_string();
+        let teardown = self.teardown(twd, resource).await?;
+        Ok(CleanupOutcome::Pending {
+            message: cleanup_blocked_message(twd, &connection, cause, block, teardown),
+            blocked_by: Some(block),
+            teardown,
+        })
+    }
+
+    /// What is being deleted along with the TWD: its namespace (read only with cluster-wide
+    /// access; a controller restricted to namespaces has no ClusterConnections, and a namespace
+    /// being deleted deletes its TemporalConnections), or the connection it uses.
+    async fn teardown(
+        &self,
+        twd: &TwdRef,
+        resource: &twc_crds::TemporalWorkerDeployment,
+    ) -> Result<Option<Teardown>, ActivityError> {
+        if self.cluster_access == ClusterAccess::Granted
+            && k8s::namespace_deleting(&self.kube, &twd.namespace)
                 .await
                 .map_err(retryable)?
-                .is_some_and(|c| c.is_deleting());
-        let block = if connection_deleting {
-            CleanupBlock::NamespaceDeleting
-        } else {
-            missing
-        };
-        Ok(CleanupOutcome::Pending {
-            message: cleanup_blocked_message(twd, &connection_name, &blocked.message, block),
-            blocked_by: Some(block),
-        })
+        {
+            return Ok(Some(Teardown::Namespace));
+        }
+        Ok(self
+            .connection_of(twd, resource)
+            .await?
+            .is_some_and(|c| c.is_deleting())
+            .then_some(Teardown::Connection))
+    }
+
+    /// The connection the TWD uses, if it exists (and may be read).
+    async fn connection_of(
+        &self,
+        twd: &TwdRef,
+        resource: &twc_crds::TemporalWorkerDeployment,
+    ) -> Result<Option<k8s::Connection>, ActivityError> {
+        k8s::find_connection(
+            &self.kube,
+            self.cluster_access,
+            &twd.namespace,
+            &resource.spec.worker_options.connection_ref,
+        )
+        .await
+        .map_err(retryable)
     }
 
     /// Evicts the client of a failed call when its credentials were rejected.
@@ -967,8 +1032,8 @@ impl EngineActivities {
                 &self.kube,
                 &request.twd,
                 request.kind,
-                &request.reason,
-                &request.message,
+                (&request.reason, &request.message),
+                Some(&self.own_namespace),
             )
             .await
             .map(|_| ())
@@ -977,7 +1042,10 @@ impl EngineActivities {
         .await
     }
 
-    /// Deletion path of a TWD.
+    /// Deletion path of a TWD. A failure to reach Temporal with the TWD's settings (missing
+    /// connection or Secret, Temporal out of reach or refusing the credentials, on connecting
+    /// or on a call) is `Pending` with its [`CleanupBlock`], for the workflow to decide whether
+    /// to give the cleanup up; Temporal answering "not yet" is `Pending` without one.
     #[activity(name = "cleanup_deleted")]
     pub async fn cleanup_deleted(
         self: Arc<Self>,
@@ -999,17 +1067,23 @@ impl EngineActivities {
                         twd.key()
                     ),
                     blocked_by: None,
+                    teardown: None,
                 });
             }
-            let resolved = match self.resolve(&twd).await? {
+            let resolved = match self.resolve_detailed(&twd).await? {
                 None => return Ok(CleanupOutcome::Done),
-                Some(Err(blocked)) => return self.cleanup_blocked(&twd, blocked).await,
+                Some(Err(unresolved)) => return self.cleanup_unresolved(&twd, unresolved).await,
                 Some(Ok(r)) => r,
             };
             let namespace = resolved.spec.temporal_namespace.clone();
             let deployment_name = twd.key();
             let client = &resolved.temporal;
+            let out_of_reach =
+                |error: &TemporalError| out_of_reach(error).map(|block| (block, error.to_string()));
             // 1. New work goes to unversioned workers again.
+            let waiting_to_route = format!(
+                "Waiting to route worker deployment {deployment_name} back to unversioned workers"
+            );
             match temporal::reset_to_unversioned(
                 client,
                 &namespace,
@@ -1020,20 +1094,15 @@ impl EngineActivities {
             {
                 Ok(RoutingOutcome::Applied) => {}
                 Ok(other) => {
-                    return Ok(CleanupOutcome::Pending {
-                        message: format!(
-                            "Waiting to route worker deployment {deployment_name} back to unversioned workers: {other:?}"
-                        ),
-                        blocked_by: None,
-                    });
+                    return Ok(pending(format!("{waiting_to_route}: {other:?}")));
                 }
                 Err(e) => {
-                    return Ok(CleanupOutcome::Pending {
-                        message: format!(
-                            "Waiting to route worker deployment {deployment_name} back to unversioned workers: {e}"
-                        ),
-                        blocked_by: None,
-                    });
+                    if let Some((block, cause)) = out_of_reach(&e) {
+                        return self
+                            .cleanup_blocked(&twd, &resolved.resource, block, &cause)
+                            .await;
+                    }
+                    return Ok(pending(format!("{waiting_to_route}: {e}")));
                 }
             }
             // 2. Stop the versioned workers (their pollers must be gone before versions can go).
@@ -1047,22 +1116,30 @@ impl EngineActivities {
                     .map_err(retryable)?;
             }
             // 3. Versions and the worker deployment.
-            let state =
-                match temporal::describe_worker_deployment(client, &namespace, &deployment_name)
-                    .await
-                {
-                    Ok(state) => state,
-                    Err(blocked) => {
-                        return Ok(CleanupOutcome::Pending {
-                            message: format!(
-                                "Waiting to read worker deployment {deployment_name} from Temporal: {}",
-                                blocked.message
-                            ),
-                            blocked_by: None,
-                        });
+            let state = match temporal::describe::fetch_worker_deployment(
+                client,
+                &namespace,
+                &deployment_name,
+            )
+            .await
+            {
+                Ok(state) => state.unwrap_or_default(),
+                Err(e) => {
+                    if let Some((block, cause)) = out_of_reach(&e) {
+                        return self
+                            .cleanup_blocked(&twd, &resolved.resource, block, &cause)
+                            .await;
                     }
-                };
-            let mut pending = Vec::new();
+                    let blocked =
+                        temporal::describe::fetch_blocked(&e, &namespace, &deployment_name);
+                    return Ok(pending(format!(
+                        "Waiting to read worker deployment {deployment_name} from Temporal: {}",
+                        blocked.message
+                    )));
+                }
+            };
+            let mut pending_parts = Vec::new();
+            let mut blocked_by = None;
             for version in &state.versions {
                 match temporal::delete_version(
                     client,
@@ -1076,12 +1153,15 @@ impl EngineActivities {
                 {
                     Ok(DeleteVersionOutcome::Deleted) => {}
                     Ok(DeleteVersionOutcome::NotYet { message }) => {
-                        pending.push(format!("{}: {message}", version.build_id))
+                        pending_parts.push(format!("{}: {message}", version.build_id))
                     }
-                    Err(e) => pending.push(format!("{}: {e}", version.build_id)),
+                    Err(e) => {
+                        blocked_by = blocked_by.or_else(|| out_of_reach(&e));
+                        pending_parts.push(format!("{}: {e}", version.build_id))
+                    }
                 }
             }
-            if state.exists && pending.is_empty() {
+            if state.exists && pending_parts.is_empty() {
                 match temporal::delete_worker_deployment(
                     client,
                     &namespace,
@@ -1091,18 +1171,23 @@ impl EngineActivities {
                 .await
                 {
                     Ok(DeleteVersionOutcome::Deleted) => {}
-                    Ok(DeleteVersionOutcome::NotYet { message }) => pending.push(message),
-                    Err(e) => pending.push(e.to_string()),
+                    Ok(DeleteVersionOutcome::NotYet { message }) => pending_parts.push(message),
+                    Err(e) => {
+                        blocked_by = blocked_by.or_else(|| out_of_reach(&e));
+                        pending_parts.push(e.to_string())
+                    }
                 }
             }
-            if !pending.is_empty() {
-                return Ok(CleanupOutcome::Pending {
-                    message: format!(
-                        "Waiting to delete worker deployment {deployment_name} from Temporal: {}",
-                        pending.join("; ")
-                    ),
-                    blocked_by: None,
-                });
+            if let Some((block, cause)) = blocked_by {
+                return self
+                    .cleanup_blocked(&twd, &resolved.resource, block, &cause)
+                    .await;
+            }
+            if !pending_parts.is_empty() {
+                return Ok(pending(format!(
+                    "Waiting to delete worker deployment {deployment_name} from Temporal: {}",
+                    pending_parts.join("; ")
+                )));
             }
             // 4. Let the TWD (and, if unused, its connection) go.
             k8s::release_finalizers(&self.kube, self.cluster_access, &twd)
@@ -1113,16 +1198,56 @@ impl EngineActivities {
         .await
     }
 
-    /// Deletion path when Temporal cannot be cleaned up (the connection or its Secret is gone
-    /// for good): deletes the versioned Deployments, releases the finalizers and says what was
-    /// left in Temporal and how to remove it by hand. Does nothing to a TWD that is not being
-    /// deleted.
+    /// The deletion path's answer when the TWD could not be resolved for its Temporal: which of
+    /// the connection, its Secret or Temporal is at fault. Reasons that are about neither
+    /// (e.g. a ClusterConnection a controller restricted to namespaces may not use) wait.
+    async fn cleanup_unresolved(
+        &self,
+        twd: &TwdRef,
+        unresolved: Unresolved,
+    ) -> Result<CleanupOutcome, ActivityError> {
+        let (block, cause) = match unresolved {
+            Unresolved::Settings(blocked) => match blocked.reason {
+                BlockReason::TemporalConnectionNotFound => {
+                    (CleanupBlock::ConnectionGone, blocked.message)
+                }
+                BlockReason::AuthSecretInvalid => (CleanupBlock::SecretGone, blocked.message),
+                _ => {
+                    return Ok(pending(format!(
+                        "Waiting to remove worker deployment {} from Temporal: {}",
+                        twd.key(),
+                        blocked.message
+                    )));
+                }
+            },
+            Unresolved::Client { blocked, refused } => {
+                let block = if refused {
+                    CleanupBlock::Refused
+                } else {
+                    CleanupBlock::Unreachable
+                };
+                (block, blocked.message)
+            }
+        };
+        let Some(resource) = k8s::get_twd(&self.kube, twd).await.map_err(retryable)? else {
+            return Ok(CleanupOutcome::Done);
+        };
+        self.cleanup_blocked(twd, &resource, block, &cause).await
+    }
+
+    /// Deletion path when Temporal cannot be cleaned up and nothing is coming to fix it:
+    /// deletes the versioned Deployments, says what was left in Temporal and how to remove it
+    /// by hand (a `TemporalCleanupSkipped` Warning event, in the controller's own namespace when
+    /// the TWD's is being deleted, and a log line), releases the finalizers (the connection's
+    /// too, once no other TWD uses it) and returns the same words. Does nothing to a TWD that
+    /// is not being deleted.
     #[activity(name = "release_without_temporal")]
     pub async fn release_without_temporal(
         self: Arc<Self>,
         ctx: ActivityContext,
-        twd: TwdRef,
+        request: ReleaseRequest,
     ) -> Result<String, ActivityError> {
+        let ReleaseRequest { twd, cause } = request;
         with_heartbeats(&ctx, async {
             let Some(resource) = k8s::get_twd(&self.kube, &twd).await.map_err(retryable)? else {
                 return Ok(format!(
@@ -1137,14 +1262,7 @@ impl EngineActivities {
                     twd.key()
                 ));
             }
-            let connection = k8s::find_connection(
-                &self.kube,
-                self.cluster_access,
-                &twd.namespace,
-                &resource.spec.worker_options.connection_ref,
-            )
-            .await
-            .map_err(retryable)?;
+            let connection = self.connection_of(&twd, &resource).await?;
             let mut deleted = 0;
             for deployment in k8s::list_versioned_deployments(&self.kube, &twd, &spec.uid)
                 .await
@@ -1165,14 +1283,30 @@ impl EngineActivities {
                 versions: known_versions(resource.status.as_ref()),
                 identity: self.identity.clone(),
             };
-            k8s::release_finalizers(&self.kube, self.cluster_access, &twd)
-                .await
-                .map_err(retryable)?;
+            // What was left and how to remove it come before the cause: an event keeps only
+            // the first 1,024 bytes.
             let message = format!(
-                "Released TemporalWorkerDeployment {} without cleaning up Temporal; deleted {deleted} versioned Deployment(s). {}",
+                "Released TemporalWorkerDeployment {} without cleaning up Temporal; deleted {deleted} versioned Deployment(s). {}. Why: {cause}",
                 twd.key(),
                 left.describe()
             );
+            // The event goes first: once the finalizer is gone, so is the TWD it is about.
+            // Failing to record it does not hold the release (the log and the workflow history
+            // have the same words).
+            if let Err(e) = k8s::emit_event(
+                &self.kube,
+                &twd,
+                EventKind::Warning,
+                ("TemporalCleanupSkipped", &message),
+                Some(&self.own_namespace),
+            )
+            .await
+            {
+                tracing::warn!(twd = %twd.key(), "recording TemporalCleanupSkipped failed: {e}");
+            }
+            k8s::release_finalizers(&self.kube, self.cluster_access, &twd)
+                .await
+                .map_err(retryable)?;
             tracing::warn!(twd = %twd.key(), "{message}");
             Ok(message)
         })
@@ -1348,36 +1482,83 @@ impl EngineActivities {
     }
 }
 
-/// What the deletion path waits for when the TWD's connection (`connection`, e.g.
-/// `TemporalConnection demo/dev`) is missing (`ConnectionGone`) or its Secret (`SecretGone`,
-/// `cause` says which and why) is missing or unusable, and what the user can do; with
-/// `NamespaceDeleting` neither will come back.
+/// A cleanup that waits for Temporal to finish something (no [`CleanupBlock`]).
+fn pending(message: String) -> CleanupOutcome {
+    CleanupOutcome::Pending {
+        message,
+        blocked_by: None,
+        teardown: None,
+    }
+}
+
+/// Whether a failed call means Temporal is out of reach with the TWD's settings, or refused
+/// its credentials (rather than answering "not yet").
+fn out_of_reach(error: &TemporalError) -> Option<CleanupBlock> {
+    match error.class() {
+        StatusClass::Auth => Some(CleanupBlock::Refused),
+        StatusClass::Transient => Some(CleanupBlock::Unreachable),
+        _ => None,
+    }
+}
+
+/// What the deletion path says when it cannot reach Temporal with the TWD's connection
+/// (`connection`, e.g. `TemporalConnection demo/dev`) because of `block` (`cause` in the
+/// words of the failure), and what is being deleted along with it (`teardown`): what it waits
+/// for, what the user can do, and when the TWD is released without the cleanup.
 fn cleanup_blocked_message(
     twd: &TwdRef,
     connection: &str,
     cause: &str,
     block: CleanupBlock,
+    teardown: Option<Teardown>,
 ) -> String {
     let deployment = twd.key();
-    let otherwise = format!(
-        "otherwise the TemporalWorkerDeployment is released without that cleanup and worker \
-         deployment {deployment} stays in Temporal"
+    if let Some(teardown) = teardown {
+        let going = match teardown {
+            Teardown::Namespace => format!("namespace {} is being deleted", twd.namespace),
+            Teardown::Connection => format!("{connection} is being deleted"),
+        };
+        let when = match deletion::release_after(Some(block), Some(teardown)) {
+            Some(after) if !after.is_zero() => {
+                format!("once the cleanup has failed for {}s", after.as_secs())
+            }
+            _ => "now".to_owned(),
+        };
+        return format!(
+            "Cannot remove worker deployment {deployment} from Temporal through {connection}: \
+             {cause}; {going}, so nothing will fix that: the TemporalWorkerDeployment is \
+             released without that cleanup {when}, and the worker deployment stays in Temporal"
+        );
+    }
+    let give_up = deletion::release_after(Some(block), None)
+        .map(|after| format!("after {}h", after.as_secs() / 3600))
+        .unwrap_or_default();
+    let delete_instead = format!(
+        "or delete {connection} to release the TemporalWorkerDeployment without that cleanup \
+         (worker deployment {deployment} then stays in Temporal)"
     );
     match block {
         CleanupBlock::ConnectionGone => format!(
             "Waiting for {connection} (not found) to remove worker deployment {deployment} from \
-             Temporal: recreate the connection to let the cleanup finish; {otherwise}"
+             Temporal: recreate the connection to let the cleanup finish; otherwise the \
+             TemporalWorkerDeployment is released without that cleanup {give_up} and worker \
+             deployment {deployment} stays in Temporal"
         ),
         CleanupBlock::SecretGone => format!(
             "Waiting for the credentials of {connection} to remove worker deployment \
              {deployment} from Temporal: {cause}. Restore the Secret to let the cleanup finish; \
-             {otherwise}"
+             otherwise the TemporalWorkerDeployment is released without that cleanup {give_up} \
+             and worker deployment {deployment} stays in Temporal"
         ),
-        CleanupBlock::NamespaceDeleting => format!(
-            "Cannot remove worker deployment {deployment} from Temporal: {cause}, and {connection} \
-             is being deleted (as when its namespace is deleted), so neither comes back; the \
-             TemporalWorkerDeployment is released without that cleanup and the worker deployment \
-             stays in Temporal"
+        CleanupBlock::Unreachable => format!(
+            "Waiting to remove worker deployment {deployment} from Temporal: {cause}. Fix \
+             {connection} (its hostPort, TLS settings, or the server it names) to let the \
+             cleanup finish, {delete_instead}"
+        ),
+        CleanupBlock::Refused => format!(
+            "Waiting to remove worker deployment {deployment} from Temporal, which refuses the \
+             credentials of {connection}: {cause}. Fix the credentials to let the cleanup \
+             finish, {delete_instead}"
         ),
     }
 }
@@ -1656,45 +1837,118 @@ mod tests {
 
     #[test]
     fn a_blocked_cleanup_says_what_it_waits_for_and_what_to_do() {
+        use CleanupBlock::*;
         let secret = "Secret demo/cloud-api-key named by TemporalConnection cloud (apiKeySecretRef) not found";
+        let unreachable =
+            "cannot create a Temporal client for namespace 'default': Connection refused";
+        let conn = "TemporalConnection demo/cloud";
         let cases = [
             (
-                CleanupBlock::ConnectionGone,
+                ConnectionGone,
                 "",
+                None,
                 vec![
                     "Waiting for TemporalConnection demo/cloud (not found)",
                     "worker deployment demo/hello",
                     "recreate the connection",
-                    "released without that cleanup",
+                    "released without that cleanup after 1h",
                 ],
             ),
             (
-                CleanupBlock::SecretGone,
+                SecretGone,
                 secret,
+                None,
                 vec![
                     "Waiting for the credentials of TemporalConnection demo/cloud",
                     "Secret demo/cloud-api-key",
                     "Restore the Secret",
-                    "released without that cleanup",
+                    "released without that cleanup after 1h",
                 ],
             ),
             (
-                CleanupBlock::NamespaceDeleting,
-                secret,
+                Unreachable,
+                unreachable,
+                None,
                 vec![
-                    "Cannot remove worker deployment demo/hello",
-                    "Secret demo/cloud-api-key",
+                    "Waiting to remove worker deployment demo/hello from Temporal",
+                    "Connection refused",
+                    "Fix TemporalConnection demo/cloud (its hostPort",
+                    "or delete TemporalConnection demo/cloud to release",
+                ],
+            ),
+            (
+                Refused,
+                "Temporal refused the API key",
+                None,
+                vec![
+                    "refuses the credentials of TemporalConnection demo/cloud",
+                    "Fix the credentials",
+                    "or delete TemporalConnection demo/cloud to release",
+                ],
+            ),
+            (
+                Unreachable,
+                unreachable,
+                Some(Teardown::Namespace),
+                vec![
+                    "Cannot remove worker deployment demo/hello from Temporal through TemporalConnection demo/cloud",
+                    "Connection refused",
+                    "namespace demo is being deleted",
+                    "released without that cleanup once the cleanup has failed for 30s",
+                ],
+            ),
+            (
+                Refused,
+                "Temporal refused the client certificate",
+                Some(Teardown::Connection),
+                vec![
                     "TemporalConnection demo/cloud is being deleted",
-                    "released without that cleanup",
+                    "released without that cleanup once the cleanup has failed for 30s",
+                ],
+            ),
+            (
+                SecretGone,
+                secret,
+                Some(Teardown::Namespace),
+                vec![
+                    "Secret demo/cloud-api-key",
+                    "namespace demo is being deleted",
+                    "released without that cleanup now",
                 ],
             ),
         ];
-        for (block, cause, expected) in cases {
-            let message =
-                cleanup_blocked_message(&twd(), "TemporalConnection demo/cloud", cause, block);
+        for (block, cause, teardown, expected) in cases {
+            let message = cleanup_blocked_message(&twd(), conn, cause, block, teardown);
             for part in expected {
-                assert!(message.contains(part), "{block:?}: {part:?} in {message}");
+                assert!(
+                    message.contains(part),
+                    "{block:?} {teardown:?}: {part:?} in {message}"
+                );
             }
+        }
+    }
+
+    #[test]
+    fn only_a_temporal_out_of_reach_or_refusing_blocks_the_cleanup() {
+        use temporalio_client::tonic::Code;
+        let rpc = |code| {
+            TemporalError::rpc(
+                "DeleteWorkerDeploymentVersion",
+                "demo/hello",
+                &temporalio_client::tonic::Status::new(code, "m"),
+            )
+        };
+        let cases = [
+            (Code::Unavailable, Some(CleanupBlock::Unreachable)),
+            (Code::DeadlineExceeded, Some(CleanupBlock::Unreachable)),
+            (Code::PermissionDenied, Some(CleanupBlock::Refused)),
+            (Code::Unauthenticated, Some(CleanupBlock::Refused)),
+            (Code::FailedPrecondition, None),
+            (Code::ResourceExhausted, None),
+            (Code::NotFound, None),
+        ];
+        for (code, expected) in cases {
+            assert_eq!(out_of_reach(&rpc(code)), expected, "{code:?}");
         }
     }
 

@@ -344,16 +344,30 @@ async fn restricted_chart_binds_roles_only_in_the_watched_namespaces() {
         "no cluster-wide rules for the controller"
     );
     assert!(of_kind(&docs, "ClusterRoleBinding").is_empty());
-    let namespaces = |kind| -> Vec<Value> {
+    let namespaces = |kind, controller: bool| -> Vec<Value> {
         of_kind(&docs, kind)
             .iter()
+            .filter(|r| (r["metadata"]["name"] == json!(CONTROLLER)) == controller)
             .map(|r| r["metadata"]["namespace"].clone())
             .collect()
     };
-    assert_eq!(namespaces("Role"), vec![json!("team-a"), json!("team-b")]);
+    let watched = vec![json!("team-a"), json!("team-b")];
+    assert_eq!(namespaces("Role", true), watched);
+    assert_eq!(namespaces("RoleBinding", true), watched);
+    // In its own namespace the controller may only record events (about TWDs of a namespace
+    // being deleted, which refuses them).
+    let release = vec![json!(RELEASE_NAMESPACE)];
+    assert_eq!(namespaces("Role", false), release);
+    assert_eq!(namespaces("RoleBinding", false), release);
+    let events_role = of_kind(&docs, "Role")
+        .into_iter()
+        .find(|r| r["metadata"]["namespace"] == json!(RELEASE_NAMESPACE))
+        .map(|r| r["rules"].clone());
     assert_eq!(
-        namespaces("RoleBinding"),
-        vec![json!("team-a"), json!("team-b")]
+        events_role,
+        Some(
+            json!([{ "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"] }])
+        )
     );
     for binding in of_kind(&docs, "RoleBinding") {
         assert_eq!(
@@ -922,6 +936,7 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
         ("get secrets", here),
         ("get configmaps", here),
         ("create events.events.k8s.io", here),
+        ("create events.events.k8s.io", release),
     ];
     let refused = [
         ("list secrets", all),

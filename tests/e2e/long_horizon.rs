@@ -117,8 +117,8 @@ async fn warnings(client: &kube::Client, namespace: &str) -> Vec<(String, String
         .collect()
 }
 
-/// Whether an object of `kind` holds the delete-protection finalizer.
-async fn holds_finalizer<K>(client: &kube::Client, namespace: &str, name: &str) -> bool
+/// Whether an object of `kind` holds the delete-protection finalizer (false when it is gone).
+pub(crate) async fn holds_finalizer<K>(client: &kube::Client, namespace: &str, name: &str) -> bool
 where
     K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
         + Clone
@@ -139,7 +139,7 @@ where
 }
 
 /// The TWDs left in a namespace, with their finalizers and conditions, for "last observed".
-async fn leftovers(client: &kube::Client, namespace: &str) -> String {
+pub(crate) async fn leftovers(client: &kube::Client, namespace: &str) -> String {
     let twds = Api::<TemporalWorkerDeployment>::namespaced(client.clone(), namespace)
         .list(&ListParams::default())
         .await
@@ -326,29 +326,32 @@ async fn deleting_a_namespace_with_api_key_and_mtls_twds_completes() {
         )
         .await;
 
+    let took = delete_namespace(&cluster, &ns, NAMESPACE_GONE).await;
+    eprintln!(
+        "nsdelete: namespace gone {:.1}s after `kubectl delete namespace`",
+        took.as_secs_f64()
+    );
+}
+
+/// `kubectl delete namespace <ns> --wait=false`, then waits up to `timeout` for it to be gone
+/// (the TWDs left in it are the last observation); returns how long it took.
+pub(crate) async fn delete_namespace(cluster: &Cluster, ns: &str, timeout: Duration) -> Duration {
     let deleted_at = Instant::now();
     let out = cluster
-        .kubectl(&["delete", "namespace", &ns, "--wait=false"], None)
+        .kubectl(&["delete", "namespace", ns, "--wait=false"], None)
         .await;
     assert!(out.success, "kubectl delete namespace: {}", out.stderr);
     let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
     cluster
-        .wait(
-            &format!("namespace {ns} is gone"),
-            NAMESPACE_GONE,
-            || async {
-                match namespaces.get_opt(&ns).await {
-                    Ok(None) => Ok(()),
-                    Ok(Some(_)) => Err(leftovers(&cluster.client, &ns).await),
-                    Err(e) => Err(e.to_string()),
-                }
-            },
-        )
+        .wait(&format!("namespace {ns} is gone"), timeout, || async {
+            match namespaces.get_opt(ns).await {
+                Ok(None) => Ok(()),
+                Ok(Some(_)) => Err(leftovers(&cluster.client, ns).await),
+                Err(e) => Err(e.to_string()),
+            }
+        })
         .await;
-    eprintln!(
-        "nsdelete: namespace gone {:.1}s after `kubectl delete namespace`",
-        deleted_at.elapsed().as_secs_f64()
-    );
+    deleted_at.elapsed()
 }
 
 #[tokio::test]

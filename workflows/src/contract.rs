@@ -80,7 +80,8 @@ activity!(
     WriteStatus, "write_status", StatusRequest => ()
 );
 activity!(
-    /// Records a Kubernetes Event on the TWD.
+    /// Records a Kubernetes Event on the TWD (in the controller's own namespace when the TWD's
+    /// is being deleted and refuses new events).
     EmitEvent, "emit_event", EventRequest => ()
 );
 activity!(
@@ -89,10 +90,11 @@ activity!(
     CleanupDeleted, "cleanup_deleted", TwdRef => CleanupOutcome
 );
 activity!(
-    /// Deletion path when Temporal cannot be cleaned (the connection or its Secret is gone for
-    /// good, e.g. the namespace is being deleted): deletes the versioned Deployments, releases
-    /// the finalizers and returns what was left on the Temporal side, in words.
-    ReleaseWithoutTemporal, "release_without_temporal", TwdRef => String
+    /// Deletion path when Temporal cannot be cleaned and nothing is coming to fix it (see
+    /// [`crate::plan::deletion`]): deletes the versioned Deployments, says what was left in
+    /// Temporal and how to remove it (a `TemporalCleanupSkipped` Warning event and the log),
+    /// releases the finalizers and returns the same words.
+    ReleaseWithoutTemporal, "release_without_temporal", ReleaseRequest => String
 );
 activity!(
     /// Counts the open workflows pinned to a version of the TWD (matching the drain policy's
@@ -417,24 +419,49 @@ pub enum CleanupOutcome {
     Done,
     /// Still waiting (e.g. versions with lingering pollers); try again later.
     Pending {
-        /// What is left.
+        /// What is left, or what blocks the cleanup and what to do about it.
         message: String,
         /// Why Temporal cannot be reached with the TWD's settings, when that is the cause
         /// (absent in histories recorded before it existed).
         #[serde(default)]
         blocked_by: Option<CleanupBlock>,
+        /// What is being deleted with the TWD, when `blocked_by` is set and something is.
+        #[serde(default)]
+        teardown: Option<Teardown>,
     },
 }
 
-/// Why the deletion path cannot clean up Temporal.
+/// Why the deletion path cannot reach Temporal with the TWD's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CleanupBlock {
-    /// The TemporalConnection is missing.
+    /// The connection is missing.
     ConnectionGone,
     /// The connection's credential Secret is missing or unusable.
     SecretGone,
-    /// As one of the above, and the TWD's namespace is being deleted: nothing will come back.
-    NamespaceDeleting,
+    /// Temporal is out of reach with the connection's settings (nothing listens at its address,
+    /// the server is down, TLS fails).
+    Unreachable,
+    /// Temporal refused the connection's credentials.
+    Refused,
+}
+
+/// What is being deleted along with a TWD whose cleanup cannot reach Temporal: nothing will
+/// fix its settings any more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Teardown {
+    /// The TWD's namespace.
+    Namespace,
+    /// The connection it uses.
+    Connection,
+}
+
+/// Input of `release_without_temporal`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseRequest {
+    /// The TWD.
+    pub twd: TwdRef,
+    /// Why Temporal could not be cleaned up (the last cleanup attempt's words).
+    pub cause: String,
 }
 
 /// Input of `count_pinned_workflows`.

@@ -26,8 +26,8 @@ use crate::contract::{
     CountPinned, CreateDeployment, CreateDeploymentOutcome, DeleteDeployment, DeleteVersion,
     DeleteVersionOutcome, DeleteVersionRequest, DeploymentRequest, DrainAction, DrainRequest,
     DrainVersion, EmitEvent, EnsureFinalizers, EventKind, EventRequest, Observe, PinnedRequest,
-    ReadBacklog, ReassertResources, Recheck, ReleaseWithoutTemporal, ScaleDeployment, ScaleRequest,
-    StatusRequest, WriteStatus,
+    ReadBacklog, ReassertResources, Recheck, ReleaseRequest, ReleaseWithoutTemporal,
+    ScaleDeployment, ScaleRequest, StatusRequest, WriteStatus,
 };
 use crate::control::{self, ControlEffect, ControlState};
 use crate::model::{
@@ -35,6 +35,8 @@ use crate::model::{
     TwdRef, UnixMillis,
 };
 use crate::plan::autoscale::{self, AutoscaleMemory};
+pub use crate::plan::deletion::CleanupProgress;
+use crate::plan::deletion::{self, DeletionStep};
 use crate::plan::drain::{DrainStep, PinnedSnapshot};
 use crate::plan::sunset::{SunsetAction, SunsetMemory};
 use crate::plan::{conditions, status, sunset};
@@ -109,15 +111,8 @@ const PATCH_REPORTS_DURING_OBSERVATION: &str = "reports-during-observation";
 const PATCH_CREATE_WITH_ROOM: &str = "create-with-room";
 /// Longest interval between re-assertions of a TWD's resources while nothing signals a change.
 const REASSERT_EVERY: Duration = Duration::from_secs(30);
-/// Longest pause between cleanup attempts of the deletion path.
-const CLEANUP_RETRY_MAX: Duration = Duration::from_secs(120);
-/// How long a missing connection or Secret (outside a namespace deletion) blocks the cleanup
-/// of Temporal before the TWD is released without it.
-const CLEANUP_GIVE_UP: Duration = Duration::from_secs(3600);
 /// Default level-triggered resync interval when nothing else is due.
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(300);
-/// Retry interval of the deletion path.
-const CLEANUP_RETRY: Duration = Duration::from_secs(5);
 /// Loop turns after which the workflow continues as new.
 const MAX_TURNS_PER_RUN: u32 = 500;
 
@@ -192,17 +187,6 @@ pub struct CarriedTwd {
     pub autoscale: AutoscaleMemory,
 }
 
-/// Where the deletion path stands (carried over a continue-as-new).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CleanupProgress {
-    /// Cleanup attempts so far (sets the backoff).
-    pub attempts: u32,
-    /// Since when Temporal has been unreachable with the TWD's settings.
-    pub blocked_since: Option<UnixMillis>,
-    /// The last "waiting for" message shown (condition and event), so it is shown once.
-    pub shown: Option<String>,
-}
-
 /// The rollout child in flight.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ActiveRollout {
@@ -248,6 +232,9 @@ pub struct TwdWorkflow {
     reasserted_at: Option<UnixMillis>,
     /// A spec signal arrived since then (the spec or something around it changed).
     spec_signalled: bool,
+    /// Spec signals received by this run (a change of the TWD or its connection ends a pause
+    /// of the deletion path).
+    spec_signals: u64,
     /// Autoscaler recommendations and pacing.
     autoscale: AutoscaleMemory,
     /// This run's latest observation (the base of a status that shows reported routing).
@@ -287,6 +274,7 @@ impl TwdWorkflow {
             cleanup: carried.cleanup,
             reasserted_at: None,
             spec_signalled: false,
+            spec_signals: 0,
             autoscale: carried.autoscale,
             last_observation: None,
             routing_shown: 0,
@@ -414,6 +402,7 @@ impl TwdWorkflow {
             self.poked = true;
         }
         self.spec_signalled = true;
+        self.spec_signals += 1;
         self.wakeups += 1;
     }
 
@@ -1508,17 +1497,19 @@ async fn delete(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) -> Workflo
         {
             Ok(CleanupOutcome::Done) => return Ok(true),
             Ok(CleanupOutcome::Pending { .. }) | Err(_) => {
-                ctx.timer(support::timer(CLEANUP_RETRY)).await;
+                ctx.timer(support::timer(deletion::RETRY_FIRST)).await;
             }
         }
     }
 }
 
-/// The deletion path: cleanup attempts with a doubling pause (5 s up to
-/// [`CLEANUP_RETRY_MAX`]); what it waits for is shown once per change as the `Deleting`
-/// condition and a Warning event; once the connection or its Secret is gone for good (its
-/// namespace is being deleted, or [`CLEANUP_GIVE_UP`] passed) the TWD is released without
-/// cleaning Temporal, saying what was left there. Continues as new like the main loop.
+/// The deletion path: cleanup attempts until Temporal and Kubernetes are cleaned up, or until
+/// [`deletion::after_attempt`] gives the cleanup of Temporal up (its namespace or connection
+/// is being deleted, or a missing connection or Secret stayed missing); the TWD is then
+/// released without it, and what was left in Temporal is said in the release activity's
+/// result, the controller's log and a Warning event. Between attempts, what the cleanup waits
+/// for is shown once per change (the `Deleting` condition and a Warning event), and the pause
+/// ends early when the TWD or its connection changes. Continues as new like the main loop.
 async fn delete_with_backoff(
     ctx: &mut WorkflowContext<TwdWorkflow>,
     twd: &TwdRef,
@@ -1534,65 +1525,52 @@ async fn delete_with_backoff(
             "clean up deleted TWD",
             short_options(),
         )
-        .await;
-        let (message, blocked_by) = match outcome {
-            Ok(CleanupOutcome::Done) => return Ok(true),
-            Ok(CleanupOutcome::Pending {
-                message,
-                blocked_by,
-            }) => (message, blocked_by),
-            Err(blocked) => (blocked.message, None),
-        };
+        .await
+        .unwrap_or_else(|failed| CleanupOutcome::Pending {
+            message: failed.message,
+            blocked_by: None,
+            teardown: None,
+        });
         let now = now_millis(ctx);
-        let since = ctx.state_mut(|s| match blocked_by {
-            Some(_) => *s.cleanup.blocked_since.get_or_insert(now),
-            None => {
-                s.cleanup.blocked_since = None;
-                now
-            }
-        });
-        let gone_for_good = match blocked_by {
-            Some(CleanupBlock::NamespaceDeleting) => true,
-            Some(CleanupBlock::ConnectionGone | CleanupBlock::SecretGone) => {
-                now - since >= i64::try_from(CLEANUP_GIVE_UP.as_millis()).unwrap_or(i64::MAX)
-            }
-            None => false,
+        let step = ctx.state_mut(|s| deletion::after_attempt(&mut s.cleanup, &outcome, now));
+        let CleanupOutcome::Pending {
+            message,
+            blocked_by,
+            ..
+        } = outcome
+        else {
+            return Ok(true);
         };
-        if gone_for_good {
-            event(
-                ctx,
-                twd,
-                EventKind::Warning,
-                "TemporalCleanupSkipped",
-                format!(
-                    "Releasing {} without cleaning up Temporal ({message}); its worker deployment and versions are left there",
-                    twd.key()
-                ),
-            )
-            .await;
-            if run_activity(
-                ctx,
-                ReleaseWithoutTemporal,
-                twd.clone(),
-                "release without cleaning Temporal",
-                short_options(),
-            )
-            .await
-            .is_ok()
-            {
-                return Ok(true);
+        let pause = match step {
+            DeletionStep::Finished => return Ok(true),
+            DeletionStep::Release => {
+                let request = ReleaseRequest {
+                    twd: twd.clone(),
+                    cause: message,
+                };
+                let released = run_activity(
+                    ctx,
+                    ReleaseWithoutTemporal,
+                    request,
+                    "release without cleaning Temporal",
+                    short_options(),
+                )
+                .await;
+                if released.is_ok() {
+                    return Ok(true);
+                }
+                ctx.state_mut(|s| deletion::backoff(&mut s.cleanup))
             }
-        } else {
-            show_cleanup_wait(ctx, twd, blocked_by, &message).await;
-        }
-        let attempts = ctx.state_mut(|s| {
-            s.cleanup.attempts = s.cleanup.attempts.saturating_add(1);
-            s.cleanup.attempts
-        });
-        let pause = CLEANUP_RETRY
-            .saturating_mul(1 << attempts.saturating_sub(1).min(6))
-            .min(CLEANUP_RETRY_MAX);
-        ctx.timer(support::timer(pause)).await;
+            DeletionStep::Retry { pause } => {
+                show_cleanup_wait(ctx, twd, blocked_by, &message).await;
+                pause
+            }
+        };
+        let seen = ctx.state(|s| s.spec_signals);
+        select! {
+            _ = ctx.timer(support::timer(pause)) => {},
+            _ = ctx.wait_condition_with_options(move |s: &TwdWorkflow| s.spec_signals != seen, support::condition_options()) => {},
+        };
         if history_full(ctx, ctx.state(|s| s.input.history_event_bound)) {
             continue_as_new(ctx)?;
         }
@@ -1713,6 +1691,7 @@ mod tests {
             cleanup: CleanupProgress::default(),
             reasserted_at: Some(0),
             spec_signalled: false,
+            spec_signals: 0,
             autoscale: AutoscaleMemory::default(),
             last_observation: Some(Observation {
                 spec: None,

@@ -79,8 +79,8 @@ async fn refuse(
             client,
             other,
             EventKind::Warning,
-            REASON_DUPLICATE_CLAIM,
-            &message,
+            (REASON_DUPLICATE_CLAIM, &message),
+            None,
         )
         .await?;
     }

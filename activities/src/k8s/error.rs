@@ -207,7 +207,7 @@ pub(crate) fn is_not_found(error: &kube::Error) -> bool {
     classify(error) == ErrorClass::NotFound
 }
 
-fn is_forbidden(error: &kube::Error) -> bool {
+pub(crate) fn is_forbidden(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == 403)
 }
 

@@ -46,4 +46,4 @@ pub use status::{
     StatusWrite, write_connection_status, write_twd_status, write_twd_status_seen,
     write_worker_status,
 };
-pub use twd::{Claim, get_twd, list_workers, read_claim, read_claimants};
+pub use twd::{Claim, get_twd, list_workers, namespace_deleting, read_claim, read_claimants};

@@ -3,15 +3,16 @@
 //! A TWD's workflow is keyed by namespace and name: both kinds (`WorkerDeployment` and
 //! `TemporalWorkerDeployment`) of that name stand for the one Temporal Worker Deployment. Every
 //! read here returns the claim holder ([`twc_crds::kinds::claim_holder`]); the others are what
-//! [`super::claims`] refuses or hands over.
+//! [`super::claims`] refuses or hands over. Also: whether its namespace is being deleted.
 
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DynamicObject, ListParams};
 use kube::{Api, Client};
 use twc_crds::kinds::{ClaimantFacts, claim_holder};
 use twc_crds::{TemporalWorkerDeployment, WorkerDeployment, WorkerKind, WorkerObject};
 use twc_workflows::model::TwdRef;
 
-use super::error::{K8sError, ObjectName};
+use super::error::{K8sError, ObjectName, is_forbidden};
 use super::lookup::get_if_exists;
 
 /// The objects of both kinds with one name, split by the claim rule.
@@ -123,6 +124,21 @@ pub async fn list_workers(
         }
     }
     Ok(found)
+}
+
+/// Whether the namespace `name` is being deleted (false when it is gone, or when the controller
+/// may not read namespaces).
+pub async fn namespace_deleting(client: &Client, name: &str) -> Result<bool, K8sError> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let object = ObjectName::cluster_scoped("Namespace", name);
+    match get_if_exists(&api, name).await {
+        Ok(namespace) => Ok(namespace.is_some_and(|n| n.metadata.deletion_timestamp.is_some())),
+        Err(e) if is_forbidden(&e) => {
+            tracing::debug!(%object, "may not read the namespace: {e}");
+            Ok(false)
+        }
+        Err(e) => Err(K8sError::api("get", &object)(e)),
+    }
 }
 
 #[cfg(test)]

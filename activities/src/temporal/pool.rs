@@ -366,7 +366,7 @@ impl TemporalClient {
 
 /// How a failed connection attempt is shown: the server's refusal of the credentials blames
 /// them, anything else the client creation.
-fn creation_failed(config: &ConnectionConfig, err: &TemporalError) -> Blocked {
+pub(crate) fn creation_failed(config: &ConnectionConfig, err: &TemporalError) -> Blocked {
     if err.needs_eviction() {
         let credential = match &config.auth {
             ConnectionAuth::MutualTls { .. } => "client certificate",

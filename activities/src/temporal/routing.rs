@@ -199,7 +199,8 @@ pub async fn set_routing_as(
 /// Returns routing to unversioned workers (TWD deletion): clears any ramp, then sets Current to
 /// unversioned with `ignore_missing_task_queues` (unversioned workers may be gone). A missing
 /// deployment counts as done. Does not claim a free manager identity; one held by another
-/// identity gives `Blocked`. `Err` only for transient failures.
+/// identity gives `Blocked`. `Err` only for transient failures and refused credentials (the
+/// deletion path tells those from Temporal's other answers).
 pub async fn reset_to_unversioned(
     client: &TemporalClient,
     namespace: &str,
@@ -209,6 +210,7 @@ pub async fn reset_to_unversioned(
     let state = match fetch_worker_deployment(client, namespace, deployment_name).await {
         Ok(Some(state)) => state,
         Ok(None) => return Ok(RoutingOutcome::Applied),
+        Err(err) if err.needs_eviction() => return Err(err),
         Err(err) => return read_failure(err, namespace, deployment_name),
     };
     if state.current_build_id.is_none() && state.ramping_build_id.is_none() {
@@ -221,6 +223,7 @@ pub async fn reset_to_unversioned(
     if state.ramping_build_id.is_some() {
         match set_ramping(client, namespace, deployment_name, "", 0.0, token, identity).await {
             Ok(new_token) => token = new_token,
+            Err(err) if err.needs_eviction() => return Err(err),
             Err(err) => return write_failure(err, deployment_name),
         }
     }
@@ -236,6 +239,9 @@ pub async fn reset_to_unversioned(
         )
         .await
     {
+        if err.needs_eviction() {
+            return Err(err);
+        }
         return write_failure(err, deployment_name);
     }
     info!(%namespace, %deployment_name, "routing returned to unversioned workers");

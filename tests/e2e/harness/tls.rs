@@ -1,7 +1,8 @@
 //! Mutual TLS in front of the plaintext Temporal dev server: a CA, a server and a client
 //! certificate made with `openssl`, and a TLS-terminating proxy that forwards to the dev
 //! server, so TWDs whose TemporalConnection has a `mutualTLSSecretRef` (and their workers) reach
-//! a real Temporal in the tests.
+//! a real Temporal in the tests. A proxy started with [`TlsFront::start_verifying`] checks
+//! client certificates against its CA, as a server that refuses unknown clients does.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,10 +13,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Command;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::RootCertStore;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::rustls::crypto::ring::default_provider;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
 
 /// The name the proxy's certificate is issued for (`spec.tls.serverName` of the connection).
 pub const SERVER_NAME: &str = "temporal.test";
@@ -47,11 +50,29 @@ impl Drop for TlsFront {
     }
 }
 
+/// What the proxy does with client certificates.
+#[derive(Clone, Copy)]
+enum ClientCerts {
+    /// Accepts any client (or none).
+    Ignored,
+    /// Refuses clients without a certificate of its CA.
+    Verified,
+}
+
 impl TlsFront {
     /// Fresh certificates and a proxy to `upstream` (`host:port` of a plaintext Temporal).
     pub async fn start(upstream: &str) -> Self {
-        let certificates = Certificates::issue().await;
-        let acceptor = acceptor(&certificates);
+        Self::start_with(upstream, ClientCerts::Ignored).await
+    }
+
+    /// [`TlsFront::start`], refusing clients whose certificate its CA did not issue.
+    pub async fn start_verifying(upstream: &str) -> Self {
+        Self::start_with(upstream, ClientCerts::Verified).await
+    }
+
+    async fn start_with(upstream: &str, clients: ClientCerts) -> Self {
+        let certificates = Certificates::issue("twc test CA").await;
+        let acceptor = acceptor(&certificates, clients);
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .unwrap_or_else(|e| panic!("binding the TLS proxy: {e}"));
@@ -85,6 +106,22 @@ impl TlsFront {
         })
     }
 
+    /// A Secret like [`TlsFront::secret`] whose client certificate a CA unknown to this proxy
+    /// issued: a proxy started with [`TlsFront::start_verifying`] refuses it (TLS alert
+    /// `UnknownCA`, which the controller reads as a refused credential).
+    pub async fn foreign_secret(&self, namespace: &str, name: &str) -> Value {
+        let foreign = Certificates::issue("twc foreign CA").await;
+        json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": { "name": name, "namespace": namespace },
+            "stringData": {
+                "tls.crt": foreign.client_cert,
+                "tls.key": foreign.client_key,
+                "ca.crt": self.certificates.ca
+            }
+        })
+    }
+
     /// A TemporalConnection `name` to this proxy, authenticating with the Secret `secret`.
     pub fn connection(&self, namespace: &str, name: &str, secret: &str) -> Value {
         json!({
@@ -111,16 +148,35 @@ async fn forward(acceptor: TlsAcceptor, client: TcpStream, upstream: String) {
     let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
 }
 
-fn acceptor(certificates: &Certificates) -> TlsAcceptor {
+fn acceptor(certificates: &Certificates, clients: ClientCerts) -> TlsAcceptor {
     let chain: Vec<CertificateDer<'static>> =
         CertificateDer::pem_slice_iter(certificates.server_cert.as_bytes())
             .collect::<Result<_, _>>()
             .unwrap_or_else(|e| panic!("server certificate PEM: {e}"));
     let key = PrivateKeyDer::from_pem_slice(certificates.server_key.as_bytes())
         .unwrap_or_else(|e| panic!("server key PEM: {e}"));
-    let mut config = ServerConfig::builder_with_provider(Arc::new(default_provider()))
+    let provider = Arc::new(default_provider());
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
-        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
+        .unwrap_or_else(|e| panic!("TLS proxy protocol versions: {e}"));
+    let builder = match clients {
+        ClientCerts::Ignored => builder.with_no_client_auth(),
+        ClientCerts::Verified => {
+            let mut roots = RootCertStore::empty();
+            for ca in CertificateDer::pem_slice_iter(certificates.ca.as_bytes()) {
+                let ca = ca.unwrap_or_else(|e| panic!("CA certificate PEM: {e}"));
+                roots
+                    .add(ca)
+                    .unwrap_or_else(|e| panic!("CA certificate: {e}"));
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .unwrap_or_else(|e| panic!("client certificate verifier: {e}"));
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
+        .with_single_cert(chain, key)
         .unwrap_or_else(|e| panic!("TLS proxy configuration: {e}"));
     // gRPC clients insist on HTTP/2 being negotiated.
     config.alpn_protocols = vec![b"h2".to_vec()];
@@ -128,9 +184,9 @@ fn acceptor(certificates: &Certificates) -> TlsAcceptor {
 }
 
 impl Certificates {
-    /// A CA valid for two days, and a server (for [`SERVER_NAME`]) and a client certificate
+    /// A CA named `ca_name` valid for two days, and a server (for [`SERVER_NAME`]) and a client certificate
     /// it issued, made with `openssl` in a fresh temporary folder.
-    async fn issue() -> Self {
+    async fn issue(ca_name: &str) -> Self {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "twc-tls-{}-{}",
@@ -158,7 +214,7 @@ impl Certificates {
                     "-days",
                     "2",
                     "-subj",
-                    "/CN=twc test CA",
+                    &format!("/CN={ca_name}"),
                     "-addext",
                     "basicConstraints=critical,CA:TRUE",
                     "-addext",

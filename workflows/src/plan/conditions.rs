@@ -32,7 +32,8 @@ pub const REASON_DUPLICATE_CLAIM: &str = "DuplicateClaim";
 
 /// Condition type, while a deleted TWD's cleanup waits for something: what it waits for.
 pub const DELETING: &str = "Deleting";
-/// Reason of [`DELETING`] while Temporal refuses or lags the cleanup (versions with pollers).
+/// Reason of [`DELETING`] while Temporal is out of reach, or lags the cleanup (versions with
+/// pollers).
 pub const REASON_WAITING_FOR_TEMPORAL_CLEANUP: &str = "WaitingForTemporalCleanup";
 
 /// A condition without timestamps (the status writer keeps transition times stable).
@@ -49,14 +50,15 @@ pub struct ConditionView {
 }
 
 /// The [`DELETING`] condition of a deleted TWD whose cleanup is waiting: the reason names the
-/// missing object when that is the cause (the connection, or its Secret), else Temporal.
+/// object at fault when that is the cause (the connection missing; its Secret missing or its
+/// credentials refused), else Temporal (out of reach, or not done yet).
 pub fn deletion_condition(blocked_by: Option<CleanupBlock>, message: &str) -> ConditionView {
     let reason = match blocked_by {
         Some(CleanupBlock::ConnectionGone) => BlockReason::TemporalConnectionNotFound.as_str(),
-        Some(CleanupBlock::SecretGone | CleanupBlock::NamespaceDeleting) => {
+        Some(CleanupBlock::SecretGone | CleanupBlock::Refused) => {
             BlockReason::AuthSecretInvalid.as_str()
         }
-        None => REASON_WAITING_FOR_TEMPORAL_CLEANUP,
+        Some(CleanupBlock::Unreachable) | None => REASON_WAITING_FOR_TEMPORAL_CLEANUP,
     };
     ConditionView {
         type_: DELETING.to_owned(),
@@ -446,14 +448,15 @@ mod tests {
     }
 
     #[test]
-    fn a_blocked_deletion_names_the_missing_object_only_when_one_is_missing() {
+    fn a_blocked_deletion_names_the_object_at_fault_only_when_one_is() {
         let cases = [
             (
                 Some(CleanupBlock::ConnectionGone),
                 "TemporalConnectionNotFound",
             ),
             (Some(CleanupBlock::SecretGone), "AuthSecretInvalid"),
-            (Some(CleanupBlock::NamespaceDeleting), "AuthSecretInvalid"),
+            (Some(CleanupBlock::Refused), "AuthSecretInvalid"),
+            (Some(CleanupBlock::Unreachable), "WaitingForTemporalCleanup"),
             (None, "WaitingForTemporalCleanup"),
         ];
         for (blocked_by, reason) in cases {

@@ -4,6 +4,7 @@
 pub mod analysis;
 pub mod autoscale;
 pub mod conditions;
+pub mod deletion;
 pub mod drain;
 pub mod rollout;
 pub mod spec_view;

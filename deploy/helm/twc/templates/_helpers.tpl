@@ -95,6 +95,11 @@ namespaces leaves ClusterConnections alone and reports ClusterConnectionUnsuppor
 - apiGroups: [temporal.io]
   resources: [clusterconnections/status]
   verbs: [patch]
+# The deletion path reads a deleted TWD's namespace, to know whether it is being deleted too
+# (then a cleanup of Temporal that cannot be done is given up; engine.rs, twd.rs).
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [get]
 {{- end -}}
 
 {{/* Name of cluster-scoped objects: unique per release and namespace. */}}
