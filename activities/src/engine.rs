@@ -1672,35 +1672,47 @@ async fn with_heartbeats<T>(
     ctx: &ActivityContext,
     work: impl Future<Output = Result<T, ActivityError>>,
 ) -> Result<T, ActivityError> {
-    let hold = test_hold(&ctx.info().activity_type, ctx.info().attempt);
-    let work = async {
-        if let Some(hold) = hold {
-            tracing::warn!(activity = %ctx.info().activity_type, "holding the first attempt ({TEST_HOLD_VAR})");
-            tokio::time::sleep(hold).await;
-        }
-        work.await
-    };
+    #[cfg(feature = "test-hooks")]
+    let work = test_hooks::held(ctx, work);
     alongside_every(HEARTBEAT_INTERVAL, || heartbeat(ctx), work).await
 }
 
-/// Test-only fault injection: a comma-separated list of activity types whose first attempt is
-/// held for [`TEST_HOLD`] (heartbeating) before it runs, so an end-to-end test can kill the
-/// controller while such an activity is in flight. Unset in production.
-const TEST_HOLD_VAR: &str = "TWC_TEST_HOLD_ACTIVITIES";
-/// How long [`TEST_HOLD_VAR`] holds a first attempt.
-const TEST_HOLD: Duration = Duration::from_secs(60);
+/// Fault injection for the end-to-end tests, compiled only with the `test-hooks` feature (which
+/// `make test` builds with, and the release build and image do not).
+#[cfg(feature = "test-hooks")]
+mod test_hooks {
+    use std::time::Duration;
 
-fn test_hold(activity_type: &str, attempt: u32) -> Option<Duration> {
-    static HELD: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    let held = HELD.get_or_init(|| {
-        std::env::var(TEST_HOLD_VAR)
-            .unwrap_or_default()
-            .split(',')
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-            .collect()
-    });
-    (attempt <= 1 && held.iter().any(|h| h == activity_type)).then_some(TEST_HOLD)
+    use temporalio_sdk::activities::ActivityContext;
+
+    /// A comma-separated list of activity types whose first attempt is held for [`HOLD`]
+    /// (heartbeating) before it runs, so a test can kill the controller while such an activity
+    /// is in flight.
+    const HOLD_VAR: &str = "TWC_TEST_HOLD_ACTIVITIES";
+    /// How long [`HOLD_VAR`] holds a first attempt.
+    const HOLD: Duration = Duration::from_secs(60);
+
+    /// `work`, after the hold [`HOLD_VAR`] asks for this attempt.
+    pub(super) async fn held<T>(ctx: &ActivityContext, work: impl Future<Output = T>) -> T {
+        if let Some(hold) = hold(&ctx.info().activity_type, ctx.info().attempt) {
+            tracing::warn!(activity = %ctx.info().activity_type, "holding the first attempt ({HOLD_VAR})");
+            tokio::time::sleep(hold).await;
+        }
+        work.await
+    }
+
+    fn hold(activity_type: &str, attempt: u32) -> Option<Duration> {
+        static HELD: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+        let held = HELD.get_or_init(|| {
+            std::env::var(HOLD_VAR)
+                .unwrap_or_default()
+                .split(',')
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect()
+        });
+        (attempt <= 1 && held.iter().any(|h| h == activity_type)).then_some(HOLD)
+    }
 }
 
 /// Runs `work`, calling `beat` every `interval` (the first after one interval) until `work`

@@ -436,7 +436,7 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
         "\n\
         ================ twc sandbox is up ================\n\
         Temporal Web UI : {ui}\n\
-        Temporal address: {addr} (namespace default; `kubectl twc` finds it through the kubeconfig)\n\
+        Temporal address: {addr} (namespace default; `kubectl twc` finds it through TWC_ENV_FILE)\n\
         kubeconfig      : {kc}\n\
         logs            : {logs}\n\
         controller      : {controller}\n\
@@ -445,7 +445,7 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
         Traces (Jaeger) : {traces}\n\
         \n\
         Try:\n\
-        \x20 export KUBECONFIG={kc}\n\
+        \x20 export KUBECONFIG={kc} TWC_ENV_FILE={env_file}\n\
         \x20 alias kubectl='{kubectl_bin}'\n\
         \x20 kubectl get wd -A\n\
         \x20 kubectl -n demo get deploy,wd\n\
@@ -466,6 +466,10 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
         ui = env.temporal_ui_url.as_deref().unwrap_or("(disabled)"),
         addr = env.temporal_address,
         kc = env.kubeconfig.display(),
+        env_file = options
+            .state_dir
+            .join(twc_sandbox::env::ENV_FILE_NAME)
+            .display(),
         logs = env.logs_dir.display(),
         controller = if options.controller {
             "running"

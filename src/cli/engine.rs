@@ -158,28 +158,33 @@ pub struct ProductionEngine {
     pub engine: bool,
 }
 
-/// The sandbox whose kubeconfig is in use: `--kubeconfig`, else each file of `$KUBECONFIG`.
-/// None when no kubeconfig in use belongs to a sandbox.
+/// Names the env file of a running sandbox (`twc-sandbox exec` sets it; `make dev` prints the
+/// `export`).
+pub const SANDBOX_ENV_VAR: &str = "TWC_ENV_FILE";
+
+/// The sandbox named by [`SANDBOX_ENV_VAR`], when the kubeconfig in use (`--kubeconfig`, else
+/// each file of `$KUBECONFIG`) is that sandbox's: its Temporal is where the engine runs. None
+/// otherwise (never a guess from files next to the kubeconfig).
 pub fn sandbox_of(kubeconfig: Option<&Path>) -> Option<Sandbox> {
+    let env_file = std::env::var_os(SANDBOX_ENV_VAR).map(PathBuf::from)?;
+    sandbox_from(&env_file, kubeconfig)
+}
+
+/// The sandbox of `env_file` when it names the kubeconfig in use.
+fn sandbox_from(env_file: &Path, kubeconfig: Option<&Path>) -> Option<Sandbox> {
     let candidates: Vec<PathBuf> = match kubeconfig {
         Some(path) => vec![path.to_owned()],
         None => std::env::var_os("KUBECONFIG")
             .map(|v| std::env::split_paths(&v).collect())
             .unwrap_or_default(),
     };
-    candidates.iter().find_map(|path| sandbox_for(path))
-}
-
-/// The sandbox env file that names `kubeconfig`, looked for in the kubeconfig's folder and the
-/// one above it.
-fn sandbox_for(kubeconfig: &Path) -> Option<Sandbox> {
-    let kubeconfig = std::fs::canonicalize(kubeconfig).ok()?;
-    kubeconfig.ancestors().skip(1).take(2).find_map(|dir| {
-        let text = std::fs::read_to_string(dir.join(SANDBOX_ENV_FILE)).ok()?;
-        let sandbox: Sandbox = serde_json::from_str(&text).ok()?;
-        let names_it = std::fs::canonicalize(&sandbox.kubeconfig).ok()? == kubeconfig;
-        names_it.then_some(sandbox)
-    })
+    let text = std::fs::read_to_string(env_file).ok()?;
+    let sandbox: Sandbox = serde_json::from_str(&text).ok()?;
+    let named = std::fs::canonicalize(&sandbox.kubeconfig).ok()?;
+    candidates
+        .iter()
+        .any(|path| std::fs::canonicalize(path).ok().as_ref() == Some(&named))
+        .then_some(sandbox)
 }
 
 #[cfg(test)]
@@ -217,10 +222,19 @@ mod tests {
         kubeconfig
     }
 
+    /// The env file of the sandbox folder `sandbox_dir` made for `kubeconfig`.
+    fn env_file_of(kubeconfig: &Path) -> PathBuf {
+        kubeconfig
+            .ancestors()
+            .nth(2)
+            .map(|dir| dir.join(SANDBOX_ENV_FILE))
+            .unwrap_or_else(|| panic!("no state folder"))
+    }
+
     #[test]
     fn a_sandbox_kubeconfig_leads_to_the_sandbox_temporal() {
         let kubeconfig = sandbox_dir("found", None);
-        let sandbox = sandbox_of(Some(&kubeconfig));
+        let sandbox = sandbox_from(&env_file_of(&kubeconfig), Some(&kubeconfig));
         assert_eq!(
             sandbox.as_ref().map(|s| s.temporal_address.as_str()),
             Some("127.0.0.1:40123")
@@ -250,7 +264,7 @@ mod tests {
             "apiKeysDir": "/state/api-keys"
         });
         std::fs::write(&env_file, env.to_string()).unwrap_or_else(|e| panic!("{e}"));
-        let sandbox = sandbox_of(Some(&kubeconfig));
+        let sandbox = sandbox_from(&env_file_of(&kubeconfig), Some(&kubeconfig));
         let config = args(None).or_sandbox(sandbox.as_ref()).config("q", "me");
         assert_eq!(config.address, "127.0.0.1:40200");
         let tls = config.tls.unwrap_or_else(|| panic!("TLS on"));
@@ -263,7 +277,7 @@ mod tests {
         // Without `engine`, the dev server stays the engine.
         env["productionTemporal"]["engine"] = serde_json::json!(false);
         std::fs::write(&env_file, env.to_string()).unwrap_or_else(|e| panic!("{e}"));
-        let sandbox = sandbox_of(Some(&kubeconfig));
+        let sandbox = sandbox_from(&env_file_of(&kubeconfig), Some(&kubeconfig));
         let config = args(None).or_sandbox(sandbox.as_ref()).config("q", "me");
         assert_eq!(config.address, "127.0.0.1:40123");
         assert!(config.tls.is_none());
@@ -272,7 +286,7 @@ mod tests {
     #[test]
     fn an_address_that_was_set_wins_over_the_sandbox() {
         let kubeconfig = sandbox_dir("set", None);
-        let sandbox = sandbox_of(Some(&kubeconfig));
+        let sandbox = sandbox_from(&env_file_of(&kubeconfig), Some(&kubeconfig));
         let config = args(Some("temporal.example:7233"))
             .or_sandbox(sandbox.as_ref())
             .config("q", "me");
@@ -285,7 +299,16 @@ mod tests {
         let other = std::env::temp_dir().join("twc-cli-other-kubeconfig");
         std::fs::write(&other, "apiVersion: v1\n").unwrap_or_else(|e| panic!("{e}"));
         let kubeconfig = sandbox_dir("other", Some(&other));
-        assert_eq!(sandbox_of(Some(&kubeconfig)), None);
-        assert_eq!(sandbox_of(Some(Path::new("/nonexistent/kubeconfig"))), None);
+        assert_eq!(
+            sandbox_from(&env_file_of(&kubeconfig), Some(&kubeconfig)),
+            None
+        );
+        assert_eq!(
+            sandbox_from(
+                &env_file_of(&kubeconfig),
+                Some(Path::new("/nonexistent/kubeconfig"))
+            ),
+            None
+        );
     }
 }

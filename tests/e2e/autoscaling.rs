@@ -280,7 +280,7 @@ async fn kubectl_scale_drives_spec_replicas_through_the_scale_subresource() {
     ))
     .await;
     wait_ready(&client, &ns, "hello", ROLLOUT).await;
-    let scaled = kubectl(&["scale", "twd/hello", "-n", &ns, "--replicas=3"], None).await;
+    let scaled = kubectl(&["scale", "wd/hello", "-n", &ns, "--replicas=3"], None).await;
     assert!(scaled.success, "{}", scaled.stderr);
     wait_replicas(&client, &ns, "v1", 3).await;
     // The subresource reads status.replicas and the selector back.
@@ -478,7 +478,7 @@ async fn kubectl_scale_of_a_shared_total_is_split_by_role() {
     })
     .await;
     // The total as an HPA would set it, through /scale: 20 % of 6 rounded up for v2.
-    let scaled = kubectl(&["scale", "twd/hello", "-n", &ns, "--replicas=6"], None).await;
+    let scaled = kubectl(&["scale", "wd/hello", "-n", &ns, "--replicas=6"], None).await;
     assert!(scaled.success, "{}", scaled.stderr);
     wait_replicas(&client, &ns, "v2", 2).await;
     wait_replicas(&client, &ns, "v1", 4).await;

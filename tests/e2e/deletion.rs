@@ -18,7 +18,7 @@ use twc_crds::{TemporalConnection, TemporalWorkerDeployment};
 use crate::chaos::cluster::{Cluster, status_text};
 use crate::harness::controls::holds_for;
 use crate::harness::tls::TlsFront;
-use crate::harness::twd::{condition, get_twd, worker};
+use crate::harness::twd::{condition, get_twd, legacy, worker};
 use crate::long_horizon::{delete_namespace, holds_finalizer, leftovers};
 
 /// A rollout, or a TWD's first blocked condition, shows well within this.
@@ -34,7 +34,13 @@ const CONTROLLER_NAMESPACE: &str = "default";
 
 /// A TWD `name` of the sample worker v1 through the TemporalConnection `connection`.
 fn twd(namespace: &str, name: &str, connection: &str) -> Value {
-    let mut manifest = worker(namespace, name, "v1", json!({ "strategy": "AllAtOnce" }));
+    // These tests run on the older kinds (TemporalWorkerDeployment, TemporalConnection).
+    let mut manifest = legacy(worker(
+        namespace,
+        name,
+        "v1",
+        json!({ "strategy": "AllAtOnce" }),
+    ));
     manifest["spec"]["workerOptions"]["connectionRef"]["name"] = json!(connection);
     manifest
 }
@@ -222,7 +228,7 @@ async fn deleting_a_namespace_whose_twds_cannot_reach_temporal_completes_within_
     let cluster = Cluster::shared().await;
     let front = TlsFront::start_verifying(&cluster.env.temporal_address).await;
     let ns = cluster.namespace("nsgone").await;
-    cluster.apply(&cluster.connection(&ns, "dev")).await;
+    cluster.apply(&legacy(cluster.connection(&ns, "dev"))).await;
     cluster.apply(&twd(&ns, "ok", "dev")).await;
     cluster.apply(&unreachable_connection(&ns, "nowhere")).await;
     cluster.apply(&twd(&ns, "bad", "nowhere")).await;
@@ -320,7 +326,9 @@ async fn a_twd_deleted_alone_waits_for_its_temporal_until_the_connection_is_fixe
     .await;
 
     // Fixed: the cleanup finishes. Deleted: released without it, and the connection goes too.
-    cluster.apply(&cluster.connection(&ns, "fixme")).await;
+    cluster
+        .apply(&legacy(cluster.connection(&ns, "fixme")))
+        .await;
     delete(&cluster, "temporalconnection", "dropme", &ns).await;
     delete(&cluster, "temporalconnection", "strict", &ns).await;
     let twds_api: Api<TemporalWorkerDeployment> = Api::namespaced(cluster.client.clone(), &ns);

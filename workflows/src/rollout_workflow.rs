@@ -52,34 +52,11 @@ pub const SA_BUILD_ID: SearchAttributeKey<String> = SearchAttributeKey::keyword(
 /// `Superseded` or `Aborted`.
 pub const SA_OUTCOME: SearchAttributeKey<String> = SearchAttributeKey::keyword("TwcOutcome");
 
-/// Turns after which a long-waiting rollout without signals continued as new (histories from
-/// before the `bounded-history` patch).
-const MAX_TURNS_PER_RUN: u32 = 400;
-/// Patch: the rollout continues as new when Temporal suggests it or its history reaches its
-/// bound, whatever signals arrived, carrying pending controls, gate runs and its last report
-/// (histories before it continued as new only after 400 turns without any signal, so a
-/// rollout that received one signal ran into Temporal's history limit after about 13 hours of
-/// a held step).
-const PATCH_BOUNDED_HISTORY: &str = "bounded-history";
 /// Longest single wait for pollers or gate results before re-observing.
 const MAX_ACTIVITY_WAIT: Duration = Duration::from_secs(60);
-/// Patch: a superseded or aborted rollout whose gate is undecided stops its gate workflows too
-/// (histories recorded before it only cancelled gates last seen running).
-const PATCH_STOP_UNDECIDED_GATES: &str = "stop-undecided-gates";
-/// Decisions take "now" after the observation they are based on, not before it: a slow
-/// observation (reads refused for a moment right after a routing change) no longer lengthens
-/// the step pause that follows by its own duration.
-const PATCH_NOW_AFTER_OBSERVE: &str = "now-after-observe";
 /// Longest wait while holding a Progressive step before re-reading routing (reference §3.7: a
 /// ramp changed by hand is snapped back to the step grid at the next look).
 const ROUTING_RECHECK: Duration = Duration::from_secs(10);
-/// Patch: a gate workflow that ran out of its execution timeout stops the rollout with
-/// `ProgressDeadlineExceeded` (SPEC §4.8); before it, as `GateFailed`.
-const PATCH_GATE_TIMEOUT_IS_DEADLINE: &str = "gate-timeout-is-deadline";
-/// Patch: a signal that ends a wait cancels the timer or activity it interrupted.
-const PATCH_CANCEL_INTERRUPTED: &str = "cancel-interrupted";
-/// Patch: activity failures are reported only once they outlast [`TRANSIENT_GRACE`].
-const PATCH_TRANSIENT_FAILURES: &str = "transient-failures";
 /// How long activity failures (after their own retries) may last before the rollout reports
 /// them: longer than a restart of the API server or of Temporal.
 const TRANSIENT_GRACE: Duration = Duration::from_secs(60);
@@ -89,28 +66,6 @@ const TRANSIENT_RECHECK: Duration = Duration::from_secs(5);
 const BLOCKED_RECHECK: Duration = Duration::from_secs(30);
 /// Re-check interval while waiting for a person (Manual promotion, pause, failed gate).
 const IDLE_RECHECK: Duration = Duration::from_secs(300);
-/// Patch: canary analysis (`spec.rollout.analysis`, step gates) measures and gates each
-/// Progressive step and aborts the rollout when a check fails. Histories before it have no
-/// analysis in their spec and never reach these decisions; the marker records the change.
-const PATCH_ANALYSIS: &str = "canary-analysis";
-/// Patch: a fresh rollout creates its build's Deployment (and sends its first report) before
-/// its first observation: creation is idempotent by name and re-checks the target itself, so
-/// the Deployment no longer waits for a full read of Kubernetes and Temporal. Histories before
-/// it observed first.
-const PATCH_CREATE_FIRST: &str = "create-first";
-/// Patch: waiting activities (`wait_for_pollers`, `run_gate`) run on the waits task queue
-/// ([`crate::waits_task_queue`]), whose worker has slots of its own; histories before it
-/// scheduled them on the engine task queue, where a burst of waits held every activity slot.
-const PATCH_WAITS_QUEUE: &str = "waits-queue";
-/// Patch: a routing write the rollout made is reported to the TWD workflow as soon as it is
-/// applied, with the routing it left, so the status shows it without waiting for the next
-/// observation; a SetCurrent that leaves nothing ramping is reported `Complete` and ends the
-/// rollout. Histories before it observed again first.
-const PATCH_REPORT_ROUTING: &str = "report-routing";
-/// Patch: `wait_for_pollers` observes once the build is ready and the rollout decides from
-/// that observation (promotion without another activity and workflow task); histories before
-/// it observed again after the wait.
-const PATCH_OBSERVE_IN_WAIT: &str = "observe-in-wait";
 /// Attempts to clear this build's ramp on abort before giving up (each re-reads routing).
 const ABORT_ROUTING_ATTEMPTS: u32 = 5;
 
@@ -128,14 +83,13 @@ pub struct RolloutInput {
     /// Memory carried over a continue-as-new (None on the first run).
     pub carried: Option<CarriedRollout>,
     /// The TWD workflow creates the build's Deployment alongside this rollout's start
-    /// (`create-with-start`), so the rollout does not create first; its first observation
+    ///, so the rollout does not create first; its first observation
     /// decides as always (absent in inputs from before it existed).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub created_by_parent: bool,
 }
 
-/// What survives a continue-as-new. The fields after `sequence` are absent in inputs carried
-/// from before the `bounded-history` patch.
+/// What survives a continue-as-new.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CarriedRollout {
     /// Decision memory.
@@ -226,20 +180,15 @@ impl RolloutWorkflow {
         let outcome_blocked =
             ctx.search_attributes().get(&SA_OUTCOME).as_deref() == Some("Blocked");
         ctx.state_mut(|s| s.outcome_blocked = outcome_blocked);
-        if ctx.state(|s| s.input.carried.is_none() && !s.input.created_by_parent)
-            && ctx.patched(PATCH_CREATE_FIRST)
-        {
+        if ctx.state(|s| s.input.carried.is_none() && !s.input.created_by_parent) {
             create_first(ctx, &twd, &build_id).await;
         }
         let mut turns = 0u32;
         let mut prefetched: Option<Box<Observation>> = None;
         loop {
             turns += 1;
-            let continue_now = if ctx.patched(PATCH_BOUNDED_HISTORY) {
-                turns > 1 && history_full(ctx, ctx.state(|s| s.input.history_event_bound))
-            } else {
-                turns > MAX_TURNS_PER_RUN && ctx.state(|s| s.wakeups == 0)
-            };
+            let continue_now =
+                turns > 1 && history_full(ctx, ctx.state(|s| s.input.history_event_bound));
             if continue_now {
                 let input = ctx.state(RolloutWorkflow::continued_input);
                 let mut memo = MemoValues::new();
@@ -247,7 +196,6 @@ impl RolloutWorkflow {
                 let options = ContinueAsNewOptions::builder().memo(memo).build();
                 ctx.continue_as_new(input, options)?;
             }
-            let now = now_millis(ctx);
             // An observation the wait for pollers made once ready is decided on directly; the
             // signals counted when that wait began still count as unseen if any came since.
             let observation = match prefetched.take() {
@@ -266,11 +214,7 @@ impl RolloutWorkflow {
             if observation.temporal.is_ok() {
                 ctx.state_mut(|s| s.failing_since = None);
             }
-            let now = if ctx.patched(PATCH_NOW_AFTER_OBSERVE) {
-                now_millis(ctx)
-            } else {
-                now
-            };
+            let now = now_millis(ctx);
             answer_controls(ctx, &twd, &observation).await;
             apply_operator_flags(ctx);
             if ctx.state(|s| s.abort_requested) {
@@ -439,7 +383,7 @@ impl RolloutWorkflow {
                         Some((RolloutProgress::Complete, None)),
                     )
                     .await;
-                    // Reported Complete with the routing just written (`report-routing`): done,
+                    // Reported Complete with the routing just written: done,
                     // without reading Temporal again while it applies the change.
                     let reported_complete = ctx.state(|s| {
                         s.last_report.as_ref().is_some_and(|r| {
@@ -479,14 +423,10 @@ impl RolloutWorkflow {
                     wait_for_change(ctx, hold.min(ROUTING_RECHECK)).await;
                 }
                 RolloutDecision::Analyze { step, checks } => {
-                    if ctx.patched(PATCH_ANALYSIS) {
-                        analyze(ctx, &twd, &build_id, &observation, step, &checks).await;
-                    }
+                    analyze(ctx, &twd, &build_id, &observation, step, &checks).await;
                 }
                 RolloutDecision::RunStepGate { step } => {
-                    if ctx.patched(PATCH_ANALYSIS) {
-                        run_step_gate(ctx, &twd, &build_id, &observation, step).await;
-                    }
+                    run_step_gate(ctx, &twd, &build_id, &observation, step).await;
                 }
                 RolloutDecision::AnalysisHold {
                     step,
@@ -507,9 +447,7 @@ impl RolloutWorkflow {
                     wait_for_change(ctx, wait.min(ROUTING_RECHECK)).await;
                 }
                 RolloutDecision::AnalysisFailed(blocked) => {
-                    if ctx.patched(PATCH_ANALYSIS) {
-                        return abort(ctx, &twd, &build_id, &observation, Some(blocked)).await;
-                    }
+                    return abort(ctx, &twd, &build_id, &observation, Some(blocked)).await;
                 }
                 RolloutDecision::Complete => {
                     report(ctx, RolloutProgress::Complete, None, None).await;
@@ -821,7 +759,7 @@ async fn wait_until_ready(
         twd: twd.clone(),
         build_id: build_id.to_owned(),
         max_wait_ms: i64::try_from(max_wait.as_millis()).unwrap_or(60_000),
-        observe_when_ready: ctx.patched(PATCH_OBSERVE_IN_WAIT),
+        observe_when_ready: true,
     };
     let options = waits_queue(ctx, waiting_options(max_wait));
     let options = with_summary(options, "wait for pollers");
@@ -895,7 +833,7 @@ async fn run_gate(
             .map(|r| format!("{} on {}: {}", r.workflow_id, r.task_queue, r.status))
             .collect();
         let timed_out = outcome.runs.iter().any(|r| r.status == "TimedOut");
-        if timed_out && ctx.patched(PATCH_GATE_TIMEOUT_IS_DEADLINE) {
+        if timed_out {
             // Stopped at the decision that follows, with its own Warning event.
             let message = failed.join("; ");
             ctx.state_mut(|s| s.memory.gate = GateState::TimedOut { message });
@@ -1068,14 +1006,12 @@ fn gate_types(observation: &Observation) -> Vec<String> {
     types
 }
 
-/// `options` on the waits task queue (since the `waits-queue` patch).
+/// `options` on the waits task queue.
 fn waits_queue(
     ctx: &WorkflowContext<RolloutWorkflow>,
     mut options: ActivityOptions,
 ) -> ActivityOptions {
-    if ctx.patched(PATCH_WAITS_QUEUE) {
-        options.task_queue = Some(crate::waits_task_queue(ctx.info().task_queue()));
-    }
+    options.task_queue = Some(crate::waits_task_queue(ctx.info().task_queue()));
     options
 }
 
@@ -1145,9 +1081,7 @@ async fn route(
             let applied = applied.filter(|(progress, _)| {
                 *progress != RolloutProgress::Complete || routing.ramping_build_id.is_none()
             });
-            if let Some((progress, ramp)) = applied
-                && ctx.patched(PATCH_REPORT_ROUTING)
-            {
+            if let Some((progress, ramp)) = applied {
                 send_report(ctx, progress, None, ramp, Some(routing), None).await;
             }
             let (reason, message) = match &change {
@@ -1179,11 +1113,11 @@ async fn route(
             true
         }
         Ok(RoutingOutcome::Conflict) => false,
-        Err(blocked) if ctx.patched(PATCH_TRANSIENT_FAILURES) => {
+        Err(blocked) => {
             on_failure(ctx, blocked).await;
             false
         }
-        Ok(RoutingOutcome::Blocked(blocked)) | Err(blocked) => {
+        Ok(RoutingOutcome::Blocked(blocked)) => {
             event(
                 ctx,
                 twd,
@@ -1217,7 +1151,7 @@ async fn complete(
     Ok(RolloutOutcome::Complete)
 }
 
-/// What a rollout reports once a routing write it made is applied (`report-routing`): its
+/// What a rollout reports once a routing write it made is applied: its
 /// progress and step.
 type AppliedReport = (
     RolloutProgress,
@@ -1329,7 +1263,7 @@ async fn cancel_gates(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, 
     // A step gate may be running (only rollouts with analysis have a step in their records).
     let step_gate = ctx
         .state(|s| s.memory.analysis.step.is_some() && s.memory.analysis.gate == StepGate::NotRun);
-    if running || step_gate || (undecided && ctx.patched(PATCH_STOP_UNDECIDED_GATES)) {
+    if running || step_gate || undecided {
         let request = BuildRequest {
             twd: twd.clone(),
             build_id: build_id.to_owned(),
@@ -1346,7 +1280,7 @@ async fn cancel_gates(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, 
     }
 }
 
-/// The first step of a fresh rollout (`create-first`): its build's Deployment is created
+/// The first step of a fresh rollout: its build's Deployment is created
 /// together with its first report, in one workflow task, before anything is observed. Only a
 /// creation is acted on here; anything else (exists, superseded, blocked, deferred for the
 /// version limit, failed) is left to the first observation, which decides as before.
@@ -1510,9 +1444,8 @@ async fn wait_for_change(ctx: &mut WorkflowContext<RolloutWorkflow>, timeout: Du
 }
 
 /// Waits for `future` (a timer or an activity) unless a signal arrives first (counted from the
-/// turn's observation, so none that came in meanwhile is missed); then it is cancelled
-/// (histories before the `cancel-interrupted` patch left it running: a timer fired later for
-/// nothing, an activity went on beside the next turn's) and `None` is returned.
+/// turn's observation, so none that came in meanwhile is missed); then it is cancelled and
+/// `None` is returned.
 async fn unless_signalled<F>(ctx: &WorkflowContext<RolloutWorkflow>, future: F) -> Option<F::Output>
 where
     F: CancellableFuture,
@@ -1523,7 +1456,7 @@ where
         output = future.as_mut() => Some(output),
         _ = ctx.wait_condition_with_options(move |s: &RolloutWorkflow| s.wakeups != seen, support::condition_options()) => None,
     };
-    if finished.is_none() && ctx.patched(PATCH_CANCEL_INTERRUPTED) {
+    if finished.is_none() {
         future.as_ref().get_ref().cancel();
         let _ = future.await;
     }
@@ -1533,16 +1466,13 @@ where
 /// An activity failed after its retries: a transient error (expected conditions come back as
 /// values). It is reported (`PlanExecutionFailed` with the cause) only once failures have
 /// lasted [`TRANSIENT_GRACE`]; until then the rollout looks again soon, so a short outage of the
-/// API server or of Temporal changes no condition. Histories before the `transient-failures`
-/// patch reported every failure at once.
+/// API server or of Temporal changes no condition.
 async fn on_failure(ctx: &mut WorkflowContext<RolloutWorkflow>, blocked: Blocked) {
-    if ctx.patched(PATCH_TRANSIENT_FAILURES) {
-        let now = now_millis(ctx);
-        let since = ctx.state_mut(|s| *s.failing_since.get_or_insert(now));
-        if now - since < i64::try_from(TRANSIENT_GRACE.as_millis()).unwrap_or(i64::MAX) {
-            wait_for_change(ctx, TRANSIENT_RECHECK).await;
-            return;
-        }
+    let now = now_millis(ctx);
+    let since = ctx.state_mut(|s| *s.failing_since.get_or_insert(now));
+    if now - since < i64::try_from(TRANSIENT_GRACE.as_millis()).unwrap_or(i64::MAX) {
+        wait_for_change(ctx, TRANSIENT_RECHECK).await;
+        return;
     }
     report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
     wait_for_change(ctx, BLOCKED_RECHECK).await;

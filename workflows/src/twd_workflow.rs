@@ -25,9 +25,9 @@ use crate::contract::{
     BacklogReport, BacklogRequest, BuildRequest, CleanupBlock, CleanupDeleted, CleanupOutcome,
     CountPinned, CreateDeployment, CreateDeploymentOutcome, DeleteDeployment, DeleteVersion,
     DeleteVersionOutcome, DeleteVersionRequest, DeploymentRequest, DrainAction, DrainRequest,
-    DrainVersion, EmitEvent, EnsureFinalizers, EventKind, EventRequest, Observe, PinnedRequest,
-    ReadBacklog, ReassertResources, Recheck, ReleaseRequest, ReleaseWithoutTemporal,
-    ScaleDeployment, ScaleRequest, StatusRequest, WriteStatus,
+    DrainVersion, EmitEvent, EventKind, EventRequest, Observe, PinnedRequest, ReadBacklog,
+    ReassertResources, Recheck, ReleaseRequest, ReleaseWithoutTemporal, ScaleDeployment,
+    ScaleRequest, StatusRequest, WriteStatus,
 };
 use crate::control::{self, ControlEffect, ControlState};
 use crate::model::{
@@ -47,68 +47,6 @@ use crate::support::{
     self, drain_options, history_full, now_millis, run_activity, short_options, with_summary,
 };
 
-/// Patch: reports of a rollout other than the one in flight are ignored (histories recorded
-/// before it let a superseded rollout's last report replace the active one's).
-const PATCH_IGNORE_SUPERSEDED_REPORTS: &str = "ignore-superseded-reports";
-/// Patch: `spec.autoscaling` scales each version from its backlog (histories before it have no
-/// autoscaling in their spec and never reach it).
-const PATCH_AUTOSCALING: &str = "autoscaling";
-/// Patch: status carries `replicas` and `selector` for the `/scale` subresource (a change of
-/// pods is a status write; histories before it did not write for that).
-const PATCH_SCALE_STATUS: &str = "scale-status";
-/// Patch: a signal that arrives while a turn runs ends the next wait at once.
-const PATCH_SIGNALS_DURING_A_TURN: &str = "signals-during-a-turn";
-/// Patch: a rollout that reported `Superseded` while the last spec signal still names its build
-/// is run again only once an observation confirms the build is the target (histories recorded
-/// before it re-ran it at once; when the rollout had seen a newer spec than the watcher had
-/// signalled yet, it was superseded again, in a loop, until the signal came).
-const PATCH_CONFIRM_RETARGET: &str = "confirm-retarget";
-/// Patch: a rollout that completes after the spec changed during it gets a fresh run, which
-/// applies the change (histories before it left such a change to the next spec signal).
-const PATCH_RERUN_AFTER_MID_ROLLOUT_CHANGE: &str = "rerun-after-mid-rollout-change";
-/// Patch: the workflow continues as new when Temporal suggests it, its history reaches its
-/// bound, or after [`MAX_TURNS_PER_RUN`] turns, whatever signals arrived, carrying pending
-/// controls; the deletion path does too (histories before it waited for a turn without
-/// signals, and the deletion path never continued as new).
-const PATCH_BOUNDED_HISTORY: &str = "bounded-history";
-/// Patch: every turn re-asserts finalizers, connection settings and the pod template
-/// (`reassert_resources`); histories before it ensured finalizers once per execution chain.
-const PATCH_REASSERT_EVERY_TURN: &str = "reassert-every-turn";
-/// Patch: a spec observed newer than the last spec signal is taken at once.
-const PATCH_ADOPT_OBSERVED_SPEC: &str = "adopt-observed-spec";
-/// Patch: the deletion path backs off, shows what it waits for (condition and Warning
-/// event), and releases the TWD without cleaning Temporal once the connection or its Secret
-/// is gone for good (histories before it retried every 5 s forever).
-const PATCH_DELETION_BACKOFF: &str = "deletion-backoff";
-/// Patch: a turn dispatches the rollout before re-asserting resources, and a new build no
-/// longer waits for the signal to a rollout that already ended (it is still sent, after the
-/// start, to one in flight).
-const PATCH_DISPATCH_FIRST: &str = "dispatch-first";
-/// Patch: a version Temporal lists that nothing else would retire (no Deployment, not
-/// remembered, not targeted or routed to) is adopted by the sunset and deleted after the
-/// delete delay ([`sunset::adopt_orphans`]).
-const PATCH_ADOPT_ORPHAN_VERSIONS: &str = "adopt-orphan-versions";
-/// Patch: after the first turn of a run, re-assertion and observation are one activity
-/// (`recheck`) instead of two: a quiet turn costs 11 history events instead of 17.
-const PATCH_COMBINED_RECHECK: &str = "combined-recheck";
-/// Patch: routing a rollout reports having written is shown in the status at the start of the
-/// next turn, before anything is read.
-const PATCH_STATUS_FROM_REPORT: &str = "status-from-report";
-/// Patch: a turn woken only by a report of the rollout in flight (no spec signal, control,
-/// nudge or due timer) shows the report on the run's latest observation instead of observing
-/// Kubernetes and Temporal again; the turn's pending timer keeps its deadline. Histories
-/// before the patch observed on every report.
-const PATCH_REPORT_TURNS: &str = "report-turns";
-/// Patch: the rollout of a new build is started together with the creation of its Deployment,
-/// in one workflow task (see [`start_new_build`]); histories before it left the creation to
-/// the rollout.
-const PATCH_CREATE_WITH_START: &str = "create-with-start";
-/// Patch: routing the rollout in flight reports while a turn observes is shown at once, not
-/// after the observation ([`observe_showing_reports`]).
-const PATCH_REPORTS_DURING_OBSERVATION: &str = "reports-during-observation";
-/// Patch: a new build's Deployment is created without reading Temporal first when the run's
-/// latest observation shows room for it under the version limit (`create_with_room`).
-const PATCH_CREATE_WITH_ROOM: &str = "create-with-room";
 /// Longest interval between re-assertions of a TWD's resources while nothing signals a change.
 const REASSERT_EVERY: Duration = Duration::from_secs(30);
 /// Default level-triggered resync interval when nothing else is due.
@@ -172,8 +110,7 @@ pub struct CarriedTwd {
     pub sunset: Vec<SunsetMemory>,
     /// Builds an operator aborted (not restarted until the spec moves on).
     pub aborted: Vec<String>,
-    /// Controls received and not yet forwarded (absent in inputs carried from before the
-    /// `bounded-history` patch, as are the fields below).
+    /// Controls received and not yet forwarded.
     #[serde(default)]
     pub controls: Vec<ControlAction>,
     /// A duplicate spec signal arrived and the rollout was not nudged yet.
@@ -196,8 +133,7 @@ pub struct ActiveRollout {
     pub workflow_id: String,
     /// Spec generation it was last told about.
     pub notified_generation: i64,
-    /// Spec generation it was started for (absent in state carried from before the
-    /// `rerun-after-mid-rollout-change` patch).
+    /// Spec generation it was started for.
     #[serde(default)]
     pub started_generation: Option<i64>,
 }
@@ -285,24 +221,10 @@ impl TwdWorkflow {
     #[run(name = "twd")]
     pub async fn run(ctx: &mut WorkflowContext<Self>) -> WorkflowResult<()> {
         let twd = ctx.state(|s| s.input.twd.clone());
-        // Finalizers are re-asserted every turn since the `reassert-every-turn` patch; before
-        // it, once per execution chain.
-        let reassert = ctx.patched(PATCH_REASSERT_EVERY_TURN);
-        if !reassert && ctx.state(|s| s.input.carried.is_none()) {
-            let _ = run_activity(
-                ctx,
-                EnsureFinalizers,
-                twd.clone(),
-                "ensure finalizers",
-                short_options(),
-            )
-            .await;
-        }
         let mut next_wake = Duration::ZERO;
         let mut turns = 0u32;
         // Signals counted before a turn starts are handled by it; one that arrives while the
-        // turn runs (a control during an activity) ends the next wait at once. Histories from
-        // before the patch counted from the start of the wait, missing such signals.
+        // turn runs (a control during an activity) ends the next wait at once.
         let mut seen = ctx.state(|s| s.wakeups);
         let resync = ctx
             .state(|s| s.input.resync_seconds)
@@ -310,10 +232,6 @@ impl TwdWorkflow {
                 Duration::from_secs(u64::from(seconds.max(1)))
             });
         loop {
-            let counted_at_turn_start = ctx.patched(PATCH_SIGNALS_DURING_A_TURN);
-            if !counted_at_turn_start {
-                seen = ctx.state(|s| s.wakeups);
-            }
             // When the pending timer is due (workflow time), and whether a signal ended the
             // wait before it.
             let due_at = now_millis(ctx)
@@ -325,9 +243,7 @@ impl TwdWorkflow {
                     _ = ctx.wait_condition_with_options(move |s: &Self| s.wakeups != seen, support::condition_options()) => true,
                 };
             }
-            if counted_at_turn_start {
-                seen = ctx.state(|s| s.wakeups);
-            }
+            seen = ctx.state(|s| s.wakeups);
             turns += 1;
             let Some(spec) = ctx.state(|s| s.spec.clone()) else {
                 next_wake = resync;
@@ -342,13 +258,10 @@ impl TwdWorkflow {
                 continue;
             }
             // A turn woken only by a report of the rollout under way shows it on this run's
-            // latest observation and reads nothing (`report-turns`); the timer it interrupted
-            // keeps its deadline. Routing that cannot be shown that way (the deployment has no
-            // manager yet) is read in a full turn instead.
-            if signalled_early
-                && ctx.state(TwdWorkflow::only_a_report_came)
-                && ctx.patched(PATCH_REPORT_TURNS)
-            {
+            // latest observation and reads nothing; the timer it interrupted keeps its
+            // deadline. Routing that cannot be shown that way (the deployment has no manager
+            // yet) is read in a full turn instead.
+            if signalled_early && ctx.state(TwdWorkflow::only_a_report_came) {
                 if show_report(ctx, &twd).await {
                     let left = due_at.saturating_sub(now_millis(ctx)).max(0);
                     next_wake = Duration::from_millis(u64::try_from(left).unwrap_or(0));
@@ -364,30 +277,19 @@ impl TwdWorkflow {
             }
             // A rollout is dispatched before resources are re-asserted (the new build's
             // Deployment need not wait for it), except on a run's first turn, which asserts the
-            // finalizers first. Histories before the `dispatch-first` patch re-asserted first.
-            let dispatch_first = reassert
-                && ctx.state(|s| s.reasserted_at.is_some())
-                && ctx.patched(PATCH_DISPATCH_FIRST);
+            // finalizers (and takes over what another object of the name leaves) first; the
+            // re-assertion then goes with the observation, in one activity.
+            let dispatch_first = ctx.state(|s| s.reasserted_at.is_some());
             if dispatch_first {
                 dispatch_rollout(ctx, &twd, &spec).await;
-            }
-            // The re-assertion then goes with the observation, in one activity.
-            let combined = dispatch_first && ctx.patched(PATCH_COMBINED_RECHECK);
-            if reassert && !combined {
+            } else {
                 reassert_resources(ctx, &twd).await;
-            }
-            if !dispatch_first {
                 dispatch_rollout(ctx, &twd, &spec).await;
             }
             forward_controls(ctx, &twd, &spec).await;
-            next_wake = observe_and_act(ctx, &twd, &spec, combined, resync).await;
-            let continue_now = if ctx.patched(PATCH_BOUNDED_HISTORY) {
-                turns >= MAX_TURNS_PER_RUN
-                    || history_full(ctx, ctx.state(|s| s.input.history_event_bound))
-            } else {
-                let idle = ctx.state(|s| s.wakeups == seen);
-                idle && (turns >= MAX_TURNS_PER_RUN || ctx.continue_as_new_suggested())
-            };
+            next_wake = observe_and_act(ctx, &twd, &spec, dispatch_first, resync).await;
+            let continue_now = turns >= MAX_TURNS_PER_RUN
+                || history_full(ctx, ctx.state(|s| s.input.history_event_bound));
             if continue_now {
                 continue_as_new(ctx)?;
             }
@@ -408,14 +310,14 @@ impl TwdWorkflow {
 
     /// Progress from a rollout child.
     #[signal(name = "rollout_update")]
-    pub fn rollout_update(&mut self, ctx: &mut SyncWorkflowContext<Self>, report: RolloutReport) {
+    pub fn rollout_update(&mut self, _ctx: &mut SyncWorkflowContext<Self>, report: RolloutReport) {
         // The last words of a superseded rollout (often delivered after the new rollout's first
         // reports) must not replace the report of the rollout in flight.
         let from_active = self
             .active
             .as_ref()
             .is_none_or(|a| a.workflow_id == report.workflow_id);
-        if !from_active && ctx.patched(PATCH_IGNORE_SUPERSEDED_REPORTS) {
+        if !from_active {
             return;
         }
         let newer = self.last_report.as_ref().is_none_or(|last| {
@@ -513,9 +415,6 @@ async fn autoscale(
     observation: &Observation,
 ) -> Option<Duration> {
     let policy = observation.spec.as_ref()?.autoscaling.clone()?;
-    if !ctx.patched(PATCH_AUTOSCALING) {
-        return None;
-    }
     let wait = |at: UnixMillis, now: UnixMillis| {
         Duration::from_millis(u64::try_from(at - now).unwrap_or(0).max(1))
     };
@@ -631,10 +530,9 @@ async fn reassert_resources(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef
     }
 }
 
-/// Writes the status at once when the rollout in flight reported routing it has just written
-/// (`status-from-report`): this run's latest observation with that routing, so a routing
-/// change shows without reading Temporal again (the turn's own observation, which follows,
-/// corrects anything else). Histories before the patch showed it after that observation.
+/// Writes the status at once when the rollout in flight reported routing it has just written:
+/// this run's latest observation with that routing, so a routing change shows without reading
+/// Temporal again (the turn's own observation, which follows, corrects anything else).
 /// Returns the routing the status showed before and the routing it shows now, when it wrote.
 async fn show_reported_routing(
     ctx: &WorkflowContext<TwdWorkflow>,
@@ -658,9 +556,6 @@ async fn show_reported_routing(
         Some((s.last_observation.clone()?, routing.clone()))
     })?;
     let observation = routing.applied_to(&base)?;
-    if !ctx.patched(PATCH_STATUS_FROM_REPORT) {
-        return None;
-    }
     // The status describes the spec that observation read, not a newer one a signal brought
     // meanwhile (that one is shown once observed).
     let generation = observation.spec.as_ref().map(|s| s.generation)?;
@@ -669,12 +564,11 @@ async fn show_reported_routing(
 }
 
 /// Runs a turn's observation (`observe` or `recheck`). Routing the rollout in flight reports
-/// meanwhile is shown at once (`reports-during-observation`) instead of after the observation
+/// meanwhile is shown at once instead of after the observation
 /// when the run's latest observation read its build's spec ([`TwdWorkflow::routing_to_show`]):
 /// an observation takes seconds when Temporal refuses reads of a worker deployment that has
 /// just changed. An observation that still reads the routing shown before those reports was read
 /// before the rollout's write and gets the reported routing (see [`AppliedRouting::settle`]).
-/// Histories before the patch showed such reports at the start of the next turn.
 async fn observe_showing_reports<F>(
     ctx: &WorkflowContext<TwdWorkflow>,
     twd: &TwdRef,
@@ -695,9 +589,6 @@ where
                 });
             }
             _ = ctx.wait_condition_with_options(TwdWorkflow::routing_to_show, support::condition_options()) => {
-                if !ctx.patched(PATCH_REPORTS_DURING_OBSERVATION) {
-                    return observation.await;
-                }
                 if let Some((before, after)) = show_reported_routing(ctx, twd).await {
                     let before = shown.map_or(before, |(first, _)| first);
                     shown = Some((before, after));
@@ -707,7 +598,7 @@ where
     }
 }
 
-/// A report-only turn (`report-turns`): the latest report is shown on this run's latest
+/// A report-only turn: the latest report is shown on this run's latest
 /// observation, which from then on carries the routing the report brought (with the ramp's
 /// timestamps taken as now), so a later report without routing does not take it back. Nothing
 /// is read. False when the routing cannot be shown that way (no manager yet, or nothing
@@ -753,7 +644,7 @@ fn take_reassert_due(ctx: &mut WorkflowContext<TwdWorkflow>) -> bool {
     })
 }
 
-/// `recheck` (`combined-recheck`): re-assertion and observation in one activity; each change
+/// `recheck`: re-assertion and observation in one activity; each change
 /// re-asserted is a Normal event.
 async fn recheck(
     ctx: &WorkflowContext<TwdWorkflow>,
@@ -775,8 +666,7 @@ async fn recheck(
 
 /// Takes the observed spec when it is newer than the last spec signal (the watcher missed or
 /// has not yet delivered a change: ARCHITECTURE invariant 5); returns whether it did, so the
-/// turn that acts on it follows at once. Histories before the `adopt-observed-spec` patch
-/// waited for the watcher's signal.
+/// turn that acts on it follows at once.
 fn adopt_observed_spec(ctx: &mut WorkflowContext<TwdWorkflow>, observation: &Observation) -> bool {
     let Some(observed) = observation.spec.as_ref() else {
         return false;
@@ -788,7 +678,7 @@ fn adopt_observed_spec(ctx: &mut WorkflowContext<TwdWorkflow>, observation: &Obs
         uid: Some(observed.uid.clone()),
     };
     let newer = ctx.state(|s| s.spec.as_ref().is_some_and(|held| signal.supersedes(held)));
-    if !newer || !ctx.patched(PATCH_ADOPT_OBSERVED_SPEC) {
+    if !newer {
         return false;
     }
     ctx.state_mut(|s| s.take_spec(signal))
@@ -884,31 +774,24 @@ async fn dispatch_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, 
         return;
     };
     if active.build_id != spec.build_id {
-        if ctx.patched(PATCH_DISPATCH_FIRST) {
-            // The new build first; the one it supersedes, if still running, learns of it
-            // next (it re-checks the target itself, so the order does not matter to it).
-            let ended = ctx.state(|s| {
-                s.last_report.as_ref().is_some_and(|r| {
-                    r.workflow_id == active.workflow_id
-                        && matches!(
-                            r.progress,
-                            RolloutProgress::Superseded
-                                | RolloutProgress::Complete
-                                | RolloutProgress::Aborted
-                        )
-                })
-            });
-            if !aborted {
-                start_new_build(ctx, twd, spec).await;
-            }
-            if !ended {
-                nudge(ctx, &active.workflow_id, "superseded by a newer build").await;
-            }
-            return;
-        }
-        nudge(ctx, &active.workflow_id, "superseded by a newer build").await;
+        // The new build first; the one it supersedes, if still running, learns of it next (it
+        // re-checks the target itself, so the order does not matter to it).
+        let ended = ctx.state(|s| {
+            s.last_report.as_ref().is_some_and(|r| {
+                r.workflow_id == active.workflow_id
+                    && matches!(
+                        r.progress,
+                        RolloutProgress::Superseded
+                            | RolloutProgress::Complete
+                            | RolloutProgress::Aborted
+                    )
+            })
+        });
         if !aborted {
-            start_rollout(ctx, twd, spec).await;
+            start_new_build(ctx, twd, spec).await;
+        }
+        if !ended {
+            nudge(ctx, &active.workflow_id, "superseded by a newer build").await;
         }
         return;
     }
@@ -930,9 +813,7 @@ async fn dispatch_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, 
     match ended {
         // It exited as superseded while its build became the target again: run it again.
         Some(RolloutProgress::Superseded) if !aborted => {
-            if !ctx.patched(PATCH_CONFIRM_RETARGET) {
-                start_rollout(ctx, twd, spec).await;
-            } else if let Some(spec) = confirm_target(ctx, twd, &active.build_id).await {
+            if let Some(spec) = confirm_target(ctx, twd, &active.build_id).await {
                 start_rollout(ctx, twd, &spec).await;
             }
         }
@@ -945,8 +826,7 @@ async fn dispatch_rollout(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, 
         Some(RolloutProgress::Complete)
             if active
                 .started_generation
-                .is_some_and(|started| spec.generation > started)
-                && ctx.patched(PATCH_RERUN_AFTER_MID_ROLLOUT_CHANGE) =>
+                .is_some_and(|started| spec.generation > started) =>
         {
             start_rollout(ctx, twd, spec).await;
         }
@@ -997,23 +877,20 @@ async fn confirm_target(
     }
 }
 
-/// Starts the rollout of a build that is new to this TWD. Since `create-with-start` its
-/// Deployment is created in the same workflow task (the create is idempotent by name and
-/// creates only what the rollout's first observation would), so the new pods do not wait for
-/// the child to start and run its first task; the rollout then skips its own create-first.
+/// Starts the rollout of a build that is new to this TWD. Its Deployment is created in the same
+/// workflow task (the create is idempotent by name and creates only what the rollout's first
+/// observation would), so the new pods do not wait for the child to start and run its first
+/// task; the rollout then skips its own create-first.
 async fn start_new_build(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef, spec: &SpecSignal) {
-    if !ctx.patched(PATCH_CREATE_WITH_START) {
-        return start_rollout(ctx, twd, spec).await;
-    }
     // The run's latest observation may already show room for the new version; then the
-    // create does not read Temporal again (`create-with-room`), which is refused for a moment
-    // after each change to the worker deployment.
+    // create does not read Temporal again, which is refused for a moment after each change to
+    // the worker deployment.
     let room = ctx.state(|s| {
         s.last_observation.as_ref().is_some_and(|o| {
             sunset::room_for_a_new_version(o, sunset::DEFAULT_MAX_VERSIONS_INELIGIBLE_FOR_DELETION)
         })
     });
-    let request = if room && ctx.patched(PATCH_CREATE_WITH_ROOM) {
+    let request = if room {
         BuildRequest::create_with_room(twd, &spec.build_id)
     } else {
         BuildRequest::create_before_observing(twd, &spec.build_id)
@@ -1048,9 +925,6 @@ async fn launch_rollout(
     spec: &SpecSignal,
     created: bool,
 ) {
-    // A new rollout's report sequence starts over: its routing is shown from its first report
-    // on (before `report-turns`, the previous rollout's count held back its first reports).
-    let sequence_per_rollout = ctx.patched(PATCH_REPORT_TURNS);
     let workflow_id = twd.rollout_workflow_id(&spec.build_id);
     let input = RolloutInput {
         twd: twd.clone(),
@@ -1095,9 +969,9 @@ async fn launch_rollout(
             started_generation: Some(spec.generation),
         });
         s.last_report = None;
-        if sequence_per_rollout {
-            s.routing_shown = 0;
-        }
+        // A new rollout's report sequence starts over: its routing is shown from its first
+        // report on.
+        s.routing_shown = 0;
     });
 }
 
@@ -1195,10 +1069,8 @@ async fn write_status(
     let report = ctx.state(|s| s.last_report.clone());
     let projected = status::project(observation, report.as_ref(), generation, now);
     let sunset = ctx.state(|s| s.sunset.clone());
-    let mut projected = status::with_drain(projected, observation, &sunset, now);
-    if ctx.patched(PATCH_SCALE_STATUS) {
-        projected = status::with_scale(projected, observation, &twd.name);
-    }
+    let projected = status::with_drain(projected, observation, &sunset, now);
+    let projected = status::with_scale(projected, observation, &twd.name);
     let unchanged = ctx.state(|s| {
         s.last_status
             .as_ref()
@@ -1250,14 +1122,8 @@ async fn retire_versions(
     {
         spec.target_build_id.clear();
     }
-    // Versions nothing else would retire are adopted (`adopt-orphan-versions`); histories
-    // from before it left them in Temporal.
-    let adopted = sunset::adopt_orphans(&observation, &memory, now);
-    let memory = if adopted.len() > memory.len() && ctx.patched(PATCH_ADOPT_ORPHAN_VERSIONS) {
-        adopted
-    } else {
-        memory
-    };
+    // Versions nothing else would retire are adopted.
+    let memory = sunset::adopt_orphans(&observation, &memory, now);
     let plan = sunset::plan(&observation, &memory, now);
     ctx.state_mut(|s| s.sunset = plan.memory.clone());
     let policy = observation
@@ -1475,32 +1341,14 @@ async fn drain_step(
     }
 }
 
-/// Deletion: stop the rollout, clean Temporal and Kubernetes, release the finalizers.
-/// The deletion path; true once the TWD is released, false when a spec signal of a live object
-/// of its name (the other kind, which took over) ended it first.
+/// Deletion: stop the rollout, clean Temporal and Kubernetes, release the finalizers; true
+/// once the TWD is released, false when a spec signal of a live object of its name (the other
+/// kind, which took over) ended it first.
 async fn delete(ctx: &mut WorkflowContext<TwdWorkflow>, twd: &TwdRef) -> WorkflowResult<bool> {
     if let Some(active) = ctx.state(|s| s.active.clone()) {
         nudge(ctx, &active.workflow_id, "TWD deleted").await;
     }
-    if ctx.patched(PATCH_DELETION_BACKOFF) {
-        return delete_with_backoff(ctx, twd).await;
-    }
-    loop {
-        match run_activity(
-            ctx,
-            CleanupDeleted,
-            twd.clone(),
-            "clean up deleted TWD",
-            short_options(),
-        )
-        .await
-        {
-            Ok(CleanupOutcome::Done) => return Ok(true),
-            Ok(CleanupOutcome::Pending { .. }) | Err(_) => {
-                ctx.timer(support::timer(deletion::RETRY_FIRST)).await;
-            }
-        }
-    }
+    delete_with_backoff(ctx, twd).await
 }
 
 /// The deletion path: cleanup attempts until Temporal and Kubernetes are cleaned up, or until

@@ -63,15 +63,22 @@ fn operator_env(command: &mut Command) {
         .env_remove("RUST_LOG");
 }
 
-/// The environment of a person in `make dev`: the sandbox's kubeconfig and nothing else, so
-/// the operator commands must find the engine Temporal on their own.
+/// The environment of a person in `make dev`: the sandbox's kubeconfig and env file (the two
+/// `export`s its banner prints) and nothing else, so the operator commands must find the
+/// engine Temporal on their own.
 fn kubeconfig_only(command: &mut Command, sandbox: &SandboxEnv) {
-    command.env("KUBECONFIG", &sandbox.kubeconfig);
+    let env_file = sandbox
+        .logs_dir
+        .parent()
+        .map(|state| state.join("env.json"))
+        .unwrap_or_default();
+    command
+        .env("KUBECONFIG", &sandbox.kubeconfig)
+        .env("TWC_ENV_FILE", env_file);
     for var in [
         "TWC_ENGINE_ADDRESS",
         "TWC_ENGINE_NAMESPACE",
         "TWC_UI_URL",
-        "TWC_ENV_FILE",
         "RUST_LOG",
     ] {
         command.env_remove(var);
