@@ -126,7 +126,7 @@ pub async fn get_twd(
     match twc_activities::k8s::get_twd(client, &twd).await {
         Ok(Some(object)) => Ok(object),
         Ok(None) => Err(NotFound(format!(
-            "no workerdeployment or temporalworkerdeployment {name:?} in namespace {namespace:?}"
+            "workerdeployment (or temporalworkerdeployment) {name:?} not found in namespace {namespace:?}"
         ))
         .into()),
         Err(e) => Err(anyhow::Error::new(e).context(format!("reading {namespace}/{name}"))),
