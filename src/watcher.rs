@@ -544,6 +544,7 @@ async fn signal_twd(
         build_id,
         deleting,
         uid: Some(uid.clone()),
+        nudge: force,
     };
     let input = TwdInput {
         twd: twd_ref.clone(),

@@ -640,6 +640,7 @@ async fn signal_spec(cluster: &Cluster, namespace: &str, name: &str) {
         build_id: twc_crds::build_id::target_build_id(&twd).to_string(),
         deleting: false,
         uid: twd.metadata.uid.clone(),
+        nudge: false,
     };
     let text = |value: serde_json::Result<String>| value.unwrap_or_else(|e| panic!("{e}"));
     let (input, signal) = (

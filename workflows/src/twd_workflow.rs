@@ -49,6 +49,11 @@ use crate::support::{
 
 /// Longest interval between re-assertions of a TWD's resources while nothing signals a change.
 const REASSERT_EVERY: Duration = Duration::from_secs(30);
+/// `period` stretched by `draw` (in `[0, 1)`) to between 90 % and 110 % of it.
+fn jittered(period: Duration, draw: f64) -> Duration {
+    period.mul_f64(0.9 + 0.2 * draw.clamp(0.0, 1.0))
+}
+
 /// Default level-triggered resync interval when nothing else is due.
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(300);
 /// Loop turns after which the workflow continues as new.
@@ -67,6 +72,11 @@ pub struct SpecSignal {
     /// over, starts its own generations (absent in signals from before both kinds were served).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
+    /// A turn is wanted even if the spec is the one held: something around the TWD changed
+    /// (its connection, another object of its name). Without it a duplicate changes nothing,
+    /// so a watcher that restarts and lists every TWD again wakes none of them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nudge: bool,
 }
 
 impl SpecSignal {
@@ -226,12 +236,17 @@ impl TwdWorkflow {
         // Signals counted before a turn starts are handled by it; one that arrives while the
         // turn runs (a control during an activity) ends the next wait at once.
         let mut seen = ctx.state(|s| s.wakeups);
-        let resync = ctx
+        let period = ctx
             .state(|s| s.input.resync_seconds)
             .map_or(DEFAULT_RESYNC, |seconds| {
                 Duration::from_secs(u64::from(seconds.max(1)))
             });
         loop {
+            // Each resync falls due a little earlier or later than the period (±10 %, from the
+            // workflow's deterministic randomness), so the resyncs of many TWDs started at once
+            // (a controller install, a restart of Temporal) drift apart instead of reading
+            // Temporal together.
+            let resync = jittered(period, ctx.random::<f64>());
             // When the pending timer is due (workflow time), and whether a signal ended the
             // wait before it.
             let due_at = now_millis(ctx)
@@ -299,8 +314,13 @@ impl TwdWorkflow {
     /// The TWD changed (from the watcher). Older generations are ignored.
     #[signal(name = "spec_changed")]
     pub fn spec_changed(&mut self, _ctx: &mut SyncWorkflowContext<Self>, signal: SpecSignal) {
+        let nudge = signal.nudge;
         if !self.take_spec(signal) {
-            // A duplicate is a hint that something around the TWD changed (its connection).
+            if !nudge {
+                // The spec held, sent again (a watcher's re-list): nothing to do.
+                return;
+            }
+            // Something around the TWD changed (its connection): the rollout is told too.
             self.poked = true;
         }
         self.spec_signalled = true;
@@ -676,6 +696,7 @@ fn adopt_observed_spec(ctx: &mut WorkflowContext<TwdWorkflow>, observation: &Obs
         build_id: observed.target_build_id.clone(),
         deleting: observed.deleting,
         uid: Some(observed.uid.clone()),
+        nudge: false,
     };
     let newer = ctx.state(|s| s.spec.as_ref().is_some_and(|held| signal.supersedes(held)));
     if !newer {
@@ -864,6 +885,7 @@ async fn confirm_target(
         build_id: observed.target_build_id,
         deleting: observed.deleting,
         uid: Some(observed.uid),
+        nudge: false,
     };
     ctx.state_mut(|s| {
         if s.take_spec(signal) {
@@ -1489,6 +1511,23 @@ async fn event(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resync_falls_due_within_ten_percent_of_its_period() {
+        let period = Duration::from_secs(300);
+        // (draw, seconds)
+        let cases = [
+            (0.0, 270.0),
+            (0.5, 300.0),
+            (0.999, 329.94),
+            (-1.0, 270.0),
+            (7.0, 330.0),
+        ];
+        for (draw, seconds) in cases {
+            let got = jittered(period, draw).as_secs_f64();
+            assert!((got - seconds).abs() < 0.01, "{draw}: {got}");
+        }
+    }
 
     fn report(workflow_id: &str, progress: RolloutProgress) -> RolloutReport {
         RolloutReport {

@@ -151,11 +151,22 @@ pub async fn send(via: Via, action: &str, namespace: &str, name: &str) {
         }
         Via::Annotation => {
             let value = format!("temporal.io/rollout-action={action}");
+            // The kind of the object of that name (either name of the resource).
+            let kind = match crate::harness::twd::read_worker(
+                &crate::harness::kube_client().await,
+                namespace,
+                name,
+            )
+            .await
+            {
+                Ok(object) => object.kind.plural(),
+                Err(e) => panic!("{e}"),
+            };
             let out = kubectl(
                 &[
                     "annotate",
                     "--overwrite",
-                    "wd",
+                    kind,
                     name,
                     "-n",
                     namespace,
