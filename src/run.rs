@@ -57,6 +57,12 @@ pub struct RunArgs {
     /// repeated). Only once that controller is stopped: see the migration guide in README.md.
     #[arg(long, env = "TWC_TAKE_OVER_MANAGER_FROM", value_delimiter = ',')]
     take_over_manager_from: Vec<String>,
+    /// Worker-deployment reads a second this replica sends to each Temporal namespace of the
+    /// workers (DescribeWorkerDeployment and the like; the server allows 50 a second per
+    /// namespace, for all clients together: replicas of one installation divide it).
+    #[arg(long, env = "TWC_TEMPORAL_READ_RATE", default_value_t = twc_activities::temporal::budget::DEFAULT_READ_RATE,
+          value_parser = parse_rate)]
+    temporal_read_rate: f64,
     /// Comma-separated namespaces to watch (default: all).
     #[arg(long, env = "TWC_WATCH_NAMESPACES", value_delimiter = ',')]
     watch_namespaces: Vec<String>,
@@ -88,6 +94,16 @@ pub struct RunArgs {
     #[arg(long, env = "TWC_HEAP_TRIM_INTERVAL", default_value = "10s",
           value_parser = |s: &str| parse_interval(s, std::time::Duration::ZERO))]
     heap_trim_interval: std::time::Duration,
+}
+
+/// A positive, finite rate.
+fn parse_rate(input: &str) -> Result<f64, String> {
+    let rate: f64 = input.parse().map_err(|e| format!("{e}"))?;
+    if rate.is_finite() && rate > 0.0 {
+        Ok(rate)
+    } else {
+        Err("must be a positive number".to_owned())
+    }
 }
 
 /// A Go-style duration flag (`90s`, `5m`, `1h30m`) of at least `minimum`.
@@ -191,6 +207,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(namespace = %own_namespace, "events about TWDs of namespaces being deleted go to the controller's namespace");
     let activities = EngineActivities::new(kube, config.identity.clone(), Arc::clone(&metrics))
         .with_cluster_access(cluster_access)
+        .with_read_rate(args.temporal_read_rate)
         .with_take_over(twc_activities::temporal::TakeOver::new(
             args.take_over_manager_from.clone(),
         ))

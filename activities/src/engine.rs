@@ -146,6 +146,17 @@ impl EngineActivities {
         }
     }
 
+    /// The same activities reading at most `per_second` worker-deployment APIs a second from
+    /// each Temporal namespace (the server's own limit is per namespace, for all clients:
+    /// replicas of one installation divide it between them).
+    pub fn with_read_rate(mut self, per_second: f64) -> Self {
+        let mut options = PoolOptions::new(self.identity.clone());
+        options.metrics = Arc::clone(&self.metrics);
+        options.read_rate_per_sec = per_second;
+        self.pool = ClientPool::new(options);
+        self
+    }
+
     /// The same activities claiming the manager identity of worker deployments from the
     /// identities `take_over` covers instead of stopping at them.
     pub fn with_take_over(mut self, take_over: temporal::TakeOver) -> Self {
