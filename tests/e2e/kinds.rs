@@ -4,7 +4,6 @@
 //! the old kind to the new one (apply the new, delete the old) changes nothing in Temporal or in
 //! the pods.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -14,38 +13,13 @@ use serde_json::json;
 use crate::harness::cli::kubectl;
 use crate::harness::controls::{holds_for, wait_event};
 use crate::harness::twd::{
-    apply, condition, connection, deployments, get_twd, legacy, read_worker, routing, target_build,
-    wait_ready, worker,
+    apply, condition, connection, deployments, get_twd, legacy, pod_starts, read_worker, routing,
+    target_build, wait_ready, worker,
 };
 use crate::harness::wait::wait_for;
 use crate::harness::{env, kube_client, test_namespace};
 
 const ROLLOUT: Duration = Duration::from_secs(120);
-
-/// How many times each pod of `namespace` started, by pod (the pod runner logs one `starting`
-/// line per start; a replaced pod is a new name).
-fn pod_starts(namespace: &str) -> BTreeMap<String, usize> {
-    let mut starts = BTreeMap::new();
-    let dir = env().pods_dir.join(namespace);
-    for deployment in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-        for log in std::fs::read_dir(deployment.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let path = log.path();
-            if path.extension().is_some_and(|e| e == "log") {
-                let text = std::fs::read_to_string(&path).unwrap_or_default();
-                let count = text
-                    .lines()
-                    .filter(|l| l.starts_with("==>") && l.contains(" starting "))
-                    .count();
-                starts.insert(path.display().to_string(), count);
-            }
-        }
-    }
-    starts
-}
 
 /// The kind and UID of a Deployment's controller owner.
 async fn controller_of(client: &kube::Client, namespace: &str, name: &str) -> (String, String) {
@@ -78,7 +52,7 @@ async fn moving_a_temporal_worker_deployment_to_a_worker_deployment_changes_noth
     let deployed = deployments(&client, &ns, "hello").await;
     assert_eq!(deployed.len(), 1, "{deployed:?}");
     let deployment = deployed[0].0.clone();
-    let pods = pod_starts(&ns);
+    let pods = pod_starts(&env().pods_dir, &ns);
     assert!(!pods.is_empty(), "the pod runner started the v1 pod");
 
     // The new kinds beside the old: the WorkerDeployment is refused, nothing moves.
@@ -138,7 +112,11 @@ async fn moving_a_temporal_worker_deployment_to_a_worker_deployment_changes_noth
     assert_eq!(after.current, before.current);
     assert_eq!(after.ramping, before.ramping);
     assert_eq!(after.versions, before.versions);
-    assert_eq!(pod_starts(&ns), pods, "no pod was restarted or replaced");
+    assert_eq!(
+        pod_starts(&env().pods_dir, &ns),
+        pods,
+        "no pod was restarted or replaced"
+    );
     let remaining = deployments(&client, &ns, "hello").await;
     assert_eq!(remaining, deployed, "the same Deployment, untouched");
     // Nothing uses the TemporalConnection any more: its finalizer is released.

@@ -11,7 +11,6 @@
 //! without `twc`'s `rollout`. It does so in a private sandbox whose controller is stopped, as
 //! the Go controller is during a migration.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -21,7 +20,7 @@ use twc_crds::naming::versioned_deployment_name;
 
 use crate::chaos::cluster::{Cluster, Private};
 use crate::harness::controls::holds_for;
-use crate::harness::twd::{condition, get_twd, target_build, worker};
+use crate::harness::twd::{condition, get_twd, pod_starts, target_build, worker};
 
 /// The Go controller's manager identity: `<CONTROLLER_IDENTITY>/<uid of its namespace>`.
 const GO_IDENTITY: &str =
@@ -161,30 +160,6 @@ async fn as_go(cluster: &Cluster, args: &[&str]) {
     assert!(out.success, "temporal {args:?}: {}", out.stderr);
 }
 
-/// Pod starts per pod of `namespace` (a restart adds one; a replaced pod is a new name).
-fn pod_starts(cluster: &Cluster, namespace: &str) -> BTreeMap<String, usize> {
-    let mut starts = BTreeMap::new();
-    let dir = cluster.env.pods_dir.join(namespace);
-    for deployment in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-        for log in std::fs::read_dir(deployment.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let path = log.path();
-            if path.extension().is_some_and(|e| e == "log") {
-                let text = std::fs::read_to_string(&path).unwrap_or_default();
-                let count = text
-                    .lines()
-                    .filter(|l| l.starts_with("==>") && l.contains(" starting "))
-                    .count();
-                starts.insert(path.display().to_string(), count);
-            }
-        }
-    }
-    starts
-}
-
 /// (status, build) of a workflow's latest run.
 async fn run_of(cluster: &Cluster, id: &str) -> Result<(String, String), String> {
     let out = cluster
@@ -234,7 +209,7 @@ async fn snapshot(
         .kubectl(&["get", "deployments", "-n", ns, "-o", "jsonpath={range .items[*]}{.metadata.name}={.metadata.uid}/{.spec.template.metadata.annotations} {end}"], None)
         .await;
     parts.push(format!("deployments {}", out.stdout));
-    parts.push(format!("pods {:?}", pod_starts(cluster, ns)));
+    parts.push(format!("pods {:?}", pod_starts(&cluster.env.pods_dir, ns)));
     for (id, _) in pinned {
         let (status, build) = run_of(cluster, id).await?;
         parts.push(format!("{id}: {status} on {build}"));

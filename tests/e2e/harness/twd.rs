@@ -251,3 +251,35 @@ pub async fn routing(deployment_name: &str) -> Result<Routing, String> {
         exists: true,
     })
 }
+
+/// How many times each pod of `namespace` started, by pod log, from the pod runner's logs under
+/// `pods_dir` (one `==> ... starting` line per start; a replaced pod is a new log): equal maps
+/// before and after something mean no pod was restarted or replaced.
+pub fn pod_starts(
+    pods_dir: &std::path::Path,
+    namespace: &str,
+) -> std::collections::BTreeMap<String, usize> {
+    let mut starts = std::collections::BTreeMap::new();
+    for deployment in std::fs::read_dir(pods_dir.join(namespace))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        for log in std::fs::read_dir(deployment.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let path = log.path();
+            if path.extension().is_some_and(|e| e == "log") {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let count = text
+                    .lines()
+                    .filter(|l| l.starts_with("==>") && l.contains(" starting "))
+                    .count();
+                starts.insert(path.display().to_string(), count);
+            }
+        }
+    }
+    starts
+}
