@@ -26,8 +26,8 @@ use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use temporalio_client::errors::WorkflowInteractionError;
-use temporalio_client::{Client, WorkflowSignalOptions, WorkflowStartOptions};
+use temporalio_client::errors::WorkflowUpdateError;
+use temporalio_client::{Client, WorkflowExecuteUpdateOptions, WorkflowStartOptions};
 use twc_activities::k8s::adoption;
 use twc_activities::k8s::connection::cluster_connection_unsupported;
 use twc_activities::k8s::twd::{split_claim, worker_api};
@@ -845,8 +845,10 @@ async fn take_rollout_action(
     }
 }
 
-/// Sends a control taken from an annotation as the `control` signal on the TWD's workflow.
-/// False when it failed for a reason that may pass (sent again later).
+/// Sends a control taken from an annotation as the `control` update of the TWD's workflow (the
+/// one entry point of controls). A refused control is answered with a `ControlIgnored` event
+/// giving the reason, as a control that changes nothing is. False when it failed for a reason
+/// that may pass (sent again later).
 async fn send_control(
     kube: &kube::Client,
     engine: &Client,
@@ -855,29 +857,45 @@ async fn send_control(
 ) -> bool {
     let TakenControl { twd, action } = control;
     let name = control::action_name(*action);
-    let sent = engine
-        .get_workflow_handle::<TwdWorkflow>(twd.twd_workflow_id())
-        .signal(
-            TwdWorkflow::control,
+    let handle = engine.get_workflow_handle::<TwdWorkflow>(twd.twd_workflow_id());
+    let sent = handle
+        .execute_update(
+            TwdWorkflow::control_update,
             *action,
-            WorkflowSignalOptions::default(),
+            WorkflowExecuteUpdateOptions::default(),
         )
         .await;
     let outcome = match &sent {
-        Ok(()) => "success",
-        Err(WorkflowInteractionError::NotFound(_)) => "not_found",
+        Ok(_) => "success",
+        Err(WorkflowUpdateError::Failed(_)) => "rejected",
+        Err(WorkflowUpdateError::NotFound(_)) => "not_found",
         Err(_) => "error",
     };
-    config.metrics.watcher_signal("control", sent.is_ok());
+    config.metrics.watcher_signal(
+        "control",
+        matches!(sent, Ok(_) | Err(WorkflowUpdateError::Failed(_))),
+    );
     config
         .metrics
-        .temporal_request("SignalWorkflowExecution", outcome);
+        .temporal_request("UpdateWorkflowExecution", outcome);
     match sent {
-        Ok(()) => {
-            tracing::info!(twd = %twd.key(), action = name, "rollout action annotation sent as a signal");
+        Ok(answer) => {
+            tracing::info!(twd = %twd.key(), action = name, %answer, "rollout action annotation accepted");
             true
         }
-        Err(WorkflowInteractionError::NotFound(_)) => {
+        Err(WorkflowUpdateError::Failed(failure)) => {
+            tracing::info!(twd = %twd.key(), action = name, reason = %failure.message, "rollout action annotation refused");
+            event(
+                kube,
+                twd,
+                EventKind::Normal,
+                control::REASON_IGNORED,
+                &failure.message,
+            )
+            .await;
+            true
+        }
+        Err(WorkflowUpdateError::NotFound(_)) => {
             let message = format!(
                 "{ROLLOUT_ACTION_ANNOTATION}={name} was not applied: the workflow {} does not run; the controller starts it for every TWD it watches",
                 twd.twd_workflow_id()
@@ -959,9 +977,11 @@ async fn remove_action_annotation(
 }
 
 async fn warn_event(kube: &kube::Client, twd: &TwdRef, reason: &str, message: &str) {
-    if let Err(e) =
-        twc_activities::k8s::emit_event(kube, twd, EventKind::Warning, (reason, message), None)
-            .await
+    event(kube, twd, EventKind::Warning, reason, message).await;
+}
+
+async fn event(kube: &kube::Client, twd: &TwdRef, kind: EventKind, reason: &str, message: &str) {
+    if let Err(e) = twc_activities::k8s::emit_event(kube, twd, kind, (reason, message), None).await
     {
         tracing::warn!(twd = %twd.key(), reason, "recording an event failed: {e}");
     }

@@ -1,14 +1,12 @@
 //! `pause`, `resume`, `promote`, `abort`, `retry`: send a control to a TWD's rollout, through
-//! the engine Temporal (the `control` update on the rollout workflow, which accepts it with what
-//! it does or rejects it with why) or, with `--via-annotation`, through the
-//! `temporal.io/rollout-action` annotation that the controller's watcher turns into the
-//! `control` signal.
+//! the engine Temporal (the `control` update of the TWD's workflow, which accepts it with what it
+//! does or rejects it with why) or, with `--via-annotation`, through the
+//! `temporal.io/rollout-action` annotation, which the controller's watcher sends as the same
+//! update.
 //!
 //! Through the engine the answer is synchronous: `accepted: <what it does>` (exit 0) or
-//! `rejected: <why>` (exit 1). A rollout that has ended takes no update; its outcome answers,
-//! and `retry` of an aborted build goes to the TWD's workflow, which starts the rollout again.
-//! Through the annotation the command waits for the controller to take the annotation and for
-//! the event that answers it.
+//! `rejected: <why>` (exit 1). Through the annotation the command waits for the controller to
+//! take the annotation and for the event that answers it.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -16,21 +14,15 @@ use std::time::Duration;
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Patch, PatchParams};
-use temporalio_client::errors::{WorkflowGetResultError, WorkflowUpdateError};
-use temporalio_client::{
-    Client, WorkflowExecuteUpdateOptions, WorkflowGetResultOptions, WorkflowSignalOptions,
-};
-use twc_workflows::control::{self, ControlEffect, ControlState, ROLLOUT_ACTION_ANNOTATION};
-use twc_workflows::model::{ControlAction, RolloutProgress, TwdRef};
-use twc_workflows::rollout_workflow::{RolloutOutcome, RolloutWorkflow};
+use temporalio_client::errors::WorkflowUpdateError;
+use temporalio_client::{Client, WorkflowExecuteUpdateOptions};
+use twc_workflows::control::{self, ROLLOUT_ACTION_ANNOTATION};
+use twc_workflows::model::{ControlAction, TwdRef};
 use twc_workflows::twd_workflow::TwdWorkflow;
 
 use super::engine::EngineArgs;
 use super::status::twd_events;
-use super::{
-    EngineView, NotApplicable, TwdArgs, block_on, engine_args, engine_client, engine_view, get_twd,
-    kube_client,
-};
+use super::{NotApplicable, TwdArgs, block_on, engine_args, engine_client, get_twd, kube_client};
 
 /// Flags of the control commands.
 #[derive(clap::Args, Debug, Clone)]
@@ -51,8 +43,6 @@ pub struct ControlArgs {
 
 /// How long the rollout workflow has to accept or reject an update (it needs a controller).
 const UPDATE_WAIT: Duration = Duration::from_secs(30);
-/// How long to wait for the outcome of a rollout workflow that has closed.
-const OUTCOME_WAIT: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(500);
 
 /// The answer to a control.
@@ -102,39 +92,29 @@ async fn send(action: ControlAction, args: ControlArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Sends `action` as the `control` update of the TWD's rollout workflow (by workflow ID, so it
-/// reaches the latest run), or answers it from the outcome of a rollout that has ended.
+/// Sends `action` as the `control` update of the TWD's workflow, the one entry point of
+/// controls: it accepts the control with what it does (and forwards it to the rollout in
+/// flight, or rolls an aborted build out again) or refuses it with why.
 async fn through_engine(
     engine: &Client,
     twd: &TwdRef,
     action: ControlAction,
 ) -> anyhow::Result<Answer> {
-    let view = engine_view(engine, twd).await?;
-    let (Some(active), Some(state)) = (view.twd.active.clone(), view.control.clone()) else {
-        let answer = control::no_rollout(action, &twd.key());
-        return Ok(Answer::Rejected(answer.message().to_owned()));
-    };
-    if ended(&state) {
-        return after_the_end(engine, twd, &view, action, &state).await;
-    }
-    let workflow_id = active.workflow_id;
-    let rollout = engine.get_workflow_handle::<RolloutWorkflow>(workflow_id.clone());
-    let update = rollout.execute_update(
-        RolloutWorkflow::control_update,
+    let workflow_id = twd.twd_workflow_id();
+    let handle = engine.get_workflow_handle::<TwdWorkflow>(workflow_id.clone());
+    let update = handle.execute_update(
+        TwdWorkflow::control_update,
         action,
         WorkflowExecuteUpdateOptions::default(),
     );
     match tokio::time::timeout(UPDATE_WAIT, update).await {
         Ok(Ok(answer)) => Ok(Answer::Accepted(answer)),
         Ok(Err(WorkflowUpdateError::Failed(failure))) => Ok(Answer::Rejected(failure.message)),
-        // The rollout closed since the TWD's workflow named it: its outcome answers.
-        Ok(Err(WorkflowUpdateError::NotFound(_))) => {
-            let state = ControlState {
-                progress: Some(outcome(engine, &workflow_id).await?),
-                ..state
-            };
-            after_the_end(engine, twd, &view, action, &state).await
-        }
+        Ok(Err(WorkflowUpdateError::NotFound(_))) => Ok(Answer::Rejected(format!(
+            "{}: workflow {workflow_id} does not run; the controller starts it for every worker \
+             deployment it watches",
+            control::action_name(action)
+        ))),
         Ok(Err(e)) => Err(anyhow::Error::new(e).context(format!(
             "sending `{}` to workflow {workflow_id}",
             control::action_name(action)
@@ -144,72 +124,6 @@ async fn through_engine(
             control::action_name(action),
             UPDATE_WAIT.as_secs()
         ),
-    }
-}
-
-/// Whether the rollout has ended (it takes no more controls).
-fn ended(state: &ControlState) -> bool {
-    matches!(
-        state.progress,
-        Some(RolloutProgress::Complete | RolloutProgress::Superseded | RolloutProgress::Aborted)
-    )
-}
-
-/// How a closed rollout workflow ended, as its progress.
-async fn outcome(engine: &Client, workflow_id: &str) -> anyhow::Result<RolloutProgress> {
-    let rollout = engine.get_workflow_handle::<RolloutWorkflow>(workflow_id.to_owned());
-    let result = rollout.get_result(WorkflowGetResultOptions::default());
-    let outcome = tokio::time::timeout(OUTCOME_WAIT, result)
-        .await
-        .with_context(|| format!("reading how workflow {workflow_id} ended: timed out"))?;
-    match outcome {
-        Ok(RolloutOutcome::Complete) => Ok(RolloutProgress::Complete),
-        Ok(RolloutOutcome::Superseded) => Ok(RolloutProgress::Superseded),
-        Ok(RolloutOutcome::Aborted) => Ok(RolloutProgress::Aborted),
-        Err(e @ (WorkflowGetResultError::Failed(_) | WorkflowGetResultError::Terminated { .. })) => {
-            Err(anyhow::Error::new(e).context(format!(
-                "workflow {workflow_id} ended without an outcome; see it with `temporal workflow show --workflow-id {workflow_id}`"
-            )))
-        }
-        Err(e) => Err(anyhow::Error::new(e).context(format!("reading how workflow {workflow_id} ended"))),
-    }
-}
-
-/// Answers a control sent to a rollout that has ended: rejected with the reason, except an
-/// abort that is already so and `retry` of an aborted build, which the TWD's workflow carries
-/// out by starting the rollout again.
-async fn after_the_end(
-    engine: &Client,
-    twd: &TwdRef,
-    view: &EngineView,
-    action: ControlAction,
-    state: &ControlState,
-) -> anyhow::Result<Answer> {
-    match control::effect(action, state) {
-        ControlEffect::Apply(message) => {
-            let wanted = view.twd.spec.as_ref().map(|s| s.build_id.as_str());
-            if wanted != Some(state.build_id.as_str()) {
-                return Ok(Answer::Rejected(format!(
-                    "{}: the spec now asks for build {}, not the aborted build {}",
-                    control::action_name(action),
-                    wanted.unwrap_or("-"),
-                    state.build_id
-                )));
-            }
-            let workflow_id = twd.twd_workflow_id();
-            engine
-                .get_workflow_handle::<TwdWorkflow>(workflow_id.clone())
-                .signal(
-                    TwdWorkflow::control,
-                    action,
-                    WorkflowSignalOptions::default(),
-                )
-                .await
-                .with_context(|| format!("signalling workflow {workflow_id}"))?;
-            Ok(Answer::Accepted(message))
-        }
-        ControlEffect::Unchanged(message) => Ok(Answer::Accepted(message)),
-        ControlEffect::NotApplicable(reason) => Ok(Answer::Rejected(reason)),
     }
 }
 

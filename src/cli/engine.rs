@@ -114,10 +114,6 @@ impl EngineArgs {
     }
 }
 
-/// Name of the file a sandbox (`twc-sandbox up`, `make dev`) writes into its state folder; its
-/// kubeconfig is `<state folder>/apiserver/kubeconfig`.
-const SANDBOX_ENV_FILE: &str = "env.json";
-
 /// What the operator commands take from a running sandbox's env file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -190,6 +186,10 @@ fn sandbox_from(env_file: &Path, kubeconfig: Option<&Path>) -> Option<Sandbox> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Name of the file a sandbox writes into its state folder; its kubeconfig is
+    /// `<state folder>/apiserver/kubeconfig`.
+    const SANDBOX_ENV_FILE: &str = "env.json";
 
     fn args(address: Option<&str>) -> EngineArgs {
         EngineArgs {

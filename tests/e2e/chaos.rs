@@ -132,9 +132,7 @@ async fn roll_out(cluster: &Cluster, namespace: &str, plan: &Plan, tag: &str) ->
                 },
             )
             .await;
-        cluster
-            .signal(&format!("twd/{namespace}/{}", plan.name), "promote")
-            .await;
+        cluster.control(namespace, &plan.name, "promote").await;
     }
     let twd = cluster
         .wait_ready(namespace, &plan.name, tag, ROLLOUT)

@@ -15,7 +15,7 @@ use twc_sandbox::up::Sandbox;
 use crate::chaos::cluster::{Cluster, Private};
 use crate::harness::cli::{kubectl, temporal};
 use crate::harness::controls::{
-    EventRow, Via, events, holds_for, kubectl_twc, kubectl_twc_in, send, signal_workflow, twc,
+    EventRow, Via, events, holds_for, kubectl_twc, kubectl_twc_in, send, twc, update_control,
     wait_annotation_removed, wait_event,
 };
 use crate::harness::twd::{
@@ -125,6 +125,16 @@ async fn expect_answer(
         );
         return;
     }
+    if via == Via::Temporal {
+        // The update answers at once: accepted with what it does, or refused with why.
+        let out = update_control(ns, "hello", action).await;
+        assert_eq!(out.success, exit == 0, "update control {action}: {out:?}");
+        assert!(
+            out.stdout.contains(text) || out.stderr.contains(text),
+            "update control {action} says {text:?}: {out:?}"
+        );
+        return;
+    }
     send(via, action, ns, "hello").await;
     if via == Via::Annotation {
         wait_annotation_removed(client, ns, "hello").await;
@@ -147,22 +157,8 @@ async fn controls_through(via: Via, prefix: &str) {
     apply(&worker(&ns, "hello", "v2", slow_steps())).await;
     let v2 = wait_ramp(&deployment_name, "v2-", 30).await;
 
-    // Pause: the ramp stays, the phase says so. Through Temporal, the rollout workflow itself
-    // is signalled (status.rollout.workflowId), as the spec's example does.
-    if via == Via::Temporal {
-        let twd = get_twd(&client, &ns, "hello")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let rollout_id = twd
-            .status
-            .and_then(|s| s.rollout)
-            .and_then(|r| r.workflow_id)
-            .unwrap_or_default();
-        assert_eq!(rollout_id, format!("rollout/{ns}/hello/{v2}"));
-        signal_workflow(&rollout_id, "pause").await;
-    } else {
-        send(via, "pause", &ns, "hello").await;
-    }
+    // Pause: the ramp stays, the phase says so.
+    send(via, "pause", &ns, "hello").await;
     if via == Via::Annotation {
         wait_annotation_removed(&client, &ns, "hello").await;
     }
@@ -256,7 +252,7 @@ async fn controls_through_the_rollout_action_annotation() {
 }
 
 #[tokio::test]
-async fn controls_through_temporal_workflow_signal_without_input() {
+async fn controls_through_the_temporal_workflow_update() {
     controls_through(Via::Temporal, "ctl-temporal").await;
 }
 

@@ -63,7 +63,7 @@ async fn signal_until_continued(
                 let control = controls[sent % controls.len()];
                 sent += 1;
                 async move {
-                    cluster.signal(workflow_id, control).await;
+                    cluster.signal_control(workflow_id, control).await;
                     let runs = runs(cluster, workflow_id).await?;
                     if runs.len() >= before + times {
                         Ok(runs)
@@ -240,7 +240,7 @@ async fn held_rollouts_continue_as_new_under_signals_and_finish() {
 
     // A pause survives continue-as-new: paused, then kept busy with more `pause` controls
     // (each answered "unchanged") until it has continued as new again.
-    cluster.signal(&rollout_id, "pause").await;
+    cluster.signal_control(&rollout_id, "pause").await;
     wait_phase(cluster, &ns, "held", RolloutPhase::Paused).await;
     signal_until_continued(cluster, &rollout_id, &["pause"], 1).await;
     wait_phase(cluster, &ns, "held", RolloutPhase::Paused).await;
@@ -257,9 +257,9 @@ async fn held_rollouts_continue_as_new_under_signals_and_finish() {
     let mut scaled = worker(&ns, "held", "v2", progressive);
     scaled["spec"]["replicas"] = json!(2);
     cluster.apply(&scaled).await;
-    cluster.signal(&rollout_id, "resume").await;
+    cluster.signal_control(&rollout_id, "resume").await;
     wait_phase(cluster, &ns, "held", RolloutPhase::Rolling).await;
-    cluster.signal(&rollout_id, "promote").await;
+    cluster.signal_control(&rollout_id, "promote").await;
     let twd = cluster.wait_ready(&ns, "held", "v2", ROLLOUT).await;
     assert_eq!(target_build(&twd).as_deref(), Some(v2.as_str()));
     // Ready comes from the rollout's report, sent once routing is written; its run closes
@@ -316,7 +316,7 @@ async fn held_rollouts_continue_as_new_under_signals_and_finish() {
         "still waiting for a person after continuing as new: {}",
         status_text(&twd)
     );
-    cluster.signal(&manual_id, "promote").await;
+    cluster.signal_control(&manual_id, "promote").await;
     cluster.wait_ready(&ns, "manual", "v1", ROLLOUT).await;
     let manual_runs = runs(cluster, &manual_id)
         .await

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use crate::model::{BlockReason, ControlAction, RolloutProgress};
 
 /// Annotation that sends a control through Kubernetes alone
-/// (`kubectl annotate twd NAME temporal.io/rollout-action=promote`); the watcher turns it into
-/// the `control` signal and removes it.
+/// (`kubectl annotate wd NAME temporal.io/rollout-action=promote`); the watcher sends it as the
+/// `control` update of the TWD's workflow and removes it.
 pub const ROLLOUT_ACTION_ANNOTATION: &str = "temporal.io/rollout-action";
 
 /// What a control needs to know about the rollout it is sent to.
@@ -98,6 +98,35 @@ pub fn no_rollout(action: ControlAction, twd: &str) -> ControlEffect {
         "{}: no rollout of {twd} is in progress",
         action_name(action)
     ))
+}
+
+/// What `action` does when sent to the workflow of the TWD `twd` (the one entry point of
+/// controls): decided on `rollout`, the control state its rollout in flight reported (None: no
+/// rollout), and `wanted_build`, the build its spec asks for (a `retry` after an abort rolls the
+/// aborted build out again only while the spec still asks for it).
+pub fn twd_effect(
+    action: ControlAction,
+    twd: &str,
+    rollout: Option<&ControlState>,
+    wanted_build: Option<&str>,
+) -> ControlEffect {
+    let Some(state) = rollout else {
+        return no_rollout(action, twd);
+    };
+    match effect(action, state) {
+        ControlEffect::Apply(_)
+            if state.progress == Some(RolloutProgress::Aborted)
+                && wanted_build != Some(state.build_id.as_str()) =>
+        {
+            ControlEffect::NotApplicable(format!(
+                "{}: the spec now asks for build {}, not the aborted build {}",
+                action_name(action),
+                wanted_build.unwrap_or("-"),
+                state.build_id
+            ))
+        }
+        answer => answer,
+    }
 }
 
 /// Decides what `action` does to a rollout in `state`.
@@ -236,6 +265,87 @@ pub fn describe(state: &ControlState) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_twd_workflow_answers_controls_from_what_its_rollout_reported() {
+        let state = |progress: Option<RolloutProgress>, paused: bool| ControlState {
+            build_id: "v2-abc".into(),
+            progress,
+            blocked: None,
+            operator_paused: paused,
+            spec_paused: false,
+            promote_requested: false,
+        };
+        let ramping = state(Some(RolloutProgress::Ramping), false);
+        let paused = state(Some(RolloutProgress::Paused), true);
+        let aborted = state(Some(RolloutProgress::Aborted), false);
+        let complete = state(Some(RolloutProgress::Complete), false);
+        let unreported = state(None, false);
+        use ControlAction::{Pause, Promote, Retry};
+        // (action, the rollout's state, the build the spec asks for, applies / unchanged /
+        // refused, words of the answer)
+        let cases = [
+            (
+                Pause,
+                None,
+                Some("v2-abc"),
+                "refused",
+                "no rollout of demo/hello",
+            ),
+            (
+                Pause,
+                Some(&ramping),
+                Some("v2-abc"),
+                "applies",
+                "holds where it is",
+            ),
+            (
+                Pause,
+                Some(&paused),
+                Some("v2-abc"),
+                "unchanged",
+                "already paused",
+            ),
+            (
+                Pause,
+                Some(&complete),
+                Some("v2-abc"),
+                "refused",
+                "already Current",
+            ),
+            (
+                Promote,
+                Some(&unreported),
+                Some("v2-abc"),
+                "applies",
+                "becomes Current now",
+            ),
+            (
+                Retry,
+                Some(&aborted),
+                Some("v2-abc"),
+                "applies",
+                "again after its abort",
+            ),
+            (
+                Retry,
+                Some(&aborted),
+                Some("v3-def"),
+                "refused",
+                "now asks for build v3-def",
+            ),
+        ];
+        for (action, rollout, wanted, verdict, words) in cases {
+            let answer = twd_effect(action, "demo/hello", rollout, wanted);
+            let got = match &answer {
+                ControlEffect::Apply(_) => "applies",
+                ControlEffect::Unchanged(_) => "unchanged",
+                ControlEffect::NotApplicable(_) => "refused",
+            };
+            assert_eq!(got, verdict, "{action:?} on {rollout:?}: {answer:?}");
+            assert!(answer.message().contains(words), "{action:?}: {answer:?}");
+        }
+    }
     use ControlAction::{Abort, Pause, Promote, Resume, Retry};
 
     fn state(progress: RolloutProgress) -> ControlState {

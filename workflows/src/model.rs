@@ -406,7 +406,8 @@ pub enum RolloutProgress {
     Aborted,
 }
 
-/// Operator controls (signal `control` on the TWD workflow, forwarded to the rollout).
+/// Operator controls (the validated update `control` of the TWD workflow, forwarded to the
+/// rollout).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ControlAction {
@@ -459,6 +460,9 @@ pub struct RolloutReport {
     /// other reports and in those from before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing: Option<AppliedRouting>,
+    /// What an operator control would find: the TWD workflow validates controls against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<crate::control::ControlState>,
 }
 
 /// Routing as a rollout left it after a write it made.

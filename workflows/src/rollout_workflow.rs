@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use temporalio_common::MemoValues;
-use temporalio_common::data_converters::RawValue;
 use temporalio_common::search_attributes::SearchAttributeKey;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::workflows::{join, select};
@@ -463,68 +462,11 @@ impl RolloutWorkflow {
         self.wakeups += 1;
     }
 
-    /// Operator control (forwarded by the TWD workflow, or sent directly); answered and applied
-    /// by the run loop.
+    /// Operator control, forwarded by the TWD workflow once its `control` update accepted it;
+    /// answered and applied by the run loop.
     #[signal(name = "control")]
     pub fn control(&mut self, _ctx: &mut SyncWorkflowContext<Self>, action: ControlAction) {
         self.push_control(action);
-    }
-
-    /// `control` pause, for `temporal workflow signal --name pause` (any input is ignored).
-    #[signal(name = "pause")]
-    pub fn pause(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
-        self.push_control(ControlAction::Pause);
-    }
-
-    /// `control` resume (any input is ignored).
-    #[signal(name = "resume")]
-    pub fn resume(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
-        self.push_control(ControlAction::Resume);
-    }
-
-    /// `control` promote (any input is ignored).
-    #[signal(name = "promote")]
-    pub fn promote(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
-        self.push_control(ControlAction::Promote);
-    }
-
-    /// `control` abort (any input is ignored).
-    #[signal(name = "abort")]
-    pub fn abort(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
-        self.push_control(ControlAction::Abort);
-    }
-
-    /// `control` retry (any input is ignored).
-    #[signal(name = "retry")]
-    pub fn retry(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
-        self.push_control(ControlAction::Retry);
-    }
-
-    /// Refuses a control that does not apply now (a `pause` of a rollout that is already
-    /// complete, a `retry` with nothing to retry), with the reason; the caller gets it at once.
-    #[update_validator(control_update)]
-    pub fn validate_control_update(
-        &self,
-        _ctx: &WorkflowContextView,
-        action: &ControlAction,
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        match control::effect(*action, &self.control_view()) {
-            ControlEffect::NotApplicable(message) => Err(message.into()),
-            ControlEffect::Apply(_) | ControlEffect::Unchanged(_) => Ok(()),
-        }
-    }
-
-    /// Operator control as an update: accepted controls are applied by the run loop like the
-    /// `control` signal; the answer says what the control does (or that nothing changes).
-    #[update(name = "control")]
-    pub fn control_update(
-        &mut self,
-        _ctx: &mut SyncWorkflowContext<Self>,
-        action: ControlAction,
-    ) -> String {
-        let answer = control::effect(action, &self.control_view());
-        self.push_control(action);
-        answer.message().to_owned()
     }
 
     /// The latest progress report.
@@ -1334,6 +1276,14 @@ async fn send_report(
         step: ramp.map(|(step, _, _)| u32::try_from(step).unwrap_or(u32::MAX)),
         ramp_percentage: ramp.and_then(|(_, pct, _)| pct),
         next_step_at: ramp.and_then(|(_, _, until)| until),
+        control: Some(ControlState {
+            build_id: s.input.build_id.clone(),
+            progress: Some(progress),
+            blocked: blocked.as_ref().map(|b| b.reason),
+            operator_paused: s.memory.pause_requested,
+            spec_paused: s.spec_paused,
+            promote_requested: s.memory.promote_requested,
+        }),
         blocked,
         message,
         started_at: s.memory.started_at,

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use serde::{Deserialize, Serialize};
-use temporalio_common::data_converters::RawValue;
 use temporalio_common::search_attributes::SearchAttributes;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::workflows::{join, select};
@@ -354,40 +353,34 @@ impl TwdWorkflow {
         }
     }
 
-    /// Operator control: forwarded to the rollout in flight (answered when none is).
-    #[signal(name = "control")]
-    pub fn control(&mut self, _ctx: &mut SyncWorkflowContext<Self>, action: ControlAction) {
+    /// Refuses a control that does not apply now (a `pause` of a rollout that is already
+    /// complete, a `retry` with nothing to retry, any control with no rollout), with the reason;
+    /// the caller gets it at once.
+    #[update_validator(control_update)]
+    pub fn validate_control_update(
+        &self,
+        _ctx: &WorkflowContextView,
+        action: &ControlAction,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        match self.control_effect(*action) {
+            ControlEffect::NotApplicable(message) => Err(message.into()),
+            ControlEffect::Apply(_) | ControlEffect::Unchanged(_) => Ok(()),
+        }
+    }
+
+    /// The one entry point of operator controls (the CLI, the `temporal.io/rollout-action`
+    /// annotation, `temporal workflow update --name control`): an accepted control is forwarded
+    /// to the rollout in flight at the next turn (or, `retry` after an abort, rolls the build
+    /// out again); the answer says what it does (or that nothing changes).
+    #[update(name = "control")]
+    pub fn control_update(
+        &mut self,
+        _ctx: &mut SyncWorkflowContext<Self>,
+        action: ControlAction,
+    ) -> String {
+        let answer = self.control_effect(action);
         self.push_control(action);
-    }
-
-    /// `control` pause, for `temporal workflow signal --name pause` (any input is ignored).
-    #[signal(name = "pause")]
-    pub fn pause(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
-        self.push_control(ControlAction::Pause);
-    }
-
-    /// `control` resume (any input is ignored).
-    #[signal(name = "resume")]
-    pub fn resume(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
-        self.push_control(ControlAction::Resume);
-    }
-
-    /// `control` promote (any input is ignored).
-    #[signal(name = "promote")]
-    pub fn promote(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
-        self.push_control(ControlAction::Promote);
-    }
-
-    /// `control` abort (any input is ignored).
-    #[signal(name = "abort")]
-    pub fn abort(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
-        self.push_control(ControlAction::Abort);
-    }
-
-    /// `control` retry (any input is ignored).
-    #[signal(name = "retry")]
-    pub fn retry(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _input: RawValue) {
-        self.push_control(ControlAction::Retry);
+        answer.message().to_owned()
     }
 
     /// Spec, rollout in flight and its latest report.
@@ -726,6 +719,29 @@ impl TwdWorkflow {
             self.spec = Some(signal);
         }
         newer
+    }
+
+    /// What `action` does now, decided on the control state the rollout in flight last
+    /// reported (a rollout that has not reported yet is taken as just started).
+    fn control_effect(&self, action: ControlAction) -> ControlEffect {
+        let state = self.active.as_ref().map(|active| {
+            let report = self
+                .last_report
+                .as_ref()
+                .filter(|r| r.workflow_id == active.workflow_id);
+            report
+                .and_then(|r| r.control.clone())
+                .unwrap_or_else(|| ControlState {
+                    build_id: active.build_id.clone(),
+                    progress: report.map(|r| r.progress),
+                    blocked: report.and_then(|r| r.blocked.as_ref()).map(|b| b.reason),
+                    operator_paused: false,
+                    spec_paused: false,
+                    promote_requested: false,
+                })
+        });
+        let wanted = self.spec.as_ref().map(|s| s.build_id.as_str());
+        control::twd_effect(action, &self.input.twd.key(), state.as_ref(), wanted)
     }
 
     fn push_control(&mut self, action: ControlAction) {
@@ -1545,6 +1561,7 @@ mod tests {
             analysis: Vec::new(),
             sequence: 1,
             routing: None,
+            control: None,
         }
     }
 

@@ -126,8 +126,11 @@ impl Cluster {
         })
     }
 
-    /// Sends a signal with no input to a workflow of the engine namespace.
-    pub async fn signal(&self, workflow_id: &str, name: &str) {
+    /// Sends the `control` signal with `action` (`"pause"`, ...) to a rollout workflow of the
+    /// engine namespace directly, as the TWD's workflow forwards an accepted control (to pile
+    /// up signals in its history).
+    pub async fn signal_control(&self, workflow_id: &str, action: &str) {
+        let input = format!("\"{action}\"");
         let out = self
             .temporal(&[
                 "workflow",
@@ -135,12 +138,39 @@ impl Cluster {
                 "--workflow-id",
                 workflow_id,
                 "--name",
-                name,
+                "control",
+                "--input",
+                &input,
             ])
             .await;
         assert!(
             out.success,
-            "temporal workflow signal {name} to {workflow_id}: {}",
+            "temporal workflow signal control {action} to {workflow_id}: {}",
+            out.stderr
+        );
+    }
+
+    /// Sends the operator control `action` (`promote`, ...) to the TWD's workflow
+    /// (`twd/<namespace>/<name>`) as the `control` update; asserts it was accepted.
+    pub async fn control(&self, namespace: &str, name: &str, action: &str) {
+        let workflow_id = format!("twd/{namespace}/{name}");
+        let input = format!("\"{action}\"");
+        let out = self
+            .temporal(&[
+                "workflow",
+                "update",
+                "execute",
+                "--workflow-id",
+                &workflow_id,
+                "--name",
+                "control",
+                "--input",
+                &input,
+            ])
+            .await;
+        assert!(
+            out.success,
+            "temporal workflow update control {action} of {workflow_id}: {}",
             out.stderr
         );
     }

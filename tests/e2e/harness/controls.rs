@@ -178,30 +178,40 @@ pub async fn send(via: Via, action: &str, namespace: &str, name: &str) {
             assert!(out.success, "kubectl annotate: {}", out.stderr);
         }
         Via::Temporal => {
-            let workflow_id = format!("twd/{namespace}/{name}");
-            signal_workflow(&workflow_id, action).await;
+            let out = update_control(namespace, name, action).await;
+            assert!(
+                out.success,
+                "temporal workflow update control {action}: {}{}",
+                out.stdout, out.stderr
+            );
         }
     }
 }
 
-/// `temporal workflow signal --workflow-id ID --name NAME`, with no input.
-pub async fn signal_workflow(workflow_id: &str, name: &str) {
-    let out = temporal(&[
+/// `temporal workflow update execute --name control` of the TWD's workflow with `action` as
+/// its input (the JSON string `"pause"`, ...): the one entry point of controls, as a user of
+/// the Temporal CLI sends it.
+pub async fn update_control(
+    namespace: &str,
+    name: &str,
+    action: &str,
+) -> crate::harness::cli::CliOutput {
+    let workflow_id = format!("twd/{namespace}/{name}");
+    let input = format!("\"{action}\"");
+    temporal(&[
         "workflow",
-        "signal",
+        "update",
+        "execute",
         "--namespace",
         &env().temporal_namespace,
         "--workflow-id",
-        workflow_id,
+        &workflow_id,
         "--name",
-        name,
+        "control",
+        "--input",
+        &input,
     ])
-    .await;
-    assert!(
-        out.success,
-        "temporal workflow signal {name} to {workflow_id}: {}",
-        out.stderr
-    );
+    .await
 }
 
 /// Waits until the watcher has removed the rollout-action annotation.

@@ -496,6 +496,7 @@ mod tests {
             blocked: None,
             message: "Ramping to 25% (step 1 of 3)".into(),
             started_at: secs(90),
+            control: None,
             analysis: Vec::new(),
             gate_runs: vec![
                 GateRun {
