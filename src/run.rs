@@ -183,6 +183,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         metrics: Arc::clone(&metrics),
         traces: config.traces.clone(),
     };
+    let watched = watcher_config.namespaces.clone();
     let mut stop_watcher = stop_rx.clone();
     let watcher_health = Arc::clone(&health);
     let (watcher_kube, watcher_engine) = (kube.clone(), engine.clone());
@@ -199,6 +200,17 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         )
         .await;
     });
+    // Tells held rollouts of their Deployments' changes (they do not poll).
+    let mut stop_deployments = stop_rx.clone();
+    let deployments = tokio::spawn(crate::deployment_watch::run(
+        kube.clone(),
+        engine.clone(),
+        watched,
+        Arc::clone(&metrics),
+        async move {
+            let _ = stop_deployments.wait_for(|stop| *stop).await;
+        },
+    ));
     let own_namespace = args
         .controller_namespace
         .clone()
@@ -243,6 +255,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     };
     let _ = stop_tx.send(true);
     let _ = watcher.await;
+    let _ = deployments.await;
     let _ = trim.await;
     if let Some(export) = trace_export {
         export.shutdown().await;

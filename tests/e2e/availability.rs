@@ -168,11 +168,12 @@ async fn held_until_available(cluster: &Cluster, ns: &str, build: &str) {
     );
 }
 
-/// Process IDs of the running pods of `build` of the TWD `ns/NAME`: the sample-worker processes
-/// the pod runner started with that worker deployment and build in their environment.
-fn pod_pids(ns: &str, build: &str) -> Vec<u32> {
+/// Process IDs of the running pods of `build` of the worker deployment `ns/name`: the
+/// sample-worker processes the pod runner started with that worker deployment and build in
+/// their environment.
+pub(crate) fn pod_pids(ns: &str, name: &str, build: &str) -> Vec<u32> {
     let wanted = [
-        format!("TEMPORAL_DEPLOYMENT_NAME={ns}/{NAME}"),
+        format!("TEMPORAL_DEPLOYMENT_NAME={ns}/{name}"),
         format!("TEMPORAL_WORKER_BUILD_ID={build}"),
     ];
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -189,17 +190,27 @@ fn pod_pids(ns: &str, build: &str) -> Vec<u32> {
         .collect()
 }
 
-/// SIGKILLs one pod of `build` (the pod runner restarts its process, as a kubelet would).
+/// SIGKILLs one pod of `build` of `ns/NAME`, which runs two.
 async fn kill_one_pod(cluster: &Cluster, ns: &str, build: &str) {
+    kill_one_of(cluster, ns, NAME, build, 2).await;
+}
+
+/// SIGKILLs one pod of `build` of `ns/name` once `pods` run (the pod runner restarts its
+/// process, as a kubelet would).
+pub(crate) async fn kill_one_of(cluster: &Cluster, ns: &str, name: &str, build: &str, pods: usize) {
     let pids = cluster
-        .wait(&format!("two running pods of {build}"), ROLLOUT, || async {
-            let pids = pod_pids(ns, build);
-            if pids.len() == 2 {
-                Ok(pids)
-            } else {
-                Err(format!("pods {pids:?}"))
-            }
-        })
+        .wait(
+            &format!("{pods} running pods of {build}"),
+            ROLLOUT,
+            || async {
+                let pids = pod_pids(ns, name, build);
+                if pids.len() == pods {
+                    Ok(pids)
+                } else {
+                    Err(format!("pods {pids:?}"))
+                }
+            },
+        )
         .await;
     let pid = pids[0].to_string();
     let killed = tokio::process::Command::new("kill")

@@ -14,6 +14,7 @@ mod deletion;
 mod deploy;
 mod drain;
 mod engine;
+mod held;
 mod history;
 mod kinds;
 mod long_horizon;

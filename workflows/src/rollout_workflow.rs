@@ -53,9 +53,13 @@ pub const SA_OUTCOME: SearchAttributeKey<String> = SearchAttributeKey::keyword("
 
 /// Longest single wait for pollers or gate results before re-observing.
 const MAX_ACTIVITY_WAIT: Duration = Duration::from_secs(60);
-/// Longest wait while holding a Progressive step before re-reading routing (reference §3.7: a
-/// ramp changed by hand is snapped back to the step grid at the next look).
-const ROUTING_RECHECK: Duration = Duration::from_secs(10);
+/// Longest wait in a hold (a step's pause, a pause, a Manual promotion, a failed gate, a build
+/// waiting to be Available again) when nothing signals a change: the TWD workflow's resync
+/// interval unless its input says otherwise. A hold wakes on what can change its decision (a
+/// control, a spec change forwarded by the TWD workflow, a watched change of its Deployments,
+/// its own timer); this slow look only catches what no watch reports: a routing change made by
+/// hand in Temporal, which is snapped back to the step grid then (reference §3.7).
+const DEFAULT_RESYNC: Duration = crate::twd_workflow::DEFAULT_RESYNC;
 /// How long activity failures (after their own retries) may last before the rollout reports
 /// them: longer than a restart of the API server or of Temporal.
 const TRANSIENT_GRACE: Duration = Duration::from_secs(60);
@@ -63,8 +67,6 @@ const TRANSIENT_GRACE: Duration = Duration::from_secs(60);
 const TRANSIENT_RECHECK: Duration = Duration::from_secs(5);
 /// Re-check interval while blocked by an error that may clear by itself.
 const BLOCKED_RECHECK: Duration = Duration::from_secs(30);
-/// Re-check interval while waiting for a person (Manual promotion, pause, failed gate).
-const IDLE_RECHECK: Duration = Duration::from_secs(300);
 /// Attempts to clear this build's ramp on abort before giving up (each re-reads routing).
 const ABORT_ROUTING_ATTEMPTS: u32 = 5;
 
@@ -86,6 +88,10 @@ pub struct RolloutInput {
     /// decides as always (absent in inputs from before it existed).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub created_by_parent: bool,
+    /// Seconds a hold waits at most when nothing signals a change (the TWD workflow's resync;
+    /// default [`DEFAULT_RESYNC`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resync_seconds: Option<u32>,
 }
 
 /// What survives a continue-as-new.
@@ -146,6 +152,11 @@ pub struct RolloutWorkflow {
     /// `wakeups` when the turn in progress observed the world: a wait ends at once if a signal
     /// came in after that (during an activity or a report), so none is missed.
     observed_wakeups: u64,
+    /// Bumped by the watcher's `deployment_changed` signal. Holds end when it changes; waits
+    /// that watch the Deployments themselves (for pollers, for availability) do not.
+    deployment_changes: u64,
+    /// `deployment_changes` when the turn in progress observed the world.
+    observed_deployment_changes: u64,
     abort_requested: bool,
     retry_requested: bool,
     /// Controls received and not yet answered.
@@ -200,7 +211,10 @@ impl RolloutWorkflow {
             let observation = match prefetched.take() {
                 Some(observation) => *observation,
                 None => {
-                    ctx.state_mut(|s| s.observed_wakeups = s.wakeups);
+                    ctx.state_mut(|s| {
+                        s.observed_wakeups = s.wakeups;
+                        s.observed_deployment_changes = s.deployment_changes;
+                    });
                     match observe(ctx, &twd).await {
                         Ok(o) => o,
                         Err(blocked) => {
@@ -239,7 +253,7 @@ impl RolloutWorkflow {
                 }
                 RolloutDecision::Blocked(blocked) => {
                     let recheck = match blocked.reason {
-                        BlockReason::InvalidSpec => IDLE_RECHECK,
+                        BlockReason::InvalidSpec => ctx.state(RolloutWorkflow::resync),
                         // Usually a busy worker deployment right after a write: look again soon.
                         BlockReason::TemporalStateFetchFailed => Duration::from_secs(5),
                         _ => BLOCKED_RECHECK,
@@ -326,15 +340,15 @@ impl RolloutWorkflow {
                         blocked.message,
                     )
                     .await;
-                    wait_for_change(ctx, IDLE_RECHECK).await;
+                    hold(ctx, None).await;
                 }
                 RolloutDecision::WaitForAvailability { message } => {
                     let ramp = ramp_of(&observation, &build_id)
                         .map(|pct| (step_of(&observation, pct), Some(pct), None));
                     let progress = RolloutProgress::WaitingForAvailability;
                     send_report(ctx, progress, None, ramp, None, Some(message)).await;
-                    // Woken by the Deployment's change (the wait watches it), not a long timer.
-                    prefetched = wait_until_ready(ctx, &twd, &build_id, MAX_ACTIVITY_WAIT).await;
+                    // Woken by the watched change of the Deployment, not a timer.
+                    hold(ctx, None).await;
                 }
                 RolloutDecision::RunGate => {
                     report(ctx, RolloutProgress::WaitingForPromotion, None, None).await;
@@ -359,17 +373,17 @@ impl RolloutWorkflow {
                         .await;
                     }
                     report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
-                    wait_for_change(ctx, IDLE_RECHECK).await;
+                    hold(ctx, None).await;
                 }
                 RolloutDecision::Paused => {
                     let ramp = ramp_of(&observation, &build_id)
                         .map(|pct| (step_of(&observation, pct), Some(pct), None));
                     report(ctx, RolloutProgress::Paused, None, ramp).await;
-                    wait_for_change(ctx, IDLE_RECHECK).await;
+                    hold(ctx, None).await;
                 }
                 RolloutDecision::WaitForManualPromotion => {
                     report(ctx, RolloutProgress::WaitingForPromotion, None, None).await;
-                    wait_for_change(ctx, Duration::from_secs(60)).await;
+                    hold(ctx, None).await;
                 }
                 RolloutDecision::SetCurrent => {
                     route(
@@ -416,10 +430,9 @@ impl RolloutWorkflow {
                         Some((step, percentage, Some(until))),
                     )
                     .await;
-                    let hold =
+                    let left =
                         Duration::from_millis(u64::try_from(until - now).unwrap_or(0).max(1));
-                    // Look again while holding: a ramp changed by hand snaps back to the step grid.
-                    wait_for_change(ctx, hold.min(ROUTING_RECHECK)).await;
+                    hold(ctx, Some(left)).await;
                 }
                 RolloutDecision::Analyze { step, checks } => {
                     analyze(ctx, &twd, &build_id, &observation, step, &checks).await;
@@ -443,7 +456,7 @@ impl RolloutWorkflow {
                     }
                     let wait =
                         Duration::from_millis(u64::try_from(wake_at - now).unwrap_or(0).max(1));
-                    wait_for_change(ctx, wait.min(ROUTING_RECHECK)).await;
+                    hold(ctx, Some(wait)).await;
                 }
                 RolloutDecision::AnalysisFailed(blocked) => {
                     return abort(ctx, &twd, &build_id, &observation, Some(blocked)).await;
@@ -460,6 +473,14 @@ impl RolloutWorkflow {
     #[signal(name = "nudge")]
     pub fn nudge(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _reason: String) {
         self.wakeups += 1;
+    }
+
+    /// One of the TWD's Deployments changed in a way its decisions read (replicas,
+    /// availability, a failing rollout, deletion), from the controller's Deployment watch: a hold
+    /// looks again now. Waits that watch the Deployments themselves carry on.
+    #[signal(name = "deployment_changed")]
+    pub fn deployment_changed(&mut self, _ctx: &mut SyncWorkflowContext<Self>, _name: String) {
+        self.deployment_changes += 1;
     }
 
     /// Operator control, forwarded by the TWD workflow once its `control` update accepted it;
@@ -514,6 +535,8 @@ impl RolloutWorkflow {
             // Carried controls count as signals not yet handled.
             wakeups: pending_controls,
             observed_wakeups: 0,
+            deployment_changes: 0,
+            observed_deployment_changes: 0,
             abort_requested: false,
             retry_requested: false,
             controls: carried.controls,
@@ -545,7 +568,15 @@ impl RolloutWorkflow {
                 first_started_at: Some(self.first_started_at),
             }),
             created_by_parent: false,
+            resync_seconds: self.input.resync_seconds,
         }
+    }
+
+    /// How long a hold waits at most when nothing signals a change.
+    fn resync(&self) -> Duration {
+        self.input.resync_seconds.map_or(DEFAULT_RESYNC, |seconds| {
+            Duration::from_secs(u64::from(seconds.max(1)))
+        })
     }
 
     fn push_control(&mut self, action: ControlAction) {
@@ -681,11 +712,13 @@ fn apply_operator_flags(ctx: &mut WorkflowContext<RolloutWorkflow>) {
     });
 }
 
+/// One observation, as a local activity: a turn of a hold costs its timer, one workflow task
+/// and one marker in history, not an activity's three events and a second workflow task.
 async fn observe(
     ctx: &mut WorkflowContext<RolloutWorkflow>,
     twd: &TwdRef,
 ) -> Result<Observation, Blocked> {
-    run_activity(ctx, Observe, twd.clone(), "observe", short_options()).await
+    support::run_local_activity(ctx, Observe, twd.clone(), "observe").await
 }
 
 /// Waits (one `wait_for_pollers`, at most `max_wait`, ended early by a signal) until the build
@@ -1387,10 +1420,29 @@ fn set_outcome(ctx: &mut WorkflowContext<RolloutWorkflow>, outcome: &str) {
     }
 }
 
-/// Waits until a signal arrives or `timeout` passes.
+/// Waits until a signal arrives (a watched Deployment change included) or `timeout` passes.
 async fn wait_for_change(ctx: &mut WorkflowContext<RolloutWorkflow>, timeout: Duration) {
+    let seen = ctx.state(|s| (s.observed_wakeups, s.observed_deployment_changes));
     let timer = ctx.timer(support::timer(timeout));
-    let _ = unless_signalled(ctx, timer).await;
+    let mut timer = std::pin::pin!(timer);
+    let fired = select! {
+        _ = timer.as_mut() => true,
+        _ = ctx.wait_condition_with_options(
+            move |s: &RolloutWorkflow| (s.wakeups, s.deployment_changes) != seen,
+            support::condition_options(),
+        ) => false,
+    };
+    if !fired {
+        timer.as_ref().get_ref().cancel();
+        let _ = timer.await;
+    }
+}
+
+/// Holds until something that can change the decision happens, `due` passes (a step's end,
+/// an analysis interval), or the resync interval passes, whichever is first.
+async fn hold(ctx: &mut WorkflowContext<RolloutWorkflow>, due: Option<Duration>) {
+    let resync = ctx.state(RolloutWorkflow::resync);
+    wait_for_change(ctx, due.map_or(resync, |due| due.min(resync))).await;
 }
 
 /// Waits for `future` (a timer or an activity) unless a signal arrives first (counted from the
@@ -1472,6 +1524,7 @@ mod tests {
             history_event_bound: Some(100),
             carried: None,
             created_by_parent: true,
+            resync_seconds: Some(60),
         };
         let mut first = RolloutWorkflow::starting(input, secs(10));
         first.spec_paused = true;

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use temporalio_sdk::{
-    ActivityOptions, SignalWorkflowOptions, TimerOptions, WaitConditionOptions,
-    WorkflowCancellationToken, WorkflowContext,
+    ActivityOptions, LocalActivityOptions, SignalWorkflowOptions, TimerOptions,
+    WaitConditionOptions, WorkflowCancellationToken, WorkflowContext,
 };
 
 use crate::model::{BlockReason, Blocked, UnixMillis};
@@ -28,6 +28,37 @@ where
     ctx.execute_activity(activity, input, options)
         .await
         .map_err(|e| activity_failed(&name, &e))
+}
+
+/// Runs a quick read as a local activity (in this worker, recorded as one marker in the
+/// history instead of an activity's three events and a second workflow task), with the retries
+/// of [`short_options`]; a failure after them becomes `PlanExecutionFailed`.
+pub(crate) async fn run_local_activity<W, A>(
+    ctx: &WorkflowContext<W>,
+    activity: A,
+    input: A::Input,
+    summary: &str,
+) -> Result<A::Output, Blocked>
+where
+    A: temporalio_common::ActivityDefinition,
+    A::Output: temporalio_common::data_converters::TemporalDeserializable,
+{
+    let name = activity.name().to_owned();
+    ctx.execute_local_activity(activity, input, local_options(summary))
+        .await
+        .map_err(|e| activity_failed(&name, &e))
+}
+
+/// Options of a local activity: [`short_options`]' retries and timeout, its own cancellation
+/// token ([`own_token`]).
+fn local_options(summary: &str) -> LocalActivityOptions {
+    LocalActivityOptions::builder()
+        .retry_policy(short_retry())
+        .start_to_close_timeout(Duration::from_secs(60))
+        .schedule_to_close_timeout(Duration::from_secs(120))
+        .cancellation_token(own_token())
+        .summary(summary.to_owned())
+        .build()
 }
 
 pub(crate) fn with_summary(mut options: ActivityOptions, summary: &str) -> ActivityOptions {
@@ -86,15 +117,19 @@ pub(crate) fn condition_options() -> WaitConditionOptions {
 /// workflow decides. Activities heartbeat every second, so one whose worker died (a killed
 /// controller) is retried on another after [`HEARTBEAT_TIMEOUT`], not after its 60 s.
 pub(crate) fn short_options() -> ActivityOptions {
-    let retry = temporalio_common::RetryPolicy::builder()
+    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(60))
+        .heartbeat_timeout(HEARTBEAT_TIMEOUT)
+        .retry_policy(short_retry())
+        .cancellation_token(own_token())
+        .build()
+}
+
+/// A few retries with backoff (about 20 s in all).
+fn short_retry() -> temporalio_common::RetryPolicy {
+    temporalio_common::RetryPolicy::builder()
         .initial_interval(Duration::from_millis(500))
         .maximum_interval(Duration::from_secs(5))
         .maximum_attempts(6)
-        .build();
-    ActivityOptions::with_start_to_close_timeout(Duration::from_secs(60))
-        .heartbeat_timeout(HEARTBEAT_TIMEOUT)
-        .retry_policy(retry)
-        .cancellation_token(own_token())
         .build()
 }
 

@@ -970,6 +970,7 @@ async fn launch_rollout(
         history_event_bound: ctx.state(|s| s.input.history_event_bound),
         carried: None,
         created_by_parent: created,
+        resync_seconds: ctx.state(|s| s.input.resync_seconds),
     };
     let search_attributes = ctx.state(|s| s.input.search_attributes).then(|| {
         SearchAttributes::new([

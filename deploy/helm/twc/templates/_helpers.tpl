@@ -54,7 +54,8 @@ rules are in deploy/manifests/clusterrole.yaml (a test compares them).
   resources: [workerdeployments/finalizers, temporalworkerdeployments/finalizers]
   verbs: [update]
 # Versioned Deployments (deployments.rs): list by label, get, create if absent, delete when
-# retired; wait_for_pollers watches them by label to hear of Available at once;
+# retired; wait_for_pollers watches them by label to hear of Available at once, and so does
+# the controller's Deployment watch (src/deployment_watch.rs) to wake held rollouts;
 # reassert_resources (reassert.rs) updates them (a PUT) to follow connection changes and,
 # under unsafeCustomBuildID, template edits; merge-patches their owner references when the
 # other kind of a name takes over (claims.rs) and stamps Deployments taken over from the Go
