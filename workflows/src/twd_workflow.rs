@@ -251,7 +251,8 @@ impl TwdWorkflow {
             let due_at = now_millis(ctx)
                 .saturating_add(i64::try_from(next_wake.as_millis()).unwrap_or(i64::MAX));
             let mut signalled_early = false;
-            if !next_wake.is_zero() {
+            let timed = !next_wake.is_zero();
+            if timed {
                 signalled_early = select! {
                     _ = ctx.timer(support::timer(next_wake)) => false,
                     _ = ctx.wait_condition_with_options(move |s: &Self| s.wakeups != seen, support::condition_options()) => true,
@@ -301,7 +302,10 @@ impl TwdWorkflow {
                 dispatch_rollout(ctx, &twd, &spec).await;
             }
             forward_controls(ctx, &twd, &spec).await;
-            next_wake = observe_and_act(ctx, &twd, &spec, dispatch_first, resync).await;
+            // A turn only the timer woke (a resync, a sunset or autoscaling step) expects
+            // nothing: its reading is a local activity, one marker in the history.
+            let quiet = timed && !signalled_early;
+            next_wake = observe_and_act(ctx, &twd, &spec, dispatch_first, quiet, resync).await;
             let continue_now = turns >= MAX_TURNS_PER_RUN
                 || history_full(ctx, ctx.state(|s| s.input.history_event_bound));
             if continue_now {
@@ -482,19 +486,27 @@ async fn autoscale(
 }
 
 /// A full turn's reading: observes (with the re-assertion when due), then writes the status,
-/// retires versions and autoscales; returns when to look again.
+/// retires versions and autoscales; returns when to look again. A `quiet` turn (only its timer
+/// woke it) reads in a local activity: a report that comes meanwhile waits for it to end,
+/// which a busy turn's reading (an activity, during which reports are shown) does not make
+/// it do.
 async fn observe_and_act(
     ctx: &mut WorkflowContext<TwdWorkflow>,
     twd: &TwdRef,
     spec: &SpecSignal,
     combined: bool,
+    quiet: bool,
     resync: Duration,
 ) -> Duration {
-    let observed = if combined && take_reassert_due(ctx) {
-        observe_showing_reports(ctx, twd, recheck(ctx, twd)).await
-    } else {
-        let observe = run_activity(ctx, Observe, twd.clone(), "observe", short_options());
-        observe_showing_reports(ctx, twd, observe).await
+    let observed = match (combined && take_reassert_due(ctx), quiet) {
+        (true, _) => observe_showing_reports(ctx, twd, recheck(ctx, twd, quiet)).await,
+        (false, true) => {
+            support::run_local_activity(ctx, Observe, twd.clone(), "observe").await
+        }
+        (false, false) => {
+            let observe = run_activity(ctx, Observe, twd.clone(), "observe", short_options());
+            observe_showing_reports(ctx, twd, observe).await
+        }
     };
     match observed {
         Ok(observation) => {
@@ -657,20 +669,19 @@ fn take_reassert_due(ctx: &mut WorkflowContext<TwdWorkflow>) -> bool {
     })
 }
 
-/// `recheck`: re-assertion and observation in one activity; each change
-/// re-asserted is a Normal event.
+/// `recheck`: re-assertion and observation in one activity (a local one on a `quiet` turn);
+/// each change re-asserted is a Normal event.
 async fn recheck(
     ctx: &WorkflowContext<TwdWorkflow>,
     twd: &TwdRef,
+    quiet: bool,
 ) -> Result<Observation, crate::model::Blocked> {
-    let outcome = run_activity(
-        ctx,
-        Recheck,
-        twd.clone(),
-        "reassert resources and observe",
-        short_options(),
-    )
-    .await?;
+    let summary = "reassert resources and observe";
+    let outcome = if quiet {
+        support::run_local_activity(ctx, Recheck, twd.clone(), summary).await?
+    } else {
+        run_activity(ctx, Recheck, twd.clone(), summary, short_options()).await?
+    };
     for change in outcome.reasserted.changes {
         event(ctx, twd, EventKind::Normal, &change.reason, change.message).await;
     }
