@@ -650,32 +650,40 @@ async fn an_applicable_control_through_the_cli_is_accepted_with_what_it_does() {
     wait_phase(&client, &ns, "hello", RolloutPhase::Paused).await;
     wait_event(&client, &ns, "hello", "Paused", "an operator", ANSWER).await;
 
-    // The control reached the rollout workflow as an update, by workflow ID.
-    let rollout_id = format!("rollout/{ns}/hello/{v2}");
-    let history = temporal(&[
-        "workflow",
-        "show",
-        "--namespace",
-        &env().temporal_namespace,
-        "--workflow-id",
-        &rollout_id,
-        "--output",
-        "json",
-    ])
-    .await;
-    assert!(history.success, "{}", history.stderr);
-    let normalized = history.stdout.replace('_', "").to_lowercase();
+    // The control reached the TWD workflow as its `control` update (the one entry point),
+    // which forwarded it to the rollout as a signal.
+    let show = |workflow_id: String| async move {
+        let history = temporal(&[
+            "workflow",
+            "show",
+            "--namespace",
+            &env().temporal_namespace,
+            "--workflow-id",
+            &workflow_id,
+            "--output",
+            "json",
+        ])
+        .await;
+        assert!(history.success, "{}", history.stderr);
+        history.stdout.replace(['_', ' ', '\n'], "").to_lowercase()
+    };
+    let twd_history = show(format!("twd/{ns}/hello")).await;
     assert!(
-        normalized.contains("workflowexecutionupdateaccepted"),
-        "no accepted update in the history of {rollout_id}"
+        twd_history.contains("workflowexecutionupdateaccepted"),
+        "no accepted update in the history of twd/{ns}/hello"
+    );
+    let rollout_history = show(format!("rollout/{ns}/hello/{v2}")).await;
+    assert!(
+        rollout_history.contains("\"signalname\":\"control\""),
+        "no control signal in the history of the rollout of {v2}"
     );
 }
 
 #[tokio::test]
-async fn the_cli_finds_the_sandbox_temporal_through_the_kubeconfig() {
+async fn the_cli_finds_the_sandbox_temporal_through_the_env_file_the_sandbox_prints() {
     let (_, ns, v1) = hello_ready("ctl-devenv", json!({ "strategy": "AllAtOnce" })).await;
 
-    // Only KUBECONFIG is set, as after `export KUBECONFIG=...` in `make dev`.
+    // Only KUBECONFIG and TWC_ENV_FILE are set, as after the exports `make dev` prints.
     let out = kubectl_twc_in(env(), &["status", "hello", "-n", &ns]).await;
     assert_eq!(out.code, Some(0), "{out:?}");
     assert!(

@@ -500,9 +500,7 @@ async fn observe_and_act(
 ) -> Duration {
     let observed = match (combined && take_reassert_due(ctx), quiet) {
         (true, _) => observe_showing_reports(ctx, twd, recheck(ctx, twd, quiet)).await,
-        (false, true) => {
-            support::run_local_activity(ctx, Observe, twd.clone(), "observe").await
-        }
+        (false, true) => support::run_local_activity(ctx, Observe, twd.clone(), "observe").await,
         (false, false) => {
             let observe = run_activity(ctx, Observe, twd.clone(), "observe", short_options());
             observe_showing_reports(ctx, twd, observe).await
