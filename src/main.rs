@@ -4,6 +4,7 @@
 
 mod cli;
 mod deployment_watch;
+mod replicas;
 mod run;
 mod watcher;
 

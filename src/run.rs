@@ -57,9 +57,11 @@ pub struct RunArgs {
     /// repeated). Only once that controller is stopped: see the migration guide in README.md.
     #[arg(long, env = "TWC_TAKE_OVER_MANAGER_FROM", value_delimiter = ',')]
     take_over_manager_from: Vec<String>,
-    /// Worker-deployment reads a second this replica sends to each Temporal namespace of the
-    /// workers (DescribeWorkerDeployment and the like; the server allows 50 a second per
-    /// namespace, for all clients together: replicas of one installation divide it).
+    /// Worker-deployment reads a second the installation (all its replicas together) sends to
+    /// each Temporal namespace of the workers (DescribeWorkerDeployment and the like; the server
+    /// allows 50 a second per namespace, for all clients together). Each replica takes its share:
+    /// the rate divided by the live replicas, counted from their Leases in the controller's
+    /// namespace.
     #[arg(long, env = "TWC_TEMPORAL_READ_RATE", default_value_t = twc_activities::temporal::budget::DEFAULT_READ_RATE,
           value_parser = parse_rate)]
     temporal_read_rate: f64,
@@ -217,9 +219,26 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         .filter(|n| !n.trim().is_empty())
         .unwrap_or_else(|| kube.default_namespace().to_owned());
     tracing::info!(namespace = %own_namespace, "events about TWDs of namespaces being deleted go to the controller's namespace");
+    // Replicas divide Temporal's read limits between them (src/replicas.rs).
+    let replicas = twc_activities::temporal::budget::Replicas::one();
+    let lease = crate::replicas::ReplicaLease::of_this_process(
+        &own_namespace,
+        &config.task_queue,
+        &config.identity,
+    );
+    let mut stop_leases = stop_rx.clone();
+    let leases = tokio::spawn(crate::replicas::run(
+        kube.clone(),
+        lease,
+        replicas.clone(),
+        Arc::clone(&metrics),
+        async move {
+            let _ = stop_leases.wait_for(|stop| *stop).await;
+        },
+    ));
     let activities = EngineActivities::new(kube, config.identity.clone(), Arc::clone(&metrics))
         .with_cluster_access(cluster_access)
-        .with_read_rate(args.temporal_read_rate)
+        .with_read_rate(args.temporal_read_rate, replicas)
         .with_take_over(twc_activities::temporal::TakeOver::new(
             args.take_over_manager_from.clone(),
         ))
@@ -256,6 +275,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = watcher.await;
     let _ = deployments.await;
+    let _ = leases.await;
     let _ = trim.await;
     if let Some(export) = trace_export {
         export.shutdown().await;

@@ -147,12 +147,13 @@ impl EngineActivities {
     }
 
     /// The same activities reading at most `per_second` worker-deployment APIs a second from
-    /// each Temporal namespace (the server's own limit is per namespace, for all clients:
-    /// replicas of one installation divide it between them).
-    pub fn with_read_rate(mut self, per_second: f64) -> Self {
+    /// each Temporal namespace, divided between the live `replicas` (the server's own limit is
+    /// per namespace, for all clients).
+    pub fn with_read_rate(mut self, per_second: f64, replicas: temporal::budget::Replicas) -> Self {
         let mut options = PoolOptions::new(self.identity.clone());
         options.metrics = Arc::clone(&self.metrics);
         options.read_rate_per_sec = per_second;
+        options.replicas = replicas;
         self.pool = ClientPool::new(options);
         self
     }

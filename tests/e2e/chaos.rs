@@ -514,6 +514,26 @@ async fn two_controllers_on_one_task_queue_roll_out_like_one() {
         }
     }
     assert!(second_log.exists());
+    // They count each other (their Leases) and so take half the read budget each.
+    let url = cluster
+        .env
+        .controller_metrics_url
+        .clone()
+        .unwrap_or_else(|| panic!("the private sandbox names no controller metrics URL"));
+    cluster
+        .wait("the controller counts two replicas", ROLLOUT, || async {
+            let page = twc_sandbox::http::get(&url).await?;
+            let line = page
+                .body
+                .lines()
+                .find(|l| l.starts_with("twc_controller_replicas "))
+                .map(str::to_owned);
+            match line.as_deref() {
+                Some("twc_controller_replicas 2") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
     for e in &expected {
         let twd = get_twd(&cluster.client, &ns, &e.name)
             .await

@@ -218,6 +218,8 @@ async fn plain_manifests_match_what_the_chart_renders_by_default() {
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
         "Deployment",
         "Service",
     ] {
@@ -248,6 +250,16 @@ async fn plain_manifests_match_what_the_chart_renders_by_default() {
             "rules of the {key} ClusterRole"
         );
     }
+    // The replicas' Lease Role in the controller's namespace.
+    let (chart_role, plain_role) = (only(&chart, "Role"), only(&plain, "Role"));
+    assert_eq!(
+        chart_role["rules"], plain_role["rules"],
+        "rules of the Role"
+    );
+    assert_eq!(
+        only(&chart, "RoleBinding")["subjects"],
+        only(&plain, "RoleBinding")["subjects"]
+    );
     let (chart_binding, plain_binding) = (
         only(&chart, "ClusterRoleBinding"),
         only(&plain, "ClusterRoleBinding"),
@@ -945,6 +957,9 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
         ("get configmaps", here),
         ("create events.events.k8s.io", here),
         ("create events.events.k8s.io", release),
+        // Each replica's Lease (its share of Temporal's read limits).
+        ("patch leases.coordination.k8s.io", release),
+        ("list leases.coordination.k8s.io", release),
     ];
     let refused = [
         ("list secrets", all),
@@ -966,6 +981,7 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
         ("create events", here),
         ("patch events.events.k8s.io", here),
         ("create pods", here),
+        ("list leases.coordination.k8s.io", here),
         ("get namespaces", all),
         ("get clusterconnections.temporal.io", all),
         ("list clusterconnections.temporal.io", all),

@@ -132,6 +132,7 @@ pub struct Metrics {
     kubernetes_requests: Family<KubernetesLabels, Counter>,
     wait_for_pollers: Histograms<PollerWaitLabels>,
     watcher_signals: Family<SignalLabels, Counter>,
+    replicas: Gauge,
 }
 
 impl fmt::Debug for Metrics {
@@ -235,8 +236,14 @@ impl Metrics {
             watcher_signals: registered(
                 &mut registry,
                 "twc_watcher_signals",
-                "Signals the watcher sent to TWD workflows, by signal (spec_changed, control) and outcome (success, error)",
+                "Signals the watcher sent to the engine's workflows, by signal (spec_changed, control to TWD workflows; deployment_changed to rollouts) and outcome (success, error)",
                 Family::default(),
+            ),
+            replicas: registered(
+                &mut registry,
+                "twc_controller_replicas",
+                "Live replicas of this installation (their Leases renewed in time), which divide each Temporal namespace's read budget between them",
+                Gauge::default(),
             ),
             registry,
         };
@@ -246,6 +253,11 @@ impl Metrics {
             })
             .set(1);
         metrics
+    }
+
+    /// `count` live replicas share the read budget.
+    pub fn replicas(&self, count: u32) {
+        self.replicas.set(i64::from(count));
     }
 
     /// A rollout began.

@@ -7,7 +7,10 @@
 //! here instead of tripping the server's limit.
 
 use std::{
-    sync::{Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU32, Ordering},
+    },
     time::Duration,
 };
 
@@ -18,12 +21,44 @@ pub const DEFAULT_READ_RATE: f64 = 40.0;
 /// Default burst: reads allowed at once after an idle period.
 pub const DEFAULT_READ_BURST: u32 = 10;
 
+/// How many replicas of the controller share Temporal's limits right now (at least 1): each
+/// takes this share of a namespace's read rate. Kept current by the controller's replica
+/// Leases (`src/replicas.rs`).
+#[derive(Debug, Clone)]
+pub struct Replicas(Arc<AtomicU32>);
+
+impl Replicas {
+    /// One replica (until told otherwise).
+    pub fn one() -> Self {
+        Self(Arc::new(AtomicU32::new(1)))
+    }
+
+    /// Records `count` live replicas (0 counts as 1).
+    pub fn set(&self, count: u32) {
+        self.0.store(count.max(1), Ordering::Relaxed);
+    }
+
+    /// Live replicas.
+    pub fn count(&self) -> u32 {
+        self.0.load(Ordering::Relaxed).max(1)
+    }
+}
+
+impl Default for Replicas {
+    fn default() -> Self {
+        Self::one()
+    }
+}
+
 /// A FIFO-fair token bucket: each caller reserves a token (the balance may go negative) and sleeps
-/// until its token is due, so the lock is never held across an await.
+/// until its token is due, so the lock is never held across an await. Its rate is divided
+/// between the live [`Replicas`] (the burst too, so together they stay under the server's
+/// limit).
 #[derive(Debug)]
 pub struct TokenBucket {
     rate: f64,
     burst: f64,
+    replicas: Replicas,
     state: Mutex<BucketState>,
 }
 
@@ -38,6 +73,11 @@ impl TokenBucket {
     /// Non-positive or non-finite rates fall back to [`DEFAULT_READ_RATE`]; a zero burst counts
     /// as 1.
     pub fn new(rate_per_sec: f64, burst: u32) -> Self {
+        Self::shared(rate_per_sec, burst, Replicas::one())
+    }
+
+    /// [`Self::new`], the rate and burst divided between `replicas`.
+    pub fn shared(rate_per_sec: f64, burst: u32, replicas: Replicas) -> Self {
         let rate = if rate_per_sec.is_finite() && rate_per_sec > 0.0 {
             rate_per_sec
         } else {
@@ -47,6 +87,7 @@ impl TokenBucket {
         Self {
             rate,
             burst,
+            replicas,
             state: Mutex::new(BucketState {
                 tokens: burst,
                 last: Instant::now(),
@@ -54,9 +95,14 @@ impl TokenBucket {
         }
     }
 
-    /// Tokens per second.
+    /// Tokens per second of this replica: its share of the rate.
     pub fn rate(&self) -> f64 {
-        self.rate
+        self.rate / f64::from(self.replicas.count())
+    }
+
+    /// This replica's share of the burst (at least one token).
+    fn burst(&self) -> f64 {
+        (self.burst / f64::from(self.replicas.count())).max(1.0)
     }
 
     /// Waits until a token is available and takes it. If the future is dropped while waiting,
@@ -73,13 +119,14 @@ impl TokenBucket {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let elapsed = now.saturating_duration_since(state.last).as_secs_f64();
-        state.tokens = (state.tokens + elapsed * self.rate).min(self.burst);
+        let rate = self.rate();
+        state.tokens = (state.tokens + elapsed * rate).min(self.burst());
         state.last = now;
         state.tokens -= 1.0;
         if state.tokens >= 0.0 {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64(-state.tokens / self.rate)
+            Duration::from_secs_f64(-state.tokens / rate)
         }
     }
 }
@@ -106,6 +153,26 @@ mod tests {
             elapsed >= Duration::from_millis(999) && elapsed <= Duration::from_millis(1001),
             "10 more tokens at 10/s take 1 s, took {elapsed:?}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn replicas_divide_the_rate_and_the_burst() {
+        // (live replicas, time for 20 tokens from a full bucket of 40/s, burst 10).
+        let cases = [(1, 250), (2, 750), (4, 1750)];
+        for (count, millis) in cases {
+            let replicas = Replicas::one();
+            replicas.set(count);
+            let bucket = TokenBucket::shared(40.0, 10, replicas);
+            let start = Instant::now();
+            for _ in 0..20 {
+                bucket.acquire().await;
+            }
+            let elapsed = start.elapsed().as_millis();
+            assert!(
+                elapsed.abs_diff(millis) <= 1,
+                "{count} replicas: 20 tokens took {elapsed} ms, not {millis}"
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]

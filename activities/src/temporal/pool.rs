@@ -19,7 +19,7 @@ use crate::{
     connection::{ConnectionAuth, ConnectionConfig},
     metrics::Metrics,
     temporal::{
-        budget::{DEFAULT_READ_BURST, DEFAULT_READ_RATE, TokenBucket},
+        budget::{DEFAULT_READ_BURST, DEFAULT_READ_RATE, Replicas, TokenBucket},
         error::{StatusClass, TemporalError},
     },
 };
@@ -35,6 +35,8 @@ pub struct PoolOptions {
     pub read_rate_per_sec: f64,
     /// Reads allowed at once after an idle period (default 10).
     pub read_burst: u32,
+    /// The live replicas the read rate and burst are divided between (default one).
+    pub replicas: Replicas,
     /// Limit for establishing a connection (TCP + TLS + first call), default 10 s.
     pub connect_timeout: Duration,
     /// Clients unused for this long are dropped from the cache (default 1 h).
@@ -50,6 +52,7 @@ impl PoolOptions {
             identity: identity.into(),
             read_rate_per_sec: DEFAULT_READ_RATE,
             read_burst: DEFAULT_READ_BURST,
+            replicas: Replicas::one(),
             connect_timeout: Duration::from_secs(10),
             idle_ttl: Duration::from_secs(3600),
             metrics: Arc::new(Metrics::new()),
@@ -229,9 +232,10 @@ impl ClientPool {
             budgets
                 .entry((host_port.to_owned(), namespace.to_owned()))
                 .or_insert_with(|| {
-                    Arc::new(TokenBucket::new(
+                    Arc::new(TokenBucket::shared(
                         self.inner.options.read_rate_per_sec,
                         self.inner.options.read_burst,
+                        self.inner.options.replicas.clone(),
                     ))
                 }),
         )
