@@ -125,6 +125,10 @@ pub async fn run(
     let mut sync = InitialSync::new(watches, synced);
     let mut workers = Workers::default();
     let mut signals = Signals::new(kube.clone());
+    // The TWD workflows already running: a TWD of the first list whose workflow runs and has
+    // written the status of its generation is not signalled again (a restarted replica wakes
+    // nothing); one listed later, or changed, is.
+    let mut running = running_twd_workflows(&engine).await;
     loop {
         tokio::select! {
             () = &mut shutdown => return,
@@ -133,6 +137,10 @@ pub async fn run(
                     let key = Workers::key(&object);
                     let nudge = workers.applied(&config.metrics, watch, object);
                     if let Some(holder) = workers.holder(&key) {
+                        if !nudge && running.remove(&workflow_id_of(holder)) && signalled_before(holder) {
+                            state.sent.insert(key, sent_key(holder));
+                            continue;
+                        }
                         signals.submit(&engine, &config, &state.sent, holder.clone(), nudge);
                     }
                 }
@@ -148,6 +156,10 @@ pub async fn run(
                 Ok(Watched::Listed(watch)) => {
                     workers.listed(&config.metrics, kind, watch);
                     sync.listed(Kind::Twd(kind), watch);
+                    if sync.done() {
+                        // Only the first list is taken from it; the set goes.
+                        running = HashSet::new();
+                    }
                 }
                 Err(e) => tracing::warn!("watching {kind}s: {e}"),
             },
@@ -212,6 +224,67 @@ pub async fn run(
     }
 }
 
+/// IDs of the TWD workflows running now, read once when the watcher starts (empty if Temporal
+/// cannot list them: every TWD is signalled then, as it would be anyway).
+async fn running_twd_workflows(engine: &Client) -> HashSet<String> {
+    let options = temporalio_client::WorkflowListOptions::builder().build();
+    let mut stream =
+        engine.list_workflows("WorkflowType='twd' AND ExecutionStatus='Running'", options);
+    let mut running = HashSet::new();
+    while let Some(execution) = stream.next().await {
+        match execution {
+            Ok(execution) => {
+                running.insert(execution.id().to_owned());
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "listing the running TWD workflows failed; every TWD is signalled: {e}"
+                );
+                return HashSet::new();
+            }
+        }
+    }
+    tracing::info!(
+        running = running.len(),
+        "TWD workflows running at the start"
+    );
+    running
+}
+
+/// Whether the TWD's workflow has already handled its current generation: the status it wrote
+/// says so (and the object is not being deleted and carries no rollout action, which are
+/// always handled).
+fn signalled_before(twd: &WorkerObject) -> bool {
+    let status = twd.status.as_ref();
+    let action = twd
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(ROLLOUT_ACTION_ANNOTATION));
+    !twd.deleting()
+        && !action
+        && status.is_some_and(|s| s.rollout.is_some())
+        && status.and_then(|s| s.observed_generation) == twd.metadata.generation
+}
+
+/// The ID of the TWD's workflow.
+fn workflow_id_of(twd: &WorkerObject) -> String {
+    TwdRef {
+        namespace: twd.metadata.namespace.clone().unwrap_or_default(),
+        name: twd.metadata.name.clone().unwrap_or_default(),
+    }
+    .twd_workflow_id()
+}
+
+/// What [`Sent`] remembers of a TWD signalled (or found signalled).
+fn sent_key(twd: &WorkerObject) -> (String, i64, bool) {
+    (
+        twd.metadata.uid.clone().unwrap_or_default(),
+        twd.metadata.generation.unwrap_or_default(),
+        twd.metadata.deletion_timestamp.is_some(),
+    )
+}
+
 /// Key of a connection's last seen generation.
 fn connection_key(
     kind: ConnectionKind,
@@ -272,6 +345,11 @@ impl<F: FnOnce()> InitialSync<F> {
             listed: HashSet::new(),
             synced: Some(synced),
         }
+    }
+
+    /// Whether every watch has finished its first list.
+    fn done(&self) -> bool {
+        self.synced.is_none()
     }
 
     fn listed(&mut self, kind: Kind, watch: usize) {

@@ -374,3 +374,84 @@ async fn a_spec_change_the_watcher_missed_is_rolled_out_by_the_resync() {
     assert_eq!(routing.current.as_deref(), Some(build.as_str()));
     private.sandbox.stop().await;
 }
+
+/// `spec_changed` signals every run of `workflow_id` received.
+async fn spec_signals(cluster: &Cluster, workflow_id: &str) -> Result<usize, String> {
+    crate::drain::count_events(cluster, workflow_id, |e| {
+        e["workflowExecutionSignaledEventAttributes"]["signalName"].as_str() == Some("spec_changed")
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_restarted_controller_signals_no_twd_whose_workflow_has_its_generation() {
+    let mut private = Private::start("restart-quiet").await;
+    let cluster = &private.cluster;
+    let ns = cluster.namespace("quiet").await;
+    cluster.apply(&cluster.connection(&ns, "dev")).await;
+    let rollout = json!({ "strategy": "AllAtOnce" });
+    let names = ["one", "two", "three"];
+    for name in names {
+        cluster
+            .apply(&worker(&ns, name, "v1", rollout.clone()))
+            .await;
+    }
+    for name in names {
+        cluster.wait_ready(&ns, name, "v1", ROLLOUT).await;
+    }
+    let mut before = Vec::new();
+    for name in names {
+        let id = format!("twd/{ns}/{name}");
+        let count = cluster
+            .wait("the TWD workflow's signals", ROLLOUT, || async {
+                spec_signals(cluster, &id).await
+            })
+            .await;
+        before.push(count);
+    }
+
+    private
+        .sandbox
+        .restart_controller_with_env(&[])
+        .await
+        .unwrap_or_else(|e| panic!("restarting the controller: {e}"));
+    let cluster = &private.cluster;
+    // Ready once its watcher has handled the first list of every watch.
+    let ready = format!(
+        "{}/readyz",
+        private
+            .sandbox
+            .env
+            .controller_health_url
+            .clone()
+            .unwrap_or_else(|| panic!("the private sandbox names no health URL"))
+    );
+    cluster
+        .wait("the restarted controller ready", ROLLOUT, || async {
+            match twc_sandbox::http::get(&ready).await {
+                Ok(r) if r.status == 200 => Ok(()),
+                Ok(r) => Err(r.head),
+                Err(e) => Err(e),
+            }
+        })
+        .await;
+    // A change of one TWD reaches its workflow, and rolls out.
+    cluster
+        .apply(&worker(&ns, "one", "v2", rollout.clone()))
+        .await;
+    cluster.wait_ready(&ns, "one", "v2", ROLLOUT).await;
+    let one = spec_signals(cluster, &format!("twd/{ns}/one"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(one > before[0], "the change of `one` was signalled");
+    for (name, before) in names.iter().zip(&before).skip(1) {
+        let after = spec_signals(cluster, &format!("twd/{ns}/{name}"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            after, *before,
+            "{name}: the restarted controller signalled a TWD whose workflow had its generation"
+        );
+    }
+    private.sandbox.stop().await;
+}
