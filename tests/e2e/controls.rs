@@ -812,7 +812,7 @@ async fn two_replicas_apply_an_annotation_control_exactly_once() {
                 .unwrap_or_default()
                 .lines()
                 .filter(|l| {
-                    l.contains("rollout action annotation sent as a signal")
+                    l.contains("rollout action annotation accepted")
                         && l.contains(&format!("twd={ns}/hello"))
                 })
                 .count()
