@@ -3,6 +3,7 @@
 //! `kubectl-twc`, it is a kubectl plugin: `kubectl twc status my-worker -n prod`.
 
 mod cli;
+mod resource_templates;
 mod run;
 mod watcher;
 

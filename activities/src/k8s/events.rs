@@ -1,13 +1,15 @@
-//! Kubernetes Events on a worker deployment (`kubectl describe wd` / `kubectl events`), recorded through
-//! kube-runtime's events Recorder with reporter `twc`.
+//! Kubernetes Events on a worker deployment (`kubectl describe wd` / `kubectl events`) and on the
+//! other objects the controller acts for, recorded through kube-runtime's events Recorder with
+//! reporter `twc`.
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use twc_crds::WorkerObject;
 use twc_workflows::contract::EventKind;
 use twc_workflows::model::TwdRef;
 
-use super::error::K8sError;
+use super::error::{K8sError, ObjectName};
 use super::twd::{get_twd, worker_object_name};
 
 /// Reporting controller name on every event.
@@ -47,6 +49,26 @@ pub async fn emit_event_on(
         resource.metadata.namespace.as_deref().unwrap_or_default(),
         resource.metadata.name.as_deref().unwrap_or_default(),
     );
+    publish(
+        client,
+        &resource.object_reference(),
+        &object,
+        kind,
+        reason,
+        message,
+    )
+    .await
+}
+
+/// Records an event on the object `reference` points at (`object` names it in errors).
+pub async fn publish(
+    client: &Client,
+    reference: &ObjectReference,
+    object: &ObjectName,
+    kind: EventKind,
+    reason: &str,
+    message: &str,
+) -> Result<(), K8sError> {
     let reason = truncate(reason, MAX_REASON);
     let event = Event {
         type_: match kind {
@@ -59,9 +81,9 @@ pub async fn emit_event_on(
         secondary: None,
     };
     Recorder::new(client.clone(), reporter())
-        .publish(&event, &resource.object_reference())
+        .publish(&event, reference)
         .await
-        .map_err(K8sError::api("record an event on", &object))?;
+        .map_err(K8sError::api("record an event on", object))?;
     tracing::debug!(%object, reason, ?kind, "recorded event");
     Ok(())
 }
