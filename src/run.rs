@@ -288,6 +288,39 @@ mod tests {
     }
 
     #[test]
+    fn templates_render_no_kind_and_serve_no_webhook_unless_told() {
+        // (flags, allowed kinds, webhook certificate folder)
+        let cases: [(&[&str], &[&str], Option<&str>); 3] = [
+            (&[], &[], None),
+            (
+                &[
+                    "--wrt-allowed-kinds",
+                    "HorizontalPodAutoscaler,PodDisruptionBudget",
+                ],
+                &["HorizontalPodAutoscaler", "PodDisruptionBudget"],
+                None,
+            ),
+            (
+                &["--webhook-cert-dir", "/etc/twc/webhook"],
+                &[],
+                Some("/etc/twc/webhook"),
+            ),
+        ];
+        for (flags, kinds, cert_dir) in cases {
+            let parsed =
+                Flags::try_parse_from(std::iter::once("twc-run").chain(flags.iter().copied()))
+                    .unwrap_or_else(|e| panic!("{flags:?}: {e}"));
+            assert_eq!(parsed.run.wrt_allowed_kinds, kinds, "{flags:?}");
+            assert_eq!(
+                parsed.run.webhook_cert_dir.as_deref(),
+                cert_dir.map(std::path::Path::new),
+                "{flags:?}"
+            );
+            assert_eq!(parsed.run.webhook_bind_address.to_string(), ":9443");
+        }
+    }
+
+    #[test]
     fn the_interval_flags_take_go_durations_down_to_their_minimum() {
         // Ok((resync, heap trim) in ms) or Err(part of the message).
         type Expected = Result<(u64, u64), &'static str>;
