@@ -173,22 +173,18 @@ impl Admission {
                 },
                 status: None,
             };
-            let answer = api
+            let allowed = api
                 .create(&PostParams::default(), &review)
                 .await
-                .map_err(|e| {
-                    format!(
-                        "could not check whether {username} may {verb} {} ({}); try again",
-                        resource_name(served),
-                        describe(&e)
-                    )
-                })?;
-            if !answer.status.is_some_and(|s| s.allowed) {
-                return Err(format!(
-                    "spec.template.kind: {username} may not {verb} {} in namespace {namespace}; a WorkerResourceTemplate has the controller create, update and delete them for its author, who needs those rights",
-                    resource_name(served)
-                ));
-            }
+                .map(|answer| answer.status.is_some_and(|s| s.allowed));
+            refuse_unless(
+                allowed,
+                &username,
+                verb,
+                namespace,
+                served,
+                "a WorkerResourceTemplate has the controller create, update and delete them for its author, who needs those rights",
+            )?;
         }
         Ok(())
     }
@@ -210,24 +206,42 @@ impl Admission {
                 },
                 status: None,
             };
-            let answer = api
+            let allowed = api
                 .create(&PostParams::default(), &review)
                 .await
-                .map_err(|e| {
-                    format!(
-                        "could not check the controller's own rights on {} ({}); try again",
-                        resource_name(served),
-                        describe(&e)
-                    )
-                })?;
-            if !answer.status.is_some_and(|s| s.allowed) {
-                return Err(format!(
-                    "spec.template.kind: the controller may not {verb} {} in namespace {namespace}; grant it (Helm value workerResourceTemplate.allowedResources lists the kinds and their resources)",
-                    resource_name(served)
-                ));
-            }
+                .map(|answer| answer.status.is_some_and(|s| s.allowed));
+            refuse_unless(
+                allowed,
+                "the controller",
+                verb,
+                namespace,
+                served,
+                "grant it (Helm value workerResourceTemplate.allowedResources lists the kinds and their resources)",
+            )?;
         }
         Ok(())
+    }
+}
+
+/// The refusal when an access review said no (`why` says what to do), or could not be made.
+fn refuse_unless(
+    allowed: Result<bool, kube::Error>,
+    who: &str,
+    verb: &str,
+    namespace: &str,
+    served: &ServedKind,
+    why: &str,
+) -> Result<(), String> {
+    let resource = resource_name(served);
+    match allowed {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(format!(
+            "spec.template.kind: {who} may not {verb} {resource} in namespace {namespace}; {why}"
+        )),
+        Err(e) => Err(format!(
+            "could not check whether {who} may {verb} {resource} ({}); try again",
+            describe(&e)
+        )),
     }
 }
 

@@ -301,12 +301,7 @@ async fn reconcile(
     });
     let now = Time(Timestamp::now());
     let generation = template.metadata.generation.unwrap_or_default();
-    let previous: BTreeMap<&str, &TemplateVersionStatus> = template
-        .status
-        .iter()
-        .flat_map(|s| &s.versions)
-        .map(|e| (e.build_id.as_str(), e))
-        .collect();
+    let previous = plan::entries_by_build(&template);
     let mut entries = Vec::new();
     for step in &plan.steps {
         let before = |build: &str| previous.get(build).copied();

@@ -123,12 +123,7 @@ pub struct Inputs<'a> {
 pub fn plan(inputs: Inputs<'_>) -> Plan {
     let template = inputs.template;
     let namespace = template.metadata.namespace.as_deref().unwrap_or_default();
-    let previous: BTreeMap<&str, &TemplateVersionStatus> = template
-        .status
-        .iter()
-        .flat_map(|s| &s.versions)
-        .map(|e| (e.build_id.as_str(), e))
-        .collect();
+    let previous = entries_by_build(template);
     let worker_name = template.spec.worker_name().unwrap_or_default();
     let blocked = match inputs.worker {
         None => Some(Blocked {
@@ -192,6 +187,18 @@ pub fn plan(inputs: Inputs<'_>) -> Plan {
     }
     steps.sort_by(|a, b| build_of(a).cmp(build_of(b)));
     Plan { steps, blocked }
+}
+
+/// The template's status entries by build ID.
+pub fn entries_by_build(
+    template: &WorkerResourceTemplate,
+) -> BTreeMap<&str, &TemplateVersionStatus> {
+    template
+        .status
+        .iter()
+        .flat_map(|s| &s.versions)
+        .map(|e| (e.build_id.as_str(), e))
+        .collect()
 }
 
 fn version_step(
@@ -537,6 +544,39 @@ mod tests {
             .collect()
     }
 
+    /// One row of the planning table.
+    struct Case {
+        what: &'static str,
+        template: serde_json::Value,
+        /// The template's status entries.
+        entries: Vec<TemplateVersionStatus>,
+        worker: Option<WorkerView>,
+        /// Build IDs with a live Deployment.
+        live: Vec<&'static str>,
+        kind_refused: Option<&'static str>,
+        full: bool,
+        /// (step, build ID) in order.
+        steps: Vec<(&'static str, &'static str)>,
+        blocked: Option<TemplateReason>,
+    }
+
+    impl Case {
+        /// A scaler template, a worker without autoscaling, its kind allowed, no full apply.
+        fn new(what: &'static str) -> Self {
+            Self {
+                what,
+                template: hpa(),
+                entries: vec![],
+                worker: Some(worker(false)),
+                live: vec![],
+                kind_refused: None,
+                full: false,
+                steps: vec![],
+                blocked: None,
+            }
+        }
+    }
+
     #[test]
     fn each_live_version_gets_a_copy_and_gone_versions_lose_theirs() {
         let (v1, v2, v3) = (
@@ -548,156 +588,104 @@ mod tests {
         stale.last_applied_hash = Some("0000000000000000".into());
         let mut failed = applied(&hpa(), "v2");
         failed.apply_error = Some("forbidden".into());
-        type Case = (
-            &'static str,
-            serde_json::Value,
-            Vec<TemplateVersionStatus>,
-            Option<WorkerView>,
-            Vec<&'static str>,
-            Option<&'static str>,
-            bool,
-            Vec<(&'static str, &'static str)>,
-            Option<TemplateReason>,
-        );
-        let cases: Vec<Case> = vec![
-            (
-                "first copies",
-                hpa(),
-                vec![],
-                Some(worker(false)),
-                vec!["v1", "v2"],
-                None,
-                false,
-                vec![("apply", "v1"), ("apply", "v2")],
-                None,
-            ),
-            (
-                "unchanged copies are kept",
-                hpa(),
-                vec![v1.clone(), v2.clone()],
-                Some(worker(false)),
-                vec!["v1", "v2"],
-                None,
-                false,
-                vec![("keep", "v1"), ("keep", "v2")],
-                None,
-            ),
-            (
-                "the periodic full apply applies them anyway",
-                hpa(),
-                vec![v1.clone()],
-                Some(worker(false)),
-                vec!["v1"],
-                None,
-                true,
-                vec![("apply", "v1")],
-                None,
-            ),
-            (
-                "a changed template, or a failed apply, is applied again",
-                hpa(),
-                vec![stale.clone(), failed.clone()],
-                Some(worker(false)),
-                vec!["v2"],
-                None,
-                false,
-                vec![("apply", "v2")],
-                None,
-            ),
-            (
-                "a rollout: the new version's copy, the retired one's deleted",
-                hpa(),
-                vec![v1.clone(), v2.clone()],
-                Some(worker(false)),
-                vec!["v2", "v3"],
-                None,
-                false,
-                vec![("delete", "v1"), ("keep", "v2"), ("apply", "v3")],
-                None,
-            ),
-            (
-                "a template that changed kind replaces the copy",
-                hpa(),
-                vec![v3.clone()],
-                Some(worker(false)),
-                vec!["v3"],
-                None,
-                false,
-                vec![("replace", "v3")],
-                None,
-            ),
-            (
-                "no worker deployment: copies of gone versions deleted, nothing applied",
-                hpa(),
-                vec![v1.clone()],
-                None,
-                vec![],
-                None,
-                false,
-                vec![("delete", "v1")],
-                Some(TemplateReason::WorkerDeploymentNotFound),
-            ),
-            (
-                "spec.autoscaling wins over a scaler: every copy deleted",
-                hpa(),
-                vec![v1.clone(), v2.clone()],
-                Some(worker(true)),
-                vec!["v1", "v2"],
-                None,
-                false,
-                vec![("delete", "v1"), ("delete", "v2")],
-                Some(TemplateReason::ConflictsWithAutoscaling),
-            ),
-            (
-                "spec.autoscaling leaves a PDB alone",
-                pdb(),
-                vec![],
-                Some(worker(true)),
-                vec!["v1"],
-                None,
-                false,
-                vec![("apply", "v1")],
-                None,
-            ),
-            (
-                "a kind no longer allowed: live copies left alone, gone ones deleted",
-                hpa(),
-                vec![v1.clone(), v2.clone()],
-                Some(worker(false)),
-                vec!["v2"],
-                Some("not allowed"),
-                false,
-                vec![("delete", "v1"), ("keep", "v2")],
-                Some(TemplateReason::KindNotAllowed),
-            ),
-            (
-                "a template without spec cannot be rendered",
-                json!({ "apiVersion": "v1", "kind": "X" }),
-                vec![],
-                Some(worker(false)),
-                vec!["v1"],
-                None,
-                false,
-                vec![("unrenderable", "v1")],
-                None,
-            ),
+        let cases = [
+            Case {
+                live: vec!["v1", "v2"],
+                steps: vec![("apply", "v1"), ("apply", "v2")],
+                ..Case::new("first copies")
+            },
+            Case {
+                entries: vec![v1.clone(), v2.clone()],
+                live: vec!["v1", "v2"],
+                steps: vec![("keep", "v1"), ("keep", "v2")],
+                ..Case::new("unchanged copies are kept")
+            },
+            Case {
+                entries: vec![v1.clone()],
+                live: vec!["v1"],
+                full: true,
+                steps: vec![("apply", "v1")],
+                ..Case::new("the periodic full apply applies them anyway")
+            },
+            Case {
+                entries: vec![stale, failed],
+                live: vec!["v2"],
+                steps: vec![("apply", "v2")],
+                ..Case::new("a changed template, or a failed apply, is applied again")
+            },
+            Case {
+                entries: vec![v1.clone(), v2.clone()],
+                live: vec!["v2", "v3"],
+                steps: vec![("delete", "v1"), ("keep", "v2"), ("apply", "v3")],
+                ..Case::new("a rollout: the new version's copy, the retired one's deleted")
+            },
+            Case {
+                entries: vec![v3],
+                live: vec!["v3"],
+                steps: vec![("replace", "v3")],
+                ..Case::new("a template that changed kind replaces the copy")
+            },
+            Case {
+                entries: vec![v1.clone()],
+                worker: None,
+                steps: vec![("delete", "v1")],
+                blocked: Some(TemplateReason::WorkerDeploymentNotFound),
+                ..Case::new(
+                    "no worker deployment: copies of gone versions deleted, nothing applied",
+                )
+            },
+            Case {
+                entries: vec![v1.clone(), v2.clone()],
+                worker: Some(worker(true)),
+                live: vec!["v1", "v2"],
+                steps: vec![("delete", "v1"), ("delete", "v2")],
+                blocked: Some(TemplateReason::ConflictsWithAutoscaling),
+                ..Case::new("spec.autoscaling wins over a scaler: every copy deleted")
+            },
+            Case {
+                template: pdb(),
+                worker: Some(worker(true)),
+                live: vec!["v1"],
+                steps: vec![("apply", "v1")],
+                ..Case::new("spec.autoscaling leaves a PDB alone")
+            },
+            Case {
+                entries: vec![v1, v2],
+                live: vec!["v2"],
+                kind_refused: Some("not allowed"),
+                steps: vec![("delete", "v1"), ("keep", "v2")],
+                blocked: Some(TemplateReason::KindNotAllowed),
+                ..Case::new("a kind no longer allowed: live copies left alone, gone ones deleted")
+            },
+            Case {
+                template: json!({ "apiVersion": "v1", "kind": "X" }),
+                live: vec!["v1"],
+                steps: vec![("unrenderable", "v1")],
+                ..Case::new("a template without spec cannot be rendered")
+            },
         ];
-        for (name, spec, versions, worker, builds, kind_refused, full, expected, blocked) in cases {
-            let t = template(spec, versions);
-            let versions: Vec<LiveVersion> = builds.into_iter().map(live).collect();
+        for case in cases {
+            let t = template(case.template, case.entries);
+            let versions: Vec<LiveVersion> = case.live.into_iter().map(live).collect();
             let plan = plan(Inputs {
                 template: &t,
-                worker: worker.as_ref(),
+                worker: case.worker.as_ref(),
                 versions: &versions,
-                kind_refused,
-                full,
+                kind_refused: case.kind_refused,
+                full: case.full,
             });
-            let expected: Vec<(&str, String)> = expected
+            let expected: Vec<(&str, String)> = case
+                .steps
                 .into_iter()
                 .map(|(s, b)| (s, b.to_owned()))
                 .collect();
-            assert_eq!(summary(&plan), expected, "{name}");
-            assert_eq!(plan.blocked.map(|b| b.reason), blocked, "{name}");
+            assert_eq!(summary(&plan), expected, "{}", case.what);
+            assert_eq!(
+                plan.blocked.map(|b| b.reason),
+                case.blocked,
+                "{}",
+                case.what
+            );
         }
     }
 
