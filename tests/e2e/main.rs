@@ -20,5 +20,6 @@ mod pod_runner;
 mod production;
 mod reassert;
 mod recovery;
+mod resource_templates;
 mod rollout;
 mod tracing;
