@@ -3,7 +3,8 @@
 //! where the template says `{}`, following a rollout and reported per version; the admission
 //! webhook (called by the real kube-apiserver) refusing kinds that are not allowed, authors who
 //! may not create the kind, templates that break a rule, and scalers on a worker deployment
-//! that scales itself (`spec.autoscaling`, which wins when it comes later).
+//! that scales itself (`spec.autoscaling`, which wins when it comes later), and answering again
+//! once a killed controller is restarted.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -829,4 +830,68 @@ async fn a_failed_copy_is_reported_on_the_template_and_by_an_event() {
             .ok_or_else(|| format!("{} events", listed.len()))
     })
     .await;
+}
+
+#[tokio::test]
+async fn the_webhook_answers_again_once_a_killed_controller_is_restarted() {
+    // A private sandbox: killing the suite's controller would disturb the other tests.
+    let mut private = crate::chaos::cluster::Private::start("wrt-webhook").await;
+    let ns = private.cluster.namespace("wrt").await;
+    let config_map = template(
+        &ns,
+        "config",
+        "hello",
+        json!({ "apiVersion": "v1", "kind": "ConfigMap", "spec": {} }),
+    );
+    let not_allowed = "spec.template.kind ConfigMap is not allowed";
+    let cluster = &private.cluster;
+    let try_create = || async {
+        cluster
+            .kubectl(&["create", "-f", "-"], Some(&config_map.to_string()))
+            .await
+    };
+    cluster
+        .wait("the webhook refusing a ConfigMap", FOLLOW, || async {
+            let out = try_create().await;
+            if out.stderr.contains(not_allowed) {
+                Ok(())
+            } else {
+                Err(out.stderr)
+            }
+        })
+        .await;
+
+    // Killed: the API server cannot call it, and fails closed.
+    assert!(private.sandbox.kill_controller().await.is_some());
+    let down = try_create().await;
+    assert!(
+        !down.success && down.stderr.contains("failed calling webhook"),
+        "{down:?}"
+    );
+
+    // Restarted on the same port with the same certificate: it answers again.
+    assert!(private.sandbox.restart_dead_controller().is_some());
+    let cluster = &private.cluster;
+    cluster
+        .wait(
+            "the restarted webhook refusing a ConfigMap",
+            FOLLOW,
+            || async {
+                let out = try_create().await;
+                if out.stderr.contains(not_allowed) {
+                    Ok(())
+                } else {
+                    Err(out.stderr)
+                }
+            },
+        )
+        .await;
+    let out = cluster
+        .kubectl(
+            &["create", "-f", "-"],
+            Some(&template(&ns, "budget", "hello", pdb()).to_string()),
+        )
+        .await;
+    assert!(out.success, "{}", out.stderr);
+    private.sandbox.stop().await;
 }
