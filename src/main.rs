@@ -5,6 +5,7 @@
 mod cli;
 mod deployment_watch;
 mod replicas;
+mod resource_templates;
 mod run;
 mod watcher;
 

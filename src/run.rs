@@ -17,6 +17,9 @@ use twc_worker::{connect_engine, run_engine_worker_reporting};
 
 use self::telemetry::{BindAddress, Health, Task};
 use crate::cli::engine::EngineArgs;
+use crate::resource_templates::admission::Admission;
+use crate::resource_templates::controller::{self as templates, TemplatesConfig};
+use crate::resource_templates::webhook::{self, WebhookConfig};
 use crate::watcher::{self, WatcherConfig};
 
 /// Flags of `twc run` (each also readable from the environment).
@@ -96,6 +99,18 @@ pub struct RunArgs {
     #[arg(long, env = "TWC_HEAP_TRIM_INTERVAL", default_value = "10s",
           value_parser = |s: &str| parse_interval(s, std::time::Duration::ZERO))]
     heap_trim_interval: std::time::Duration,
+    /// Where the WorkerResourceTemplate admission webhook is served over HTTPS (the forms of
+    /// `--metrics-bind-address`); only with `--webhook-cert-dir`.
+    #[arg(long, env = "TWC_WEBHOOK_BIND_ADDRESS", default_value = ":9443")]
+    webhook_bind_address: BindAddress,
+    /// Folder with the webhook's serving certificate and key (`tls.crt`, `tls.key`; a renewed
+    /// pair is picked up without a restart). Unset: no webhook is served.
+    #[arg(long, env = "TWC_WEBHOOK_CERT_DIR")]
+    webhook_cert_dir: Option<std::path::PathBuf>,
+    /// Comma-separated kinds a WorkerResourceTemplate may render (case-insensitive), e.g.
+    /// `HorizontalPodAutoscaler,PodDisruptionBudget`. Empty: every template is refused.
+    #[arg(long, env = "TWC_WRT_ALLOWED_KINDS", value_delimiter = ',')]
+    wrt_allowed_kinds: Vec<String>,
 }
 
 /// A positive, finite rate.
@@ -163,6 +178,42 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     let kube = telemetry::kube::client(Arc::clone(&metrics))
         .await
         .context("connecting to Kubernetes")?;
+    let allowed_kinds: Vec<String> = args
+        .wrt_allowed_kinds
+        .iter()
+        .map(|k| k.trim().to_owned())
+        .filter(|k| !k.is_empty())
+        .collect();
+    // WorkerResourceTemplates need Kubernetes only: admitted and rendered while Temporal is
+    // still being reached.
+    if let Some(cert_dir) = &args.webhook_cert_dir
+        && args.webhook_bind_address != BindAddress::Off
+    {
+        let admission = Admission::new(kube.clone(), allowed_kinds.clone());
+        webhook::serve(
+            &WebhookConfig {
+                address: args.webhook_bind_address,
+                cert_dir: cert_dir.clone(),
+            },
+            Arc::new(admission),
+        )
+        .await?;
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut stop_templates = stop_rx.clone();
+    let templates_health = Arc::clone(&health);
+    let templates_config = TemplatesConfig {
+        namespaces: watch_namespaces.clone(),
+        allowed_kinds,
+    };
+    let templates_kube = kube.clone();
+    let templates = tokio::spawn(async move {
+        let _running = templates_health.guard(Task::Templates);
+        templates::run(templates_kube, templates_config, async move {
+            let _ = stop_templates.wait_for(|stop| *stop).await;
+        })
+        .await;
+    });
     let engine = connect_engine(&config).await?;
     tracing::info!(address = %config.address, namespace = %config.namespace, task_queue = %config.task_queue,
         identity = %config.identity, watch = ?watch_namespaces, "controller starting");
@@ -173,7 +224,6 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     } else {
         ClusterAccess::Restricted
     };
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let watcher_config = WatcherConfig {
         namespaces: watch_namespaces,
         task_queue: config.task_queue.clone(),
@@ -276,6 +326,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     let _ = watcher.await;
     let _ = deployments.await;
     let _ = leases.await;
+    let _ = templates.await;
     let _ = trim.await;
     if let Some(export) = trace_export {
         export.shutdown().await;
@@ -306,6 +357,39 @@ mod tests {
     struct Flags {
         #[command(flatten)]
         run: super::RunArgs,
+    }
+
+    #[test]
+    fn templates_render_no_kind_and_serve_no_webhook_unless_told() {
+        // (flags, allowed kinds, webhook certificate folder)
+        let cases: [(&[&str], &[&str], Option<&str>); 3] = [
+            (&[], &[], None),
+            (
+                &[
+                    "--wrt-allowed-kinds",
+                    "HorizontalPodAutoscaler,PodDisruptionBudget",
+                ],
+                &["HorizontalPodAutoscaler", "PodDisruptionBudget"],
+                None,
+            ),
+            (
+                &["--webhook-cert-dir", "/etc/twc/webhook"],
+                &[],
+                Some("/etc/twc/webhook"),
+            ),
+        ];
+        for (flags, kinds, cert_dir) in cases {
+            let parsed =
+                Flags::try_parse_from(std::iter::once("twc-run").chain(flags.iter().copied()))
+                    .unwrap_or_else(|e| panic!("{flags:?}: {e}"));
+            assert_eq!(parsed.run.wrt_allowed_kinds, kinds, "{flags:?}");
+            assert_eq!(
+                parsed.run.webhook_cert_dir.as_deref(),
+                cert_dir.map(std::path::Path::new),
+                "{flags:?}"
+            );
+            assert_eq!(parsed.run.webhook_bind_address.to_string(), ":9443");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ use schemars::{Schema, SchemaGenerator, json_schema};
 
 use crate::{
     ClusterConnection, Connection, TemporalConnection, TemporalWorkerDeployment, WorkerDeployment,
+    WorkerResourceTemplate,
 };
 
 /// Schema of a free-form JSON object (any keys; the API server keeps whatever it is given).
@@ -61,6 +62,10 @@ pub fn crd_manifests() -> Vec<CrdManifest> {
         CrdManifest {
             file_name: "temporal.io_clusterconnections.yaml",
             crd: ClusterConnection::crd(),
+        },
+        CrdManifest {
+            file_name: "temporal.io_workerresourcetemplates.yaml",
+            crd: WorkerResourceTemplate::crd(),
         },
     ]
 }

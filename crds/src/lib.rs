@@ -1,6 +1,7 @@
 //! The controller's API: the `WorkerDeployment` and `Connection` custom resources (and their older
 //! names `TemporalWorkerDeployment` and `TemporalConnection`), the cluster-scoped
-//! `ClusterConnection` (group `temporal.io`, version `v1alpha1`), the rules that turn a pod
+//! `ClusterConnection`, the `WorkerResourceTemplate` (group `temporal.io`, version `v1alpha1`)
+//! and how it renders per version, the rules that turn a pod
 //! template into a build ID and a Deployment name, and the generated CRD manifests.
 //!
 //! The Rust types here are the source of truth; `crds/*.yaml` is generated from them
@@ -13,6 +14,7 @@ pub mod duration;
 pub mod kinds;
 pub mod labels;
 pub mod naming;
+pub mod resource_template;
 pub mod worker_deployment;
 
 pub use build_id::BuildId;
@@ -21,6 +23,7 @@ pub use connection::{
     TemporalConnectionSpec,
 };
 pub use kinds::{WorkerKind, WorkerObject};
+pub use resource_template::{WorkerResourceTemplate, WorkerResourceTemplateSpec};
 pub use worker_deployment::{
     TemporalWorkerDeployment, TemporalWorkerDeploymentSpec, WorkerDeployment, WorkerDeploymentSpec,
 };

@@ -15,3 +15,4 @@ pub mod temporal;
 pub mod tracing_backend;
 pub mod up;
 pub mod wait;
+pub mod webhook;

@@ -441,6 +441,7 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
         logs            : {logs}\n\
         controller      : {controller}\n\
         metrics, probes : {metrics}, {health}/healthz, {health}/readyz\n\
+        WRT webhook     : {webhook} (kinds {kinds})\n\
         Prometheus      : {prometheus}\n\
         Traces (Jaeger) : {traces}\n\
         \n\
@@ -480,6 +481,8 @@ fn print_banner(sandbox: &Sandbox, options: &SandboxOptions) {
         temporal = env.temporal_cli.display(),
         metrics = env.controller_metrics_url.as_deref().unwrap_or("-"),
         health = env.controller_health_url.as_deref().unwrap_or("-"),
+        webhook = env.controller_webhook_url.as_deref().unwrap_or("-"),
+        kinds = twc_sandbox::webhook::ALLOWED_KINDS,
         prometheus = env.prometheus_url.as_deref().map_or_else(
             || "not running (start it with --prometheus; `make tools` installs it)".to_owned(),
             |url| format!("{url} (scrapes every worker's /metrics each second)"),

@@ -18,6 +18,7 @@ use crate::production::{ProductionTemporal, ProductionTemporalOptions};
 use crate::prometheus::{self, Prometheus, PrometheusOptions};
 use crate::temporal::{self, TemporalOptions, TemporalServer};
 use crate::tracing_backend::{self, Jaeger};
+use crate::webhook;
 
 /// How a server or the controller is stopped by a restart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,6 +146,8 @@ impl Sandbox {
             controller_pid_file: None,
             controller_metrics_url: None,
             controller_health_url: None,
+            controller_webhook_url: None,
+            webhook_cert_dir: None,
             prometheus_bin: Some(prometheus::binary(&options.tools_dir)).filter(|b| b.exists()),
             prometheus_targets_dir: Some(targets_dir),
             prometheus_url: None,
@@ -154,6 +157,15 @@ impl Sandbox {
             production_temporal: None,
         };
         let controller = if options.controller {
+            // The API server calls the controller's webhook before admitting a
+            // WorkerResourceTemplate; without a controller nothing would answer it.
+            let cert_dir = options.state_dir.join("webhook");
+            let ca = webhook::write_certificates(&cert_dir)?;
+            let port = free_port()?;
+            let url = format!("https://127.0.0.1:{port}{}", webhook::PATH);
+            webhook::register(&client, &url, &ca).await?;
+            env.controller_webhook_url = Some(url);
+            env.webhook_cert_dir = Some(cert_dir);
             Some(start_controller(&mut env, &[])?)
         } else {
             None
@@ -462,7 +474,10 @@ fn start_controller(env: &mut SandboxEnv, vars: &[(String, String)]) -> anyhow::
     // A restarted controller keeps the ports the env file names.
     let ports = match TelemetryPorts::of(env) {
         Some(ports) => ports,
-        None => TelemetryPorts::free()?,
+        None => TelemetryPorts {
+            webhook: url_port(env.controller_webhook_url.as_deref()),
+            ..TelemetryPorts::free()?
+        },
     };
     let process = spawn_controller(env, vars, "controller", &log, ports)?;
     env.controller_metrics_url = Some(ports.metrics_url());
@@ -484,31 +499,31 @@ fn write_pid_file(path: &Path, process: &Supervised) -> anyhow::Result<()> {
 }
 
 /// Loopback ports of a controller's `/metrics` and `/healthz` + `/readyz`: free ones, so
-/// controllers of several sandboxes (and replicas) run side by side.
+/// controllers of several sandboxes (and replicas) run side by side; and of its admission
+/// webhook, for the controller the API server calls.
 #[derive(Debug, Clone, Copy)]
 struct TelemetryPorts {
     metrics: u16,
     health: u16,
+    webhook: Option<u16>,
 }
 
 impl TelemetryPorts {
+    /// Free ports, and no webhook (another replica's: the API server calls the first one).
     fn free() -> std::io::Result<Self> {
         Ok(Self {
             metrics: free_port()?,
             health: free_port()?,
+            webhook: None,
         })
     }
 
     /// The ports the env file names for the controller, if any.
     fn of(env: &SandboxEnv) -> Option<Self> {
-        let port = |url: &Option<String>| -> Option<u16> {
-            let authority = url.as_deref()?.strip_prefix("http://")?;
-            let authority = authority.split('/').next()?;
-            authority.rsplit_once(':')?.1.parse().ok()
-        };
         Some(Self {
-            metrics: port(&env.controller_metrics_url)?,
-            health: port(&env.controller_health_url)?,
+            metrics: url_port(env.controller_metrics_url.as_deref())?,
+            health: url_port(env.controller_health_url.as_deref())?,
+            webhook: url_port(env.controller_webhook_url.as_deref()),
         })
     }
 
@@ -519,6 +534,16 @@ impl TelemetryPorts {
     fn health_url(self) -> String {
         format!("http://127.0.0.1:{}", self.health)
     }
+}
+
+/// The port of an `http://` or `https://` URL on a host with an explicit port.
+fn url_port(url: Option<&str>) -> Option<u16> {
+    let url = url?;
+    let authority = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))?;
+    let authority = authority.split('/').next()?;
+    authority.rsplit_once(':')?.1.parse().ok()
 }
 
 /// `twc run` against the sandbox's servers with extra environment `vars`, output appended to
@@ -538,6 +563,7 @@ fn spawn_controller(
             ports.metrics
         ))
         .arg(format!("--health-bind-address=127.0.0.1:{}", ports.health))
+        .arg(format!("--wrt-allowed-kinds={}", webhook::ALLOWED_KINDS))
         .env("KUBECONFIG", &env.kubeconfig)
         .env("TWC_ENGINE_ADDRESS", &env.temporal_address)
         .env("TWC_ENGINE_NAMESPACE", &env.temporal_namespace);
@@ -554,6 +580,12 @@ fn spawn_controller(
                 .env("TWC_ENGINE_TLS_CERT", cert)
                 .env("TWC_ENGINE_TLS_KEY", key);
         }
+    }
+    if let (Some(port), Some(dir)) = (ports.webhook, &env.webhook_cert_dir) {
+        command
+            .arg(format!("--webhook-bind-address=127.0.0.1:{port}"))
+            .arg("--webhook-cert-dir")
+            .arg(dir);
     }
     command
         .env(

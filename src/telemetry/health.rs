@@ -1,7 +1,7 @@
 //! What `/healthz` and `/readyz` answer.
 //!
 //! - **Live** (`/healthz`): none of the process's long-running tasks (the watcher, the engine
-//!   worker) has stopped. Starting up (connecting to Kubernetes and the engine) is live; a
+//!   worker, the WorkerResourceTemplate controller) has stopped. Starting up (connecting to Kubernetes and the engine) is live; a
 //!   watcher that panicked is not, so the kubelet restarts the pod. A dependency being down is
 //!   never a liveness failure: the tasks wait and retry on their own.
 //! - **Ready** (`/readyz`): live, not shutting down, the watcher has listed and handled every
@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub struct Health {
     watcher_synced: AtomicBool,
     watcher_stopped: AtomicBool,
+    templates_stopped: AtomicBool,
     worker_running: AtomicBool,
     worker_stopped: AtomicBool,
     shutting_down: AtomicBool,
@@ -29,6 +30,8 @@ pub enum Task {
     Watcher,
     /// The engine's Temporal worker.
     Worker,
+    /// The WorkerResourceTemplate controller.
+    Templates,
 }
 
 /// Marks its task stopped when dropped (also when the task panics and unwinds).
@@ -59,6 +62,7 @@ impl Health {
     pub fn stopped(&self, task: Task) {
         match task {
             Task::Watcher => self.watcher_stopped.store(true, Ordering::Release),
+            Task::Templates => self.templates_stopped.store(true, Ordering::Release),
             Task::Worker => {
                 self.worker_running.store(false, Ordering::Release);
                 self.worker_stopped.store(true, Ordering::Release);
@@ -84,6 +88,9 @@ impl Health {
         }
         if self.worker_stopped.load(Ordering::Acquire) {
             problems.push("the engine worker stopped");
+        }
+        if self.templates_stopped.load(Ordering::Acquire) {
+            problems.push("the WorkerResourceTemplate controller stopped");
         }
         if problems.is_empty() {
             Ok(())

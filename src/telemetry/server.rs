@@ -167,7 +167,8 @@ pub async fn serve(
     Ok(bound)
 }
 
-async fn bind(address: BindAddress) -> std::io::Result<TcpListener> {
+/// A listener on `address` (every interface: IPv6 and IPv4 where the host has IPv6).
+pub async fn bind(address: BindAddress) -> std::io::Result<TcpListener> {
     match address {
         BindAddress::Addr(addr) => TcpListener::bind(addr).await,
         BindAddress::AnyInterface(port) => {

@@ -209,8 +209,8 @@ async fn crd_chart_renders_exactly_the_generated_crds_and_keeps_them_on_uninstal
 }
 
 #[tokio::test]
-async fn plain_manifests_match_what_the_chart_renders_by_default() {
-    let chart = render_chart(&[]).await;
+async fn plain_manifests_match_what_the_chart_renders_without_the_webhook() {
+    let chart = render_chart(&["--set", "webhook.enabled=false"]).await;
     let kubectl_bin = tool("TWC_KUBECTL", "venv/bin/kubectl");
     let plain = documents(&succeed(&kubectl_bin, &["kustomize", MANIFESTS], None).await);
 
@@ -344,6 +344,136 @@ async fn chart_binds_metrics_and_probes_to_the_ports_it_declares() {
             json!("/readyz")
         );
     }
+}
+
+/// The rules of the controller's (Cluster)Role that grant `resource`.
+fn rules_for<'a>(role: &'a Value, resource: &str) -> Vec<&'a Value> {
+    role["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| {
+            r["resources"]
+                .as_array()
+                .is_some_and(|rs| rs.contains(&json!(resource)))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn chart_renders_the_webhook_and_grants_the_allowed_kinds() {
+    // Default: the webhook with a generated certificate, HorizontalPodAutoscalers only.
+    let docs = render_chart(&[]).await;
+    let secret = only(&docs, "Secret");
+    for key in ["ca.crt", "tls.crt", "tls.key"] {
+        assert!(
+            secret["data"][key].as_str().is_some_and(|v| !v.is_empty()),
+            "the webhook Secret has {key}"
+        );
+    }
+    let configuration = only(&docs, "ValidatingWebhookConfiguration");
+    let webhook = &configuration["webhooks"][0];
+    assert_eq!(
+        webhook["clientConfig"]["caBundle"],
+        secret["data"]["ca.crt"]
+    );
+    let service = of_kind(&docs, "Service")
+        .into_iter()
+        .find(|s| s["metadata"]["name"] == webhook["clientConfig"]["service"]["name"]);
+    let Some(service) = service else {
+        panic!("no Service named by the webhook configuration: {webhook}");
+    };
+    assert_eq!(service["spec"]["ports"][0]["port"], json!(443));
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], json!("webhook"));
+    assert_eq!(
+        webhook["clientConfig"]["service"]["path"],
+        json!("/validate-temporal-io-v1alpha1-workerresourcetemplate")
+    );
+    assert_eq!(webhook["failurePolicy"], json!("Fail"));
+    assert_eq!(webhook["sideEffects"], json!("None"));
+    assert_eq!(
+        webhook["rules"],
+        json!([{ "apiGroups": ["temporal.io"], "apiVersions": ["v1alpha1"],
+            "operations": ["CREATE", "UPDATE"], "resources": ["workerresourcetemplates"], "scope": "Namespaced" }])
+    );
+    assert!(webhook.get("namespaceSelector").is_none());
+    let deployment = only(&docs, "Deployment");
+    let args = container_args(deployment);
+    for arg in [
+        "--wrt-allowed-kinds=HorizontalPodAutoscaler",
+        "--webhook-bind-address=:9443",
+        "--webhook-cert-dir=/etc/twc/webhook",
+    ] {
+        assert!(args.contains(&arg.to_owned()), "{arg} in {args:?}");
+    }
+    let volumes = &deployment["spec"]["template"]["spec"]["volumes"];
+    assert!(
+        volumes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|v| v["secret"]["secretName"] == secret["metadata"]["name"]),
+        "the webhook Secret is mounted: {volumes}"
+    );
+    let role = of_kind(&docs, "ClusterRole")
+        .into_iter()
+        .find(|r| is_controller_role(r));
+    let Some(role) = role else {
+        panic!("no controller ClusterRole");
+    };
+    assert_eq!(
+        rules_for(role, "horizontalpodautoscalers"),
+        [
+            &json!({ "apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"],
+            "verbs": ["create", "delete", "get", "list", "patch", "update"] })
+        ]
+    );
+    assert!(rules_for(role, "poddisruptionbudgets").is_empty());
+
+    // More kinds: each is allowed and granted; restricted to namespaces, the webhook is too.
+    let docs = render_chart(&[
+        "--set-json",
+        r#"workerResourceTemplate.allowedResources=[{"kinds":["HorizontalPodAutoscaler"],"apiGroups":["autoscaling"],"resources":["horizontalpodautoscalers"]},{"kinds":["PodDisruptionBudget"],"apiGroups":["policy"],"resources":["poddisruptionbudgets"]},{"kinds":["ScaledObject"],"apiGroups":["keda.sh"],"resources":["scaledobjects"]}]"#,
+        "--set-json",
+        r#"rbac.watchNamespaces=["team-a"]"#,
+    ])
+    .await;
+    let args = container_args(only(&docs, "Deployment"));
+    assert!(
+        args.contains(
+            &"--wrt-allowed-kinds=HorizontalPodAutoscaler,PodDisruptionBudget,ScaledObject"
+                .to_owned()
+        ),
+        "{args:?}"
+    );
+    let role = only(&docs, "Role");
+    for resource in [
+        "poddisruptionbudgets",
+        "scaledobjects",
+        "localsubjectaccessreviews",
+    ] {
+        assert_eq!(rules_for(role, resource).len(), 1, "{resource}");
+    }
+    assert_eq!(
+        only(&docs, "ValidatingWebhookConfiguration")["webhooks"][0]["namespaceSelector"],
+        json!({ "matchExpressions": [{ "key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"] }] })
+    );
+
+    // Without the webhook: no Secret, Service or configuration, the kinds still allowed.
+    let docs = render_chart(&["--set", "webhook.enabled=false"]).await;
+    assert!(of_kind(&docs, "ValidatingWebhookConfiguration").is_empty());
+    assert!(of_kind(&docs, "Secret").is_empty());
+    assert_eq!(
+        of_kind(&docs, "Service").len(),
+        1,
+        "only the metrics Service"
+    );
+    let args = container_args(only(&docs, "Deployment"));
+    assert!(
+        args.contains(&"--wrt-allowed-kinds=HorizontalPodAutoscaler".to_owned()),
+        "{args:?}"
+    );
+    assert!(!args.iter().any(|a| a.starts_with("--webhook")), "{args:?}");
 }
 
 #[tokio::test]
@@ -604,9 +734,87 @@ async fn wait_ready_in(
 
 /// The chart's controller, run here as its ServiceAccount (killed on drop).
 struct ChartController {
-    /// Its command-line arguments (the chart's, with loopback probe ports).
+    /// Its command-line arguments (the chart's, with loopback ports and a local copy of the
+    /// webhook's certificate).
     args: Vec<String>,
+    /// Its admission webhook, serving the certificate of the chart's Secret.
+    webhook: ChartWebhook,
     _process: tokio::process::Child,
+}
+
+/// Where the chart's controller serves its admission webhook, and how to trust it.
+#[derive(Debug, Clone)]
+struct ChartWebhook {
+    /// `https://127.0.0.1:<port>`.
+    url: String,
+    /// The CA of the chart's Secret (PEM).
+    ca_pem: String,
+    /// The name the API server would call it by (`<service>.<namespace>.svc`).
+    server_name: String,
+}
+
+impl ChartWebhook {
+    /// Sends `review` (an AdmissionReview) as the API server would and returns the answer's
+    /// `response`.
+    async fn review(&self, review: &Value) -> Value {
+        let url = match self.url.parse() {
+            Ok(url) => url,
+            Err(e) => panic!("{}: {e}", self.url),
+        };
+        let mut config = kube::Config::new(url);
+        config.root_cert = Some(vec![pem_der(&self.ca_pem)]);
+        config.tls_server_name = Some(self.server_name.clone());
+        let client = match kube::Client::try_from(config) {
+            Ok(client) => client,
+            Err(e) => panic!("a client of the webhook: {e}"),
+        };
+        let request = http::Request::post("/validate-temporal-io-v1alpha1-workerresourcetemplate")
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(review.to_string().into_bytes());
+        let request = match request {
+            Ok(request) => request,
+            Err(e) => panic!("{e}"),
+        };
+        match client.request::<Value>(request).await {
+            Ok(answer) => answer["response"].clone(),
+            Err(e) => panic!("calling the chart's webhook at {}: {e}", self.url),
+        }
+    }
+}
+
+/// The DER bytes of the first PEM block of `pem`.
+fn pem_der(pem: &str) -> Vec<u8> {
+    use base64::Engine;
+    let body: String = pem
+        .lines()
+        .skip_while(|l| !l.starts_with("-----BEGIN"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("-----END"))
+        .collect();
+    match base64::engine::general_purpose::STANDARD.decode(body) {
+        Ok(der) => der,
+        Err(e) => panic!("not PEM: {e}"),
+    }
+}
+
+/// An AdmissionReview of creating `object` (a WorkerResourceTemplate) in `namespace`, as
+/// `user` in `groups`.
+fn admission_review(object: &Value, namespace: &str, user: &str, groups: &[&str]) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "0d3e8a7c-1f0b-4a7e-9f37-6f1d2b9c5e11",
+            "kind": { "group": "temporal.io", "version": "v1alpha1", "kind": "WorkerResourceTemplate" },
+            "resource": { "group": "temporal.io", "version": "v1alpha1", "resource": "workerresourcetemplates" },
+            "name": object["metadata"]["name"],
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": { "username": user, "groups": groups },
+            "object": object,
+            "dryRun": false
+        }
+    })
 }
 
 /// Runs the container of the chart's Deployment (as applied in the nested sandbox) here: its
@@ -634,11 +842,27 @@ async fn run_chart_controller(
     let mut args = container.args.unwrap_or_default();
     // The chart's probe and metrics ports (8080, 8081 on every interface) would collide with
     // other controllers on this machine: any free loopback port instead.
-    for flag in ["--metrics-bind-address", "--health-bind-address"] {
+    // The webhook: on a free loopback port, with the chart's certificate copied out of its
+    // Secret (in a cluster, mounted from it).
+    let webhook_port = match twc_sandbox::ports::free_port() {
+        Ok(port) => port,
+        Err(e) => panic!("a free port: {e}"),
+    };
+    let cert_dir = nested.log.with_extension(format!("{name}.webhook"));
+    let (ca_pem, server_name) = copy_webhook_certificate(admin, &cert_dir).await;
+    for (flag, value) in [
+        ("--metrics-bind-address", "127.0.0.1:0".to_owned()),
+        ("--health-bind-address", "127.0.0.1:0".to_owned()),
+        (
+            "--webhook-bind-address",
+            format!("127.0.0.1:{webhook_port}"),
+        ),
+        ("--webhook-cert-dir", cert_dir.display().to_string()),
+    ] {
         let Some(arg) = args.iter_mut().find(|a| a.starts_with(&format!("{flag}="))) else {
             panic!("the chart passes no {flag}: {args:?}");
         };
-        *arg = format!("{flag}=127.0.0.1:0");
+        *arg = format!("{flag}={value}");
     }
     let kubeconfig = service_account_kubeconfig(nested, RELEASE_NAMESPACE, CONTROLLER).await;
     let controller_log = nested.log.with_extension(format!("{name}.log"));
@@ -677,10 +901,73 @@ async fn run_chart_controller(
     (
         ChartController {
             args,
+            webhook: ChartWebhook {
+                url: format!("https://127.0.0.1:{webhook_port}"),
+                ca_pem,
+                server_name,
+            },
             _process: process,
         },
         controller_log,
     )
+}
+
+/// Writes `tls.crt` and `tls.key` of the chart's webhook Secret into `dir`; returns its CA and
+/// the name its certificate is for (the webhook Service's, as the configuration names it).
+async fn copy_webhook_certificate(admin: &kube::Client, dir: &Path) -> (String, String) {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::Secret;
+    let secret = match Api::<Secret>::namespaced(admin.clone(), RELEASE_NAMESPACE)
+        .get("twc-webhook-tls")
+        .await
+    {
+        Ok(secret) => secret,
+        Err(e) => panic!("the chart's webhook Secret: {e}"),
+    };
+    let data = secret.data.unwrap_or_default();
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        panic!("creating {}: {e}", dir.display());
+    }
+    for key in ["tls.crt", "tls.key"] {
+        let Some(value) = data.get(key) else {
+            panic!("the chart's webhook Secret has no {key}");
+        };
+        if let Err(e) = std::fs::write(dir.join(key), &value.0) {
+            panic!("writing {key}: {e}");
+        }
+    }
+    let ca = data
+        .get("ca.crt")
+        .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+        .unwrap_or_default();
+    let configuration = match Api::<ValidatingWebhookConfiguration>::all(admin.clone())
+        .get("twc-twc-system")
+        .await
+    {
+        Ok(configuration) => configuration,
+        Err(e) => panic!("the chart's ValidatingWebhookConfiguration: {e}"),
+    };
+    let webhook = configuration
+        .webhooks
+        .unwrap_or_default()
+        .into_iter()
+        .next();
+    let Some(webhook) = webhook else {
+        panic!("the chart's ValidatingWebhookConfiguration has no webhook");
+    };
+    let configured_ca = webhook
+        .client_config
+        .ca_bundle
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+    assert_eq!(
+        configured_ca.as_deref(),
+        Some(ca.as_str()),
+        "the configuration trusts the Secret's CA"
+    );
+    let Some(service) = webhook.client_config.service else {
+        panic!("the chart's webhook names no Service");
+    };
+    (ca, format!("{}.{}.svc", service.name, service.namespace))
 }
 
 #[tokio::test]
@@ -872,6 +1159,114 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
     })
     .await;
 
+    // WorkerResourceTemplates. The chart's webhook, called as the API server would (the nested
+    // API server cannot reach a Service), admits an HPA template of the admin and refuses one of
+    // a user who may not create HPAs and one of a kind the chart does not allow: its
+    // LocalSubjectAccessReviews and discovery work with the chart's grant. Then, with the
+    // configuration removed (nothing here would answer the API server), the controller renders
+    // the template's copy as the ServiceAccount.
+    let template = |kind: &str| {
+        let (api_version, spec) = match kind {
+            "HorizontalPodAutoscaler" => (
+                "autoscaling/v2",
+                json!({ "scaleTargetRef": {}, "minReplicas": 1, "maxReplicas": 2 }),
+            ),
+            _ => (
+                "policy/v1",
+                json!({ "minAvailable": 1, "selector": { "matchLabels": {} } }),
+            ),
+        };
+        json!({
+            "apiVersion": "temporal.io/v1alpha1", "kind": "WorkerResourceTemplate",
+            "metadata": { "name": "scaler", "namespace": WATCHED },
+            "spec": { "workerDeploymentRef": { "name": "hello" },
+                "template": { "apiVersion": api_version, "kind": kind, "spec": spec } }
+        })
+    };
+    let hpa = template("HorizontalPodAutoscaler");
+    let admitted = controller
+        .webhook
+        .review(&admission_review(
+            &hpa,
+            WATCHED,
+            "twc-admin",
+            &["system:masters", "system:authenticated"],
+        ))
+        .await;
+    assert_eq!(admitted["allowed"], json!(true), "{admitted}");
+    let refused = controller
+        .webhook
+        .review(&admission_review(
+            &hpa,
+            WATCHED,
+            "alice",
+            &["system:authenticated"],
+        ))
+        .await;
+    assert_eq!(refused["allowed"], json!(false), "{refused}");
+    let message = refused["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(
+            "alice may not create horizontalpodautoscalers.autoscaling in namespace workers"
+        ),
+        "{refused}"
+    );
+    let not_allowed = controller
+        .webhook
+        .review(&admission_review(
+            &template("PodDisruptionBudget"),
+            WATCHED,
+            "twc-admin",
+            &["system:masters", "system:authenticated"],
+        ))
+        .await;
+    assert!(
+        not_allowed["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("spec.template.kind PodDisruptionBudget is not allowed")),
+        "{not_allowed}"
+    );
+    nested
+        .kubectl_ok(
+            &["delete", "validatingwebhookconfiguration", "twc-twc-system"],
+            None,
+        )
+        .await;
+    nested.apply(&hpa).await;
+    wait_for_with_logs("the HPA copy of v2, Ready", ROLLOUT, &logs, || async {
+        let templates: Api<twc_crds::WorkerResourceTemplate> =
+            Api::namespaced(admin.clone(), WATCHED);
+        let status = templates
+            .get("scaler")
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .unwrap_or_default();
+        let ready = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        let hpas: Api<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler> =
+            Api::namespaced(admin.clone(), WATCHED);
+        let copies = hpas
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items;
+        let targets: Vec<String> = copies
+            .iter()
+            .map(|h| h.spec.scale_target_ref.name.clone())
+            .collect();
+        if ready && targets.iter().any(|t| t.starts_with("hello-v2-")) {
+            Ok(())
+        } else {
+            Err(format!(
+                "ready: {ready}; copies target {targets:?}; status: {status:?}"
+            ))
+        }
+    })
+    .await;
+
     // Events went through events.k8s.io as the ServiceAccount.
     let events: Api<Event> = Api::namespaced(admin.clone(), WATCHED);
     let recorded = events
@@ -960,6 +1355,14 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
         // Each replica's Lease (its share of Temporal's read limits).
         ("patch leases.coordination.k8s.io", release),
         ("list leases.coordination.k8s.io", release),
+        ("watch workerresourcetemplates.temporal.io", here),
+        ("patch workerresourcetemplates.temporal.io/status", here),
+        (
+            "create localsubjectaccessreviews.authorization.k8s.io",
+            here,
+        ),
+        ("patch horizontalpodautoscalers.autoscaling", here),
+        ("delete horizontalpodautoscalers.autoscaling", here),
     ];
     let refused = [
         ("list secrets", all),
@@ -985,6 +1388,11 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
         ("get namespaces", all),
         ("get clusterconnections.temporal.io", all),
         ("list clusterconnections.temporal.io", all),
+        ("create workerresourcetemplates.temporal.io", here),
+        ("patch workerresourcetemplates.temporal.io", here),
+        ("create poddisruptionbudgets.policy", here),
+        ("create horizontalpodautoscalers.autoscaling", other),
+        ("create subjectaccessreviews.authorization.k8s.io", all),
     ];
     let mut wrong = Vec::new();
     for (expected, table) in [(true, &granted[..]), (false, &refused[..])] {

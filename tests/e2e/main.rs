@@ -23,6 +23,7 @@ mod pod_runner;
 mod production;
 mod reassert;
 mod recovery;
+mod resource_templates;
 mod rollout;
 mod takeover;
 mod tracing;

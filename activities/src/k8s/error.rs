@@ -193,7 +193,7 @@ pub fn classify(error: &kube::Error) -> ErrorClass {
 }
 
 /// A client error in one line: the API server's message and reason, or the transport error.
-fn describe(error: &kube::Error) -> String {
+pub fn describe(error: &kube::Error) -> String {
     match error {
         kube::Error::Api(status) if !status.message.is_empty() => {
             format!("{} ({}, {})", status.message, status.reason, status.code)
@@ -203,7 +203,7 @@ fn describe(error: &kube::Error) -> String {
 }
 
 /// Whether the API server answered that the object does not exist ([`ErrorClass::NotFound`]).
-pub(crate) fn is_not_found(error: &kube::Error) -> bool {
+pub fn is_not_found(error: &kube::Error) -> bool {
     classify(error) == ErrorClass::NotFound
 }
 

@@ -1,5 +1,6 @@
-//! Kubernetes Events on a worker deployment (`kubectl describe wd` / `kubectl events`),
-//! recorded through kube-runtime's events Recorder with reporter `twc`. A namespace being
+//! Kubernetes Events on a worker deployment (`kubectl describe wd` / `kubectl events`) and on
+//! the other objects the controller acts for, recorded through kube-runtime's events Recorder
+//! with reporter `twc`. A namespace being
 //! deleted refuses new events; an event about a worker deployment there is recorded in the
 //! controller's own namespace instead (still regarding it), so what the deletion path says is
 //! not lost.
@@ -152,6 +153,34 @@ fn event_in(namespace: &str, event: &Event, regarding: ObjectReference) -> K8sEv
         ),
         ..Default::default()
     }
+}
+
+/// Records an event on the object `reference` points at (`object` names it in errors).
+pub async fn publish(
+    client: &Client,
+    reference: &ObjectReference,
+    object: &ObjectName,
+    kind: EventKind,
+    reason: &str,
+    message: &str,
+) -> Result<(), K8sError> {
+    let reason = truncate(reason, MAX_REASON);
+    let event = Event {
+        type_: match kind {
+            EventKind::Normal => EventType::Normal,
+            EventKind::Warning => EventType::Warning,
+        },
+        reason: reason.to_owned(),
+        note: Some(truncate(message, MAX_NOTE).to_owned()),
+        action: reason.to_owned(),
+        secondary: None,
+    };
+    Recorder::new(client.clone(), reporter())
+        .publish(&event, reference)
+        .await
+        .map_err(K8sError::api("record an event on", object))?;
+    tracing::debug!(%object, reason, ?kind, "recorded event");
+    Ok(())
 }
 
 /// `twc`, with this replica's pod name as the instance when known.

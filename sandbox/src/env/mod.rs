@@ -50,6 +50,14 @@ pub struct SandboxEnv {
     /// Base URL of the controller's `/healthz` and `/readyz` (`http://127.0.0.1:<port>`).
     #[serde(default)]
     pub controller_health_url: Option<String>,
+    /// The controller's WorkerResourceTemplate admission webhook
+    /// (`https://127.0.0.1:<port>/validate-...`), which the API server calls; a restarted
+    /// controller keeps the port and the certificate.
+    #[serde(default)]
+    pub controller_webhook_url: Option<String>,
+    /// Folder with the webhook's serving certificate (`tls.crt`, `tls.key`) and its CA (`ca.crt`).
+    #[serde(default)]
+    pub webhook_cert_dir: Option<PathBuf>,
     /// The `prometheus` binary, when installed (`make tools`); tests start their own with
     /// [`crate::prometheus::PrometheusOptions::for_sandbox`].
     #[serde(default)]

@@ -76,11 +76,55 @@ rules are in deploy/manifests/clusterrole.yaml (a test compares them).
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get]
-# Events on TWDs through kube-runtime's events Recorder (events.rs), which writes
-# events.k8s.io/v1; a new Recorder per event always creates, never patches a series.
+# Events on TWDs and WorkerResourceTemplates through kube-runtime's events Recorder
+# (events.rs), which writes events.k8s.io/v1; a new Recorder per event always creates, never
+# patches a series.
 - apiGroups: [events.k8s.io]
   resources: [events]
   verbs: [create]
+# The WorkerResourceTemplate controller (src/resource_templates/controller.rs): kube-runtime's
+# Controller lists and watches templates (and the Deployments and worker deployments above);
+# their status is a merge patch of the status subresource.
+- apiGroups: [temporal.io]
+  resources: [workerresourcetemplates]
+  verbs: [list, watch]
+- apiGroups: [temporal.io]
+  resources: [workerresourcetemplates/status]
+  verbs: [patch]
+# Copies carry a controller owner reference to their template with blockOwnerDeletion: true
+# (see the finalizers rule above).
+- apiGroups: [temporal.io]
+  resources: [workerresourcetemplates/finalizers]
+  verbs: [update]
+# The admission webhook (src/resource_templates/admission.rs) asks whether a template's author
+# may create, update and delete what it renders, in the template's namespace.
+- apiGroups: [authorization.k8s.io]
+  resources: [localsubjectaccessreviews]
+  verbs: [create]
+# The kinds templates may render (workerResourceTemplate.allowedResources): copies are
+# server-side applied, deleted with their version, and listed by the periodic sweep.
+{{- range .Values.workerResourceTemplate.allowedResources }}
+- apiGroups: {{ toJson .apiGroups }}
+  resources: {{ toJson .resources }}
+  verbs: [create, delete, get, list, patch, update]
+{{- end }}
+{{- end -}}
+
+{{/* The kinds of workerResourceTemplate.allowedResources, comma-separated (--wrt-allowed-kinds). */}}
+{{- define "twc.allowedKinds" -}}
+{{- $kinds := list -}}
+{{- range .Values.workerResourceTemplate.allowedResources -}}
+{{- $kinds = concat $kinds .kinds -}}
+{{- end -}}
+{{- join "," $kinds -}}
+{{- end -}}
+
+{{/* Names of the admission webhook's Service and serving-certificate Secret. */}}
+{{- define "twc.webhookService" -}}
+{{- printf "%s-webhook" (include "twc.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- define "twc.webhookSecret" -}}
+{{- printf "%s-webhook-tls" (include "twc.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- /* Rules on cluster-scoped objects: only in the ClusterRole (a controller restricted to
