@@ -32,7 +32,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-TEMPORAL=${TWC_TEMPORAL_CLI:-$ROOT/.tools/venv/bin/temporal}
+TEMPORAL=${TWC_TEMPORAL_CLI:-${TWC_TOOLS_DIR:-$ROOT/.tools}/venv/bin/temporal}
 PYTHON=${PYTHON:-python3}
 OUT_DIR=$ROOT/workflows/tests/histories
 ADDRESS=""
