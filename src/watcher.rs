@@ -178,9 +178,12 @@ pub async fn run(
                     connection_generations.remove(&connection_key(kind, &connection));
                 }
                 Ok(Watched::Applied(_, (kind, connection))) => {
-                    // Only spec changes (and first sight) matter; status writes are ignored.
+                    // Only spec changes (and first sight after the first list: the workflows of
+                    // a restarted replica's TWDs have seen their connections) matter; status
+                    // writes are ignored.
                     let generation = connection.metadata.generation.unwrap_or_default();
-                    if connection_generations.insert(connection_key(kind, &connection), generation) != Some(generation) {
+                    let before = connection_generations.insert(connection_key(kind, &connection), generation);
+                    if before != Some(generation) && (before.is_some() || sync.done()) {
                         for twd in workers.users_of(kind, &connection) {
                             signals.submit(&engine, &config, &state.sent, twd, true);
                         }
@@ -196,7 +199,8 @@ pub async fn run(
                         connection.metadata.generation.unwrap_or_default(),
                         connection.metadata.deletion_timestamp.is_some(),
                     );
-                    if cluster_generations.insert(name.clone(), seen) != Some(seen) {
+                    let before = cluster_generations.insert(name.clone(), seen);
+                    if before != Some(seen) && (before.is_some() || sync.done()) {
                         for twd in workers.users_of_cluster_connection(&name) {
                             signals.submit(&engine, &config, &state.sent, twd, true);
                         }

@@ -446,7 +446,10 @@ async fn chart_renders_the_webhook_and_grants_the_allowed_kinds() {
         ),
         "{args:?}"
     );
-    let role = only(&docs, "Role");
+    let role = of_kind(&docs, "Role")
+        .into_iter()
+        .find(|r| is_controller_role(r))
+        .unwrap_or_else(|| panic!("no controller Role"));
     for resource in [
         "poddisruptionbudgets",
         "scaledobjects",
@@ -497,14 +500,23 @@ async fn restricted_chart_binds_roles_only_in_the_watched_namespaces() {
     assert_eq!(namespaces("Role", true), watched);
     assert_eq!(namespaces("RoleBinding", true), watched);
     // In its own namespace the controller may only record events (about TWDs of a namespace
-    // being deleted, which refuses them).
-    let release = vec![json!(RELEASE_NAMESPACE)];
+    // being deleted, which refuses them) and keep its replica Lease.
+    let release = vec![json!(RELEASE_NAMESPACE), json!(RELEASE_NAMESPACE)];
     assert_eq!(namespaces("Role", false), release);
     assert_eq!(namespaces("RoleBinding", false), release);
-    let events_role = of_kind(&docs, "Role")
-        .into_iter()
-        .find(|r| r["metadata"]["namespace"] == json!(RELEASE_NAMESPACE))
-        .map(|r| r["rules"].clone());
+    let own_role = |suffix: &str| {
+        of_kind(&docs, "Role")
+            .into_iter()
+            .find(|r| r["metadata"]["name"] == json!(format!("{CONTROLLER}-{suffix}")))
+            .map(|r| r["rules"].clone())
+    };
+    assert_eq!(
+        own_role("replicas"),
+        Some(
+            json!([{ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "create", "patch", "delete"] }])
+        )
+    );
+    let events_role = own_role("events");
     assert_eq!(
         events_role,
         Some(
@@ -888,7 +900,9 @@ async fn run_chart_controller(
     }
     let process = match controller
         .env("KUBECONFIG", &kubeconfig)
+        // What the downward API gives the chart's pod.
         .env("POD_NAME", "twc-rbac-test")
+        .env("POD_NAMESPACE", RELEASE_NAMESPACE)
         .stdin(Stdio::null())
         .stdout(log_file)
         .stderr(log_err)
