@@ -107,10 +107,18 @@ pub async fn run(
         old.map(|e| (WorkerKind::TemporalWorkerDeployment, e)),
         new.map(|e| (WorkerKind::WorkerDeployment, e)),
     );
-    let old_connections = merged_stream::<TemporalConnection>(&kube, &config.namespaces)
-        .map(|e| e.map(|w| w.map(|c| (ConnectionKind::TemporalConnection, c))));
-    let new_connections = merged_stream::<Connection>(&kube, &config.namespaces)
-        .map(|e| e.map(|w| w.map(|c| (ConnectionKind::Connection, TemporalConnection::from(c)))));
+    // Each kind's stream tagged with its kind: the first list of each counts on its own.
+    let old_connections = merged_stream::<TemporalConnection>(&kube, &config.namespaces).map(|e| {
+        let kind = ConnectionKind::TemporalConnection;
+        (kind, e.map(|w| w.map(|c| (kind, c))))
+    });
+    let new_connections = merged_stream::<Connection>(&kube, &config.namespaces).map(|e| {
+        let kind = ConnectionKind::Connection;
+        (
+            kind,
+            e.map(|w| w.map(|c| (kind, TemporalConnection::from(c)))),
+        )
+    });
     let mut connections = futures::stream::select(old_connections, new_connections);
     let mut cluster_connections = cluster_connection_stream(&kube, &config.namespaces);
     let mut cluster_generations: HashMap<String, (i64, bool)> = HashMap::new();
@@ -171,8 +179,8 @@ pub async fn run(
                 }
                 signals.done(&engine, &config, &state.sent, &twd);
             }
-            Some(event) = connections.next() => match event {
-                Ok(Watched::Listed(watch)) => sync.listed(Kind::Connection, watch),
+            Some((connection_kind, event)) = connections.next() => match event {
+                Ok(Watched::Listed(watch)) => sync.listed(Kind::Connection(connection_kind), watch),
                 Ok(Watched::Listing(_)) => {}
                 Ok(Watched::Deleted(_, (kind, connection))) => {
                     connection_generations.remove(&connection_key(kind, &connection));
@@ -331,7 +339,7 @@ impl<K> Watched<K> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Kind {
     Twd(WorkerKind),
-    Connection,
+    Connection(ConnectionKind),
 }
 
 /// Calls `synced` once every watch of both worker kinds and of connections has finished its
@@ -358,7 +366,8 @@ impl<F: FnOnce()> InitialSync<F> {
 
     fn listed(&mut self, kind: Kind, watch: usize) {
         self.listed.insert((kind, watch));
-        let kinds = WorkerKind::ALL.len() + 1;
+        // Both worker kinds and both namespaced connection kinds.
+        let kinds = WorkerKind::ALL.len() + 2;
         if self.listed.len() >= kinds * self.watches
             && let Some(synced) = self.synced.take()
         {
@@ -1180,7 +1189,7 @@ mod tests {
     }
 
     #[test]
-    fn synced_once_every_watch_of_both_kinds_listed() {
+    fn synced_once_every_watch_of_every_kind_listed() {
         let calls = Cell::new(0);
         let mut sync = InitialSync::new(2, || calls.set(calls.get() + 1));
         let (old, new) = (
@@ -1192,10 +1201,17 @@ mod tests {
         sync.listed(old, 0);
         sync.listed(new, 0);
         sync.listed(new, 1);
-        sync.listed(Kind::Connection, 0);
+        let (old_connections, new_connections) = (
+            Kind::Connection(ConnectionKind::TemporalConnection),
+            Kind::Connection(ConnectionKind::Connection),
+        );
+        sync.listed(old_connections, 0);
+        sync.listed(old_connections, 1);
+        sync.listed(old_connections, 1);
+        assert_eq!(calls.get(), 0, "one connection kind listed, not the other");
+        sync.listed(new_connections, 0);
         assert_eq!(calls.get(), 0);
-        sync.listed(Kind::Connection, 1);
-        sync.listed(Kind::Connection, 1);
+        sync.listed(new_connections, 1);
         assert_eq!(calls.get(), 1);
     }
 
