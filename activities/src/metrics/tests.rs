@@ -216,8 +216,9 @@ const STEP_LE: [&str; 13] = [
 #[test]
 fn every_family_is_exposed_with_its_type_labels_and_buckets() {
     // (family, type, label names, buckets of a histogram)
-    let expected: [(&str, &str, &[&str], &[&str]); 14] = [
+    let expected: [(&str, &str, &[&str], &[&str]); 15] = [
         ("twc_build_info", "gauge", &["version"], &[]),
+        ("twc_controller_replicas", "gauge", &[], &[]),
         ("twc_rollouts_started", "counter", &["strategy"], &[]),
         ("twc_rollouts_completed", "counter", &["strategy"], &[]),
         (
