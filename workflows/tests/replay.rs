@@ -34,20 +34,28 @@ fn histories_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/histories")
 }
 
+/// Every `*.json` in `tests/histories/` and in its per-release folders (`tests/histories/v0.1.0/`),
+/// in path order.
 fn load_fixtures() -> Vec<Fixture> {
-    let dir = histories_dir();
-    let entries = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("reading fixture folder {}: {e}", dir.display()));
-    let mut paths: Vec<PathBuf> = entries
-        .map(|entry| {
-            entry
-                .unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()))
-                .path()
-        })
-        .filter(|path| path.extension().is_some_and(|ext| ext == "json"))
-        .collect();
+    let mut paths = Vec::new();
+    json_files(&histories_dir(), &mut paths);
     paths.sort();
     paths.iter().map(|path| load_fixture(path)).collect()
+}
+
+fn json_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let entries = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("reading fixture folder {}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry
+            .unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()))
+            .path();
+        if path.is_dir() {
+            json_files(&path, out);
+        } else if path.extension().is_some_and(|ext| ext == "json") {
+            out.push(path);
+        }
+    }
 }
 
 fn load_fixture(path: &Path) -> Fixture {
