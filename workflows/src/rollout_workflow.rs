@@ -123,6 +123,10 @@ pub struct CarriedRollout {
     /// absent in inputs carried from before it existed.
     #[serde(default)]
     pub first_started_at: Option<UnixMillis>,
+    /// Whether the rollout was stopped (`TwcOutcome=Blocked`) when its run continued as new:
+    /// the closing run's `TwcOutcome` becomes `ContinuedAsNew`, and the new run sets it back.
+    #[serde(default)]
+    pub blocked: bool,
 }
 
 /// Memo key of a continued run: when the rollout's first run started (Unix milliseconds), so
@@ -187,9 +191,19 @@ impl RolloutWorkflow {
     pub async fn run(ctx: &mut WorkflowContext<Self>) -> WorkflowResult<RolloutOutcome> {
         let twd = ctx.state(|s| s.input.twd.clone());
         let build_id = ctx.state(|s| s.input.build_id.clone());
-        let outcome_blocked =
-            ctx.search_attributes().get(&SA_OUTCOME).as_deref() == Some("Blocked");
-        ctx.state_mut(|s| s.outcome_blocked = outcome_blocked);
+        match ctx.state(|s| s.input.carried.as_ref().map(|c| c.blocked)) {
+            // A continued run: the run before it left `ContinuedAsNew` (which this run
+            // inherited), so that only the live run answers `TwcOutcome` queries.
+            Some(blocked) => {
+                ctx.state_mut(|s| s.outcome_blocked = blocked);
+                set_outcome(ctx, if blocked { "Blocked" } else { "Running" });
+            }
+            None => {
+                let outcome_blocked =
+                    ctx.search_attributes().get(&SA_OUTCOME).as_deref() == Some("Blocked");
+                ctx.state_mut(|s| s.outcome_blocked = outcome_blocked);
+            }
+        }
         if ctx.state(|s| s.input.carried.is_none() && !s.input.created_by_parent) {
             create_first(ctx, &twd, &build_id).await;
         }
@@ -204,6 +218,7 @@ impl RolloutWorkflow {
                 let mut memo = MemoValues::new();
                 memo.insert(MEMO_ROLLOUT_STARTED_AT, ctx.state(|s| s.first_started_at));
                 let options = ContinueAsNewOptions::builder().memo(memo).build();
+                set_outcome(ctx, "ContinuedAsNew");
                 ctx.continue_as_new(input, options)?;
             }
             // An observation the wait for pollers made once ready is decided on directly; the
@@ -525,6 +540,7 @@ impl RolloutWorkflow {
             failing_since: None,
             spec_paused: false,
             first_started_at: Some(now),
+            blocked: false,
         });
         let pending_controls = carried.controls.len() as u64;
         Self {
@@ -566,6 +582,7 @@ impl RolloutWorkflow {
                 failing_since: self.failing_since,
                 spec_paused: self.spec_paused,
                 first_started_at: Some(self.first_started_at),
+                blocked: self.outcome_blocked,
             }),
             created_by_parent: false,
             resync_seconds: self.input.resync_seconds,
