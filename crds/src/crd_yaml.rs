@@ -203,8 +203,12 @@ mod tests {
 
     #[test]
     fn both_worker_deployment_crds_have_short_names_status_scale_and_printer_columns() {
+        // The Go controller's short names.
         for (crd, short_names) in [
-            (TemporalWorkerDeployment::crd(), vec!["twd"]),
+            (
+                TemporalWorkerDeployment::crd(),
+                vec!["twd", "twdeployment", "tworkerdeployment"],
+            ),
             (WorkerDeployment::crd(), vec!["wd", "wdeployment"]),
         ] {
             let short_names: Vec<String> = short_names.into_iter().map(String::from).collect();
