@@ -82,6 +82,7 @@ pub fn render_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdRenderEr
 fn worker_crd(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
     for_each_root_schema(&mut crd, allow_empty_reference_names);
     strip_pod_template_descriptions(&mut crd);
+    for_each_root_schema(&mut crd, accept_workload_ref);
     crd
 }
 
@@ -138,6 +139,46 @@ fn allow_empty_reference_names(root: &mut JSONSchemaProps) {
             schema.required = None;
         }
     });
+}
+
+/// Adds `spec.template.spec.workloadRef`, which the Go controller's CRDs still list (generated
+/// from Kubernetes 1.35, where it was an alpha field; 1.36 replaced it with `schedulingGroup`),
+/// so manifests that set it are not refused by a strict apply nor silently pruned. Like the Go
+/// controller, whose Kubernetes 1.36 types lack it, `twc` does not pass it on to Deployments.
+fn accept_workload_ref(root: &mut JSONSchemaProps) {
+    let pod_spec = ["spec", "template", "spec"]
+        .into_iter()
+        .try_fold(root, |schema, field| {
+            schema.properties.as_mut().and_then(|p| p.get_mut(field))
+        });
+    let Some(properties) = pod_spec.and_then(|s| s.properties.as_mut()) else {
+        return;
+    };
+    let string = || JSONSchemaProps {
+        type_: Some("string".to_owned()),
+        ..JSONSchemaProps::default()
+    };
+    properties.insert(
+        "workloadRef".to_owned(),
+        JSONSchemaProps {
+            description: Some(
+                "Kubernetes 1.35's alpha field, replaced by `schedulingGroup` in 1.36: kept for \
+                 manifests written for the Go controller's CRD, not passed on to the Deployments."
+                    .to_owned(),
+            ),
+            type_: Some("object".to_owned()),
+            properties: Some(
+                [
+                    ("name".to_owned(), string()),
+                    ("podGroup".to_owned(), string()),
+                    ("podGroupReplicaKey".to_owned(), string()),
+                ]
+                .into(),
+            ),
+            required: Some(vec!["name".to_owned(), "podGroup".to_owned()]),
+            ..JSONSchemaProps::default()
+        },
+    );
 }
 
 /// The embedded PodTemplateSpec schema carries the whole core API's documentation; it would make
@@ -335,6 +376,23 @@ mod tests {
             }
             defaulted.sort();
             assert_eq!(defaulted, expected, "{kind}");
+        }
+    }
+
+    /// `workloadRef` (Kubernetes 1.35, in the Go controller's CRDs) is a field of the pod
+    /// template, so it is neither pruned nor refused by a strict apply.
+    #[test]
+    fn the_pod_template_accepts_workload_ref() {
+        for crd in [
+            worker_crd(WorkerDeployment::crd()),
+            worker_crd(TemporalWorkerDeployment::crd()),
+        ] {
+            let schemas = schemas_by_path(&crd);
+            let fields: Vec<&str> = schemas
+                .iter()
+                .filter_map(|(path, _)| path.strip_prefix(".spec.template.spec.workloadRef"))
+                .collect();
+            assert_eq!(fields, ["", ".name", ".podGroup", ".podGroupReplicaKey"]);
         }
     }
 
