@@ -346,6 +346,39 @@ mod tests {
         }
     }
 
+    /// The CRDs default the name of a reference Kubernetes lets be empty (`secretKeyRef`,
+    /// `envFrom[].secretRef`, `imagePullSecrets[]`, ...) to `""`, as the Go controller's do:
+    /// stored with or without it, a template is the same build. They do not fill in the core
+    /// defaults that would be another build (`ports[].protocol: TCP`, `grpc.service: ""`): an
+    /// API server applies CRD defaults to stored objects too, when it reads them, so every
+    /// worker deployment using such a field would roll out again.
+    #[test]
+    fn the_defaults_of_the_crds_leave_build_ids_as_they_were() {
+        let hash = |reference: serde_json::Value, port: serde_json::Value| {
+            let template = serde_json::json!({ "spec": {
+                "containers": [ {
+                    "name": "worker",
+                    "image": "worker:v1",
+                    "env": [ { "name": "TOKEN", "valueFrom": { "secretKeyRef": reference } } ],
+                    "ports": [ port ],
+                } ],
+                "imagePullSecrets": [ {} ],
+            } });
+            let template: PodTemplateSpec =
+                serde_json::from_value(template).expect("a pod template");
+            template_hash(&template)
+        };
+        let port = serde_json::json!({ "containerPort": 9090 });
+        let without_name = hash(serde_json::json!({ "key": "token" }), port.clone());
+        let defaulted = hash(serde_json::json!({ "key": "token", "name": "" }), port);
+        assert_eq!(without_name, defaulted);
+        let tcp = hash(
+            serde_json::json!({ "key": "token" }),
+            serde_json::json!({ "containerPort": 9090, "protocol": "TCP" }),
+        );
+        assert_ne!(without_name, tcp);
+    }
+
     #[test]
     fn long_image_tags_keep_the_id_within_63_characters() {
         let tag = "t".repeat(100);

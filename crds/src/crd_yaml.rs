@@ -1,6 +1,8 @@
 //! CRD manifests generated from the Rust types, as checked into `crds/`.
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSON, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
+};
 use kube::CustomResourceExt;
 use schemars::{Schema, SchemaGenerator, json_schema};
 
@@ -38,30 +40,26 @@ pub enum CrdRenderError {
 
 /// Every CRD, ready to apply.
 pub fn crd_manifests() -> Vec<CrdManifest> {
-    let mut twd = TemporalWorkerDeployment::crd();
-    strip_pod_template_descriptions(&mut twd);
-    let mut wd = WorkerDeployment::crd();
-    strip_pod_template_descriptions(&mut wd);
     vec![
         CrdManifest {
             file_name: "temporal.io_workerdeployments.yaml",
-            crd: wd,
+            crd: worker_crd(WorkerDeployment::crd()),
         },
         CrdManifest {
             file_name: "temporal.io_connections.yaml",
-            crd: Connection::crd(),
+            crd: connection_crd(Connection::crd()),
         },
         CrdManifest {
             file_name: "temporal.io_temporalworkerdeployments.yaml",
-            crd: twd,
+            crd: worker_crd(TemporalWorkerDeployment::crd()),
         },
         CrdManifest {
             file_name: "temporal.io_temporalconnections.yaml",
-            crd: TemporalConnection::crd(),
+            crd: connection_crd(TemporalConnection::crd()),
         },
         CrdManifest {
             file_name: "temporal.io_clusterconnections.yaml",
-            crd: ClusterConnection::crd(),
+            crd: connection_crd(ClusterConnection::crd()),
         },
         CrdManifest {
             file_name: "temporal.io_workerresourcetemplates.yaml",
@@ -80,48 +78,147 @@ pub fn render_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdRenderEr
     ))
 }
 
-/// The embedded PodTemplateSpec schema carries the whole core API's documentation; it would make
-/// the CRD too large for client-side `kubectl apply` and adds nothing `kubectl explain pod` lacks.
-fn strip_pod_template_descriptions(crd: &mut CustomResourceDefinition) {
+/// A worker deployment CRD as generated, made to accept what the Go controller's accepts.
+fn worker_crd(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    for_each_root_schema(&mut crd, allow_empty_reference_names);
+    strip_pod_template_descriptions(&mut crd);
+    for_each_root_schema(&mut crd, accept_workload_ref);
+    crd
+}
+
+/// A connection CRD as generated, made to accept what the Go controller's accepts.
+fn connection_crd(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    for_each_root_schema(&mut crd, allow_empty_reference_names);
+    crd
+}
+
+/// Calls `f` on the root schema of each version of `crd`.
+fn for_each_root_schema(
+    crd: &mut CustomResourceDefinition,
+    mut f: impl FnMut(&mut JSONSchemaProps),
+) {
     for version in &mut crd.spec.versions {
-        let template = version
+        if let Some(root) = version
             .schema
             .as_mut()
             .and_then(|s| s.open_api_v3_schema.as_mut())
-            .and_then(|root| root.properties.as_mut())
+        {
+            f(root);
+        }
+    }
+}
+
+/// How Kubernetes documents the `name` of a reference that may be empty: `LocalObjectReference`
+/// and the selectors and sources built on it (`secretKeyRef`, `envFrom[].configMapRef`,
+/// `imagePullSecrets[]`, a `configMap` volume, ...). Its OpenAPI does not require that name
+/// and defaults it to `""`, as the Go controller's CRDs do.
+const NAME_MAY_BE_EMPTY: &str = "due to backwards compatibility is allowed to be empty";
+
+/// Makes the `name` of every reference that Kubernetes lets be empty optional, with the default
+/// `""`: k8s-openapi's schemas require it (its Rust field is a `String`), which refused manifests
+/// the API server and the Go controller's CRDs accept (`secretKeyRef: { key: token }`). The
+/// default changes no build ID: the typed template always serializes such a name, `""` when
+/// absent, so the hash is the same with or without it.
+fn allow_empty_reference_names(root: &mut JSONSchemaProps) {
+    visit_schemas_mut(root, &mut |schema| {
+        let Some(name) = schema.properties.as_mut().and_then(|p| p.get_mut("name")) else {
+            return;
+        };
+        if !name
+            .description
+            .as_deref()
+            .is_some_and(|d| d.contains(NAME_MAY_BE_EMPTY))
+        {
+            return;
+        }
+        name.default = Some(JSON(serde_json::Value::String(String::new())));
+        if let Some(required) = schema.required.as_mut() {
+            required.retain(|field| field != "name");
+        }
+        if schema.required.as_ref().is_some_and(Vec::is_empty) {
+            schema.required = None;
+        }
+    });
+}
+
+/// Adds `spec.template.spec.workloadRef`, which the Go controller's CRDs still list (generated
+/// from Kubernetes 1.35, where it was an alpha field; 1.36 replaced it with `schedulingGroup`),
+/// so manifests that set it are not refused by a strict apply nor silently pruned. Like the Go
+/// controller, whose Kubernetes 1.36 types lack it, `twc` does not pass it on to Deployments.
+fn accept_workload_ref(root: &mut JSONSchemaProps) {
+    let pod_spec = ["spec", "template", "spec"]
+        .into_iter()
+        .try_fold(root, |schema, field| {
+            schema.properties.as_mut().and_then(|p| p.get_mut(field))
+        });
+    let Some(properties) = pod_spec.and_then(|s| s.properties.as_mut()) else {
+        return;
+    };
+    let string = || JSONSchemaProps {
+        type_: Some("string".to_owned()),
+        ..JSONSchemaProps::default()
+    };
+    properties.insert(
+        "workloadRef".to_owned(),
+        JSONSchemaProps {
+            description: Some(
+                "Kubernetes 1.35's alpha field, replaced by `schedulingGroup` in 1.36: kept for \
+                 manifests written for the Go controller's CRD, not passed on to the Deployments."
+                    .to_owned(),
+            ),
+            type_: Some("object".to_owned()),
+            properties: Some(
+                [
+                    ("name".to_owned(), string()),
+                    ("podGroup".to_owned(), string()),
+                    ("podGroupReplicaKey".to_owned(), string()),
+                ]
+                .into(),
+            ),
+            required: Some(vec!["name".to_owned(), "podGroup".to_owned()]),
+            ..JSONSchemaProps::default()
+        },
+    );
+}
+
+/// The embedded PodTemplateSpec schema carries the whole core API's documentation; it would make
+/// the CRD too large for client-side `kubectl apply` and adds nothing `kubectl explain pod` lacks.
+fn strip_pod_template_descriptions(crd: &mut CustomResourceDefinition) {
+    for_each_root_schema(crd, |root| {
+        let template = root
+            .properties
+            .as_mut()
             .and_then(|p| p.get_mut("spec"))
             .and_then(|spec| spec.properties.as_mut())
             .and_then(|p| p.get_mut("template"));
         if let Some(template) = template {
             let description = template.description.take();
-            strip_descriptions(template);
+            visit_schemas_mut(template, &mut |s| s.description = None);
             template.description = description;
         }
-    }
+    });
 }
 
-fn strip_descriptions(
-    schema: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps,
-) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaPropsOrArray;
-    schema.description = None;
+/// Calls `f` on `schema` and on every schema nested in it, parents first.
+fn visit_schemas_mut(schema: &mut JSONSchemaProps, f: &mut impl FnMut(&mut JSONSchemaProps)) {
+    f(schema);
     for child in schema.properties.iter_mut().flat_map(|p| p.values_mut()) {
-        strip_descriptions(child);
+        visit_schemas_mut(child, f);
     }
     match schema.items.as_mut() {
-        Some(JSONSchemaPropsOrArray::Schema(item)) => strip_descriptions(item),
+        Some(JSONSchemaPropsOrArray::Schema(item)) => visit_schemas_mut(item, f),
         Some(JSONSchemaPropsOrArray::Schemas(items)) => {
-            items.iter_mut().for_each(strip_descriptions)
+            items.iter_mut().for_each(|item| visit_schemas_mut(item, f))
         }
         None => {}
     }
-    if let Some(k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaPropsOrBool::Schema(s)) =
-        schema.additional_properties.as_mut()
-    {
-        strip_descriptions(s);
+    if let Some(JSONSchemaPropsOrBool::Schema(s)) = schema.additional_properties.as_mut() {
+        visit_schemas_mut(s, f);
     }
     for list in [&mut schema.all_of, &mut schema.any_of, &mut schema.one_of] {
-        list.iter_mut().flatten().for_each(strip_descriptions);
+        list.iter_mut()
+            .flatten()
+            .for_each(|item| visit_schemas_mut(item, f));
     }
 }
 
@@ -147,8 +244,12 @@ mod tests {
 
     #[test]
     fn both_worker_deployment_crds_have_short_names_status_scale_and_printer_columns() {
+        // The Go controller's short names.
         for (crd, short_names) in [
-            (TemporalWorkerDeployment::crd(), vec!["twd"]),
+            (
+                TemporalWorkerDeployment::crd(),
+                vec!["twd", "twdeployment", "tworkerdeployment"],
+            ),
             (WorkerDeployment::crd(), vec!["wd", "wdeployment"]),
         ] {
             let short_names: Vec<String> = short_names.into_iter().map(String::from).collect();
@@ -181,9 +282,8 @@ mod tests {
             }
             root
         };
-        let (mut wd, mut twd) = (WorkerDeployment::crd(), TemporalWorkerDeployment::crd());
-        strip_pod_template_descriptions(&mut wd);
-        strip_pod_template_descriptions(&mut twd);
+        let wd = worker_crd(WorkerDeployment::crd());
+        let twd = worker_crd(TemporalWorkerDeployment::crd());
         let lines = |crd: &CustomResourceDefinition| {
             serde_saphyr::to_string(&schema(crd))
                 .unwrap_or_default()
@@ -191,7 +291,11 @@ mod tests {
                 .map(str::to_owned)
                 .collect::<Vec<_>>()
         };
-        for (new, old) in [(wd, twd), (Connection::crd(), TemporalConnection::crd())] {
+        let connections = (
+            connection_crd(Connection::crd()),
+            connection_crd(TemporalConnection::crd()),
+        );
+        for (new, old) in [(wd, twd), connections] {
             let (new, old) = (lines(&new), lines(&old));
             let first = new.iter().zip(&old).position(|(a, b)| a != b);
             assert!(
@@ -202,6 +306,117 @@ mod tests {
             );
         }
         assert_eq!(Connection::crd().spec.scope, "Namespaced");
+    }
+
+    /// Kubernetes defaults these references' names to "" instead of requiring them (the Go
+    /// controller's CRDs do the same): a manifest without them is accepted.
+    #[test]
+    fn references_whose_name_may_be_empty_default_it_instead_of_requiring_it() {
+        let containers = ["containers", "initContainers", "ephemeralContainers"];
+        let in_containers = [
+            "env[].valueFrom.configMapKeyRef",
+            "env[].valueFrom.secretKeyRef",
+            "envFrom[].configMapRef",
+            "envFrom[].secretRef",
+        ];
+        let in_volumes = [
+            "cephfs.secretRef",
+            "cinder.secretRef",
+            "configMap",
+            "csi.nodePublishSecretRef",
+            "flexVolume.secretRef",
+            "iscsi.secretRef",
+            "projected.sources[].configMap",
+            "projected.sources[].secret",
+            "rbd.secretRef",
+            "scaleIO.secretRef",
+            "storageos.secretRef",
+        ];
+        let mut expected: Vec<String> = containers
+            .iter()
+            .flat_map(|c| in_containers.map(|r| format!(".spec.template.spec.{c}[].{r}")))
+            .chain(in_volumes.map(|r| format!(".spec.template.spec.volumes[].{r}")))
+            .chain([
+                ".spec.template.spec.imagePullSecrets[]".to_owned(),
+                ".spec.rollout.gate.inputFrom.configMapKeyRef".to_owned(),
+                ".spec.rollout.gate.inputFrom.secretKeyRef".to_owned(),
+                ".spec.rollout.steps[].gate.inputFrom.configMapKeyRef".to_owned(),
+                ".spec.rollout.steps[].gate.inputFrom.secretKeyRef".to_owned(),
+            ])
+            .collect();
+        expected.sort();
+        let connection = [
+            ".spec.apiKeySecretRef",
+            ".spec.tls.caSecretRef",
+            ".spec.workerCredentials.apiKeySecretRef",
+        ];
+        for (crd, expected) in [
+            (worker_crd(WorkerDeployment::crd()), expected.clone()),
+            (worker_crd(TemporalWorkerDeployment::crd()), expected),
+            (
+                connection_crd(Connection::crd()),
+                connection.map(String::from).to_vec(),
+            ),
+            (
+                connection_crd(ClusterConnection::crd()),
+                connection.map(String::from).to_vec(),
+            ),
+        ] {
+            let kind = &crd.spec.names.kind;
+            let mut defaulted = Vec::new();
+            for (path, schema) in schemas_by_path(&crd) {
+                let Some(name) = schema.properties.as_ref().and_then(|p| p.get("name")) else {
+                    continue;
+                };
+                if name.default.as_ref().map(|d| &d.0) == Some(&serde_json::json!("")) {
+                    let required = schema.required.iter().flatten();
+                    assert!(!required.into_iter().any(|r| r == "name"), "{kind} {path}");
+                    defaulted.push(path);
+                }
+            }
+            defaulted.sort();
+            assert_eq!(defaulted, expected, "{kind}");
+        }
+    }
+
+    /// `workloadRef` (Kubernetes 1.35, in the Go controller's CRDs) is a field of the pod
+    /// template, so it is neither pruned nor refused by a strict apply.
+    #[test]
+    fn the_pod_template_accepts_workload_ref() {
+        for crd in [
+            worker_crd(WorkerDeployment::crd()),
+            worker_crd(TemporalWorkerDeployment::crd()),
+        ] {
+            let schemas = schemas_by_path(&crd);
+            let fields: Vec<&str> = schemas
+                .iter()
+                .filter_map(|(path, _)| path.strip_prefix(".spec.template.spec.workloadRef"))
+                .collect();
+            assert_eq!(fields, ["", ".name", ".podGroup", ".podGroupReplicaKey"]);
+        }
+    }
+
+    /// Every schema of the CRD's first version with its path (`.spec.template.spec.volumes[]`),
+    /// parents first, fields in order.
+    fn schemas_by_path(crd: &CustomResourceDefinition) -> Vec<(String, JSONSchemaProps)> {
+        fn walk(schema: &JSONSchemaProps, path: String, out: &mut Vec<(String, JSONSchemaProps)>) {
+            out.push((path.clone(), schema.clone()));
+            for (field, child) in schema.properties.iter().flatten() {
+                walk(child, format!("{path}.{field}"), out);
+            }
+            if let Some(JSONSchemaPropsOrArray::Schema(item)) = schema.items.as_ref() {
+                walk(item, format!("{path}[]"), out);
+            }
+        }
+        let mut out = Vec::new();
+        if let Some(root) = crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+        {
+            walk(root, String::new(), &mut out);
+        }
+        out
     }
 
     fn assert_columns(

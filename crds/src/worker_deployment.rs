@@ -27,6 +27,8 @@ pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"
     plural = "temporalworkerdeployments",
     singular = "temporalworkerdeployment",
     shortname = "twd",
+    shortname = "twdeployment",
+    shortname = "tworkerdeployment",
     namespaced,
     status = "TemporalWorkerDeploymentStatus",
     derive = "PartialEq",

@@ -488,6 +488,103 @@ async fn accepted_with_the_same_defaults(
     );
 }
 
+/// A pod template as the Go controller's CRD takes it: references without a name (Kubernetes
+/// lets it be empty), a port without a protocol, a gRPC probe without a service, and
+/// Kubernetes 1.35's `workloadRef`.
+fn go_controller_pod_template() -> Value {
+    json!({ "spec": {
+        "containers": [ {
+            "name": "worker",
+            "image": "twc.local/sample-worker:v1",
+            "env": [
+                { "name": "TOKEN", "valueFrom": { "secretKeyRef": { "key": "token" } } },
+                { "name": "MODE", "valueFrom": { "configMapKeyRef": { "key": "mode", "optional": true } } }
+            ],
+            "envFrom": [ { "secretRef": {} }, { "configMapRef": { "optional": true } } ],
+            "ports": [ { "name": "metrics", "containerPort": 9090 } ],
+            "readinessProbe": { "grpc": { "port": 7233 } }
+        } ],
+        "imagePullSecrets": [ {} ],
+        "volumes": [
+            { "name": "config", "configMap": {} },
+            { "name": "both", "projected": { "sources": [ { "secret": {} }, { "configMap": {} } ] } }
+        ],
+        "workloadRef": { "name": "gang", "podGroup": "workers" }
+    } })
+}
+
+#[tokio::test]
+async fn go_controller_pod_templates_are_accepted_and_stored_with_the_name_defaults() {
+    let client = kube_client().await;
+    for short in ["twd", "wd"] {
+        // A namespace each: a WorkerDeployment beside a TemporalWorkerDeployment of the same
+        // name is a hand-over.
+        let ns = test_namespace(&client, "crd-template").await;
+        let mut manifest = worker(&ns, "refs");
+        if short == "wd" {
+            manifest = current_kind(manifest);
+        }
+        manifest["spec"]["template"] = go_controller_pod_template();
+        // kubectl's default --validate=strict: a field the schema lacks is refused, not pruned.
+        let created = kubectl(&["create", "-f", "-"], Some(&manifest.to_string())).await;
+        assert!(created.success, "{short} refused: {}", created.stderr);
+
+        let got = kubectl(&["get", short, "refs", "-n", &ns, "-o", "json"], None).await;
+        let stored: Value = serde_json::from_str(&got.stdout).unwrap_or_default();
+        let pod = &stored["spec"]["template"]["spec"];
+        let container = &pod["containers"][0];
+        // Names default to "", as the Go controller's CRD and Kubernetes default them.
+        assert_eq!(
+            container["env"],
+            json!([
+                { "name": "TOKEN", "valueFrom": { "secretKeyRef": { "key": "token", "name": "" } } },
+                { "name": "MODE", "valueFrom": { "configMapKeyRef": { "key": "mode", "name": "", "optional": true } } }
+            ]),
+            "{short}"
+        );
+        assert_eq!(
+            container["envFrom"],
+            json!([ { "secretRef": { "name": "" } }, { "configMapRef": { "name": "", "optional": true } } ]),
+            "{short}"
+        );
+        assert_eq!(
+            pod["imagePullSecrets"],
+            json!([ { "name": "" } ]),
+            "{short}"
+        );
+        assert_eq!(
+            pod["volumes"],
+            json!([
+                { "name": "config", "configMap": { "name": "" } },
+                { "name": "both", "projected": { "sources": [
+                    { "secret": { "name": "" } }, { "configMap": { "name": "" } }
+                ] } }
+            ]),
+            "{short}"
+        );
+        // Not the core defaults the Go controller's CRDs also fill in (`protocol: TCP`,
+        // `service: ""`): the API server applies a CRD's defaults to stored objects when it
+        // reads them, and the build ID hashes the template as stored, so every worker
+        // deployment with such a port or probe would roll out again after a CRD upgrade
+        // (twc_crds::build_id, the_defaults_of_the_crds_leave_build_ids_as_they_were).
+        assert_eq!(
+            container["ports"],
+            json!([ { "name": "metrics", "containerPort": 9090 } ]),
+            "{short}"
+        );
+        assert_eq!(
+            container["readinessProbe"]["grpc"],
+            json!({ "port": 7233 }),
+            "{short}"
+        );
+        assert_eq!(
+            pod["workloadRef"],
+            json!({ "name": "gang", "podGroup": "workers" }),
+            "{short}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn server_side_apply_rejects_unknown_drain_fields() {
     let client = kube_client().await;

@@ -2,13 +2,13 @@
 //! no routing change, no pod restart, no pinned workflow moved; the next template change rolls
 //! out under `twc`, which then takes the manager identity over (`--take-over-manager-from`).
 //!
-//! The Go controller is not served by the Go module proxy and its code is not carried here, so
-//! the test builds the state it leaves behind itself, the way it makes it (reference §2.3-§2.5,
-//! §3.13, §8): WorkerDeployments and a Connection with its finalizer, versioned Deployments
-//! `<name>-<build>` with build IDs like `v1-4b95`, its selector labels, its env appended after
-//! the user's, its pod-template hash annotations, a controller owner reference to the
-//! WorkerDeployment, routing set and the manager identity claimed by its identity, and a status
-//! without `twc`'s `rollout`. It does so in a private sandbox whose controller is stopped, as
+//! The test does not build or run the Go controller (its module could be built from the Go
+//! module proxy; its code is not carried here): it builds the state the Go controller leaves
+//! behind itself, the way it makes it (reference §2.3-§2.5, §3.13, §8): WorkerDeployments and a
+//! Connection with its finalizer, versioned Deployments `<name>-<build>` with build IDs like
+//! `v1-4b95`, its selector labels, its env appended after the user's, its pod-template hash
+//! annotations, a controller owner reference to the WorkerDeployment, routing set and the
+//! manager identity claimed by its identity, and a status without `twc`'s `rollout`. It does so in a private sandbox whose controller is stopped, as
 //! the Go controller is during a migration.
 
 use std::time::Duration;
@@ -443,7 +443,7 @@ async fn a_fleet_of_the_go_controller_is_taken_over_with_nothing_moving() {
         })
         .await;
 
-    // Handing back (README, "Moving back to the Go controller"): pin the build with
+    // Handing back (README, "Back to the Go controller"): pin the build with
     // unsafeCustomBuildID while twc runs (nothing moves), stop twc; the Go controller then finds
     // its target built, routed, and its Deployments carrying its connection hash and no
     // pod-template hash of its own, so it changes nothing.

@@ -162,6 +162,16 @@ pub fn input_source<'a>(gate: &'a GateSpec, path: &str) -> Result<InputSource<'a
         reason: BlockReason::InvalidSpec,
         message,
     };
+    // The CRD lets a reference's name be empty (as Kubernetes and the Go controller's CRD do).
+    let named = |name: &'a str, field: &str, kind: &str| {
+        if name.is_empty() {
+            Err(invalid(format!(
+                "{path}.inputFrom.{field}.name is empty: name the {kind} that holds the input"
+            )))
+        } else {
+            Ok(name)
+        }
+    };
     match (&gate.input, &gate.input_from) {
         (Some(_), Some(_)) => Err(invalid(format!(
             "{path}: set only one of input or inputFrom"
@@ -170,12 +180,12 @@ pub fn input_source<'a>(gate: &'a GateSpec, path: &str) -> Result<InputSource<'a
         (None, None) => Ok(InputSource::None),
         (None, Some(from)) => match (&from.config_map_key_ref, &from.secret_key_ref) {
             (Some(r), None) => Ok(InputSource::ConfigMap {
-                name: &r.name,
+                name: named(&r.name, "configMapKeyRef", "ConfigMap")?,
                 key: &r.key,
                 optional: r.optional.unwrap_or(false),
             }),
             (None, Some(r)) => Ok(InputSource::Secret {
-                name: &r.name,
+                name: named(&r.name, "secretKeyRef", "Secret")?,
                 key: &r.key,
                 optional: r.optional.unwrap_or(false),
             }),
@@ -544,6 +554,20 @@ mod tests {
         assert_eq!(
             blocked.message,
             "spec.rollout.gate.inputFrom: set exactly one of configMapKeyRef or secretKeyRef"
+        );
+        let unnamed = gate(
+            None,
+            Some(GateInputSource {
+                config_map_key_ref: None,
+                secret_key_ref: Some(secret_ref("", "k")),
+            }),
+        );
+        let blocked = input_source(&unnamed, "spec.rollout.gate").expect_err("unnamed");
+        assert_eq!(blocked.reason, BlockReason::InvalidSpec);
+        assert_eq!(
+            blocked.message,
+            "spec.rollout.gate.inputFrom.secretKeyRef.name is empty: name the Secret that holds \
+             the input"
         );
     }
 }
