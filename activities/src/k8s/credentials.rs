@@ -7,10 +7,12 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
+use rustls::pki_types::pem::{self, PemObject};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use sha2::{Digest, Sha256};
 use twc_crds::connection::{AuthMode, TemporalConnectionSpec};
 use x509_cert::Certificate;
-use x509_cert::der::{Decode, pem};
+use x509_cert::der::Decode;
 
 use crate::connection::ConnectionAuth;
 
@@ -150,35 +152,21 @@ fn required(secret: &Secret, key: &str, what: &str) -> Result<Vec<u8>, String> {
     }
 }
 
-/// The PEM blocks of a file as (label, DER) pairs; text between blocks is ignored.
-fn pem_blocks(input: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
-    let text = std::str::from_utf8(input).map_err(|_| "is not PEM text".to_owned())?;
-    let mut blocks = Vec::new();
-    let mut rest = text;
-    while let Some(start) = rest.find("-----BEGIN ") {
-        let block = &rest[start..];
-        let label_end = block["-----BEGIN ".len()..]
-            .find("-----")
-            .ok_or("has a malformed PEM header")?;
-        let label = &block["-----BEGIN ".len().."-----BEGIN ".len() + label_end];
-        let footer = format!("-----END {label}-----");
-        let end = block
-            .find(&footer)
-            .ok_or_else(|| format!("has a {label} block without its END line"))?
-            + footer.len();
-        let (_, der) = pem::decode_vec(&block.as_bytes()[..end])
-            .map_err(|_| format!("has an unreadable {label} block"))?;
-        blocks.push((label.to_owned(), der));
-        rest = &block[end..];
+/// What a file holding no readable PEM says (never its bytes).
+fn pem_problem(err: &pem::Error) -> String {
+    match err {
+        pem::Error::MissingSectionEnd { .. } => "has a PEM block without its END line".into(),
+        pem::Error::IllegalSectionStart { .. } => "has a malformed PEM header".into(),
+        pem::Error::Base64Decode(_) => "has an unreadable PEM block".into(),
+        _ => "is not PEM text".into(),
     }
-    Ok(blocks)
 }
 
+/// The certificates of a PEM file, parsed; other blocks and text between them are ignored.
 fn certificates(input: &[u8]) -> Result<Vec<Certificate>, String> {
-    let certificates: Vec<Certificate> = pem_blocks(input)?
-        .into_iter()
-        .filter(|(label, _)| label == "CERTIFICATE")
-        .map(|(_, der)| {
+    let certificates: Vec<Certificate> = CertificateDer::pem_slice_iter(input)
+        .map(|der| {
+            let der = der.map_err(|e| pem_problem(&e))?;
             Certificate::from_der(&der)
                 .map_err(|_| "holds a certificate that does not parse".to_owned())
         })
@@ -213,22 +201,17 @@ fn check_validity(certificate: &Certificate, now: Timestamp) -> Result<(), Strin
 }
 
 fn check_private_key(input: &[u8]) -> Result<(), String> {
-    let blocks = pem_blocks(input)?;
-    if blocks
-        .iter()
-        .any(|(label, _)| label == "ENCRYPTED PRIVATE KEY")
-    {
+    // PKCS #8 encrypted keys have a label of their own, which the PEM reader skips as unknown.
+    const ENCRYPTED: &[u8] = b"-----BEGIN ENCRYPTED PRIVATE KEY-----";
+    if input.windows(ENCRYPTED.len()).any(|w| w == ENCRYPTED) {
         return Err(
             "holds an encrypted private key, which cannot be used; store it unencrypted".into(),
         );
     }
-    if blocks
-        .iter()
-        .any(|(label, der)| label.ends_with("PRIVATE KEY") && !der.is_empty())
-    {
-        Ok(())
-    } else {
-        Err("holds no PEM private key".into())
+    match PrivateKeyDer::from_pem_slice(input) {
+        Ok(key) if !key.secret_der().is_empty() => Ok(()),
+        Ok(_) | Err(pem::Error::NoItemsFound) => Err("holds no PEM private key".into()),
+        Err(e) => Err(pem_problem(&e)),
     }
 }
 
@@ -372,6 +355,26 @@ mod tests {
                 !message.contains("c2VjcmV0") && !message.contains("AAECAwQFBgcI"),
                 "{message}"
             );
+        }
+    }
+
+    #[test]
+    fn encrypted_keys_and_unterminated_blocks_are_named_as_such() {
+        let encrypted: &[u8] =
+            b"-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAECAwQFBgcI\n-----END ENCRYPTED PRIVATE KEY-----\n";
+        let unterminated = &CERT[..CERT.len() - 30];
+        let cases: [(&[u8], &[u8], &str); 2] = [
+            (CERT, encrypted, "tls.key holds an encrypted private key"),
+            (
+                unterminated,
+                KEY,
+                "tls.crt has a PEM block without its END line",
+            ),
+        ];
+        for (cert, key, expected) in cases {
+            let s = secret(None, &[("tls.crt", cert), ("tls.key", key)]);
+            let message = mutual_tls_auth(&s, well_before_expiry()).expect_err(expected);
+            assert!(message.contains(expected), "{message:?}");
         }
     }
 

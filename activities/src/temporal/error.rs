@@ -2,11 +2,18 @@
 
 use std::error::Error as StdError;
 
+use prost::{Message, Name};
+use rustls::AlertDescription;
 use temporalio_client::{
     errors::ClientConnectError,
     tonic::{Code, Status},
 };
+use temporalio_common::protos::{
+    google::rpc::Status as RpcStatus, temporal::api::errordetails::v1::NamespaceNotFoundFailure,
+};
 use twc_workflows::model::{BlockReason, Blocked};
+
+use super::tls_probe::certificate_alert;
 
 /// What a gRPC status means to the controller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,16 +35,49 @@ pub enum StatusClass {
     Other,
 }
 
-/// Classifies a gRPC status.
-pub fn classify(status: &Status) -> StatusClass {
-    classify_parts(status.code(), status.message(), status.details())
+/// What the failure detail Temporal attaches to a status says (the status's details are a
+/// `google.rpc.Status` whose entries are `temporal.api.errordetails.v1` messages), where the
+/// controller decides on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailureDetail {
+    /// No detail the controller reads.
+    #[default]
+    None,
+    /// `NamespaceNotFoundFailure`: the Temporal namespace does not exist.
+    NamespaceNotFound,
 }
 
-fn classify_parts(code: Code, message: &str, details: &[u8]) -> StatusClass {
+impl FailureDetail {
+    /// The detail of a status.
+    pub fn of(status: &Status) -> Self {
+        Self::decode(status.details())
+    }
+
+    /// The detail in the encoded `google.rpc.Status` of a status's details.
+    fn decode(details: &[u8]) -> Self {
+        let Ok(status) = RpcStatus::decode(details) else {
+            return Self::None;
+        };
+        status
+            .details
+            .iter()
+            .find_map(|any| {
+                // `type.googleapis.com/<full name>`
+                let name = any.type_url.rsplit('/').next()?;
+                (name == NamespaceNotFoundFailure::full_name()).then_some(Self::NamespaceNotFound)
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Classifies a gRPC status.
+pub fn classify(status: &Status) -> StatusClass {
+    classify_parts(status.code(), status.message(), FailureDetail::of(status))
+}
+
+fn classify_parts(code: Code, message: &str, detail: FailureDetail) -> StatusClass {
     match code {
-        Code::NotFound if is_namespace_not_found(message, details) => {
-            StatusClass::NamespaceNotFound
-        }
+        Code::NotFound if is_namespace_not_found(message, detail) => StatusClass::NamespaceNotFound,
         Code::NotFound => StatusClass::NotFound,
         Code::FailedPrecondition => StatusClass::FailedPrecondition,
         Code::ResourceExhausted => StatusClass::RateLimited,
@@ -54,11 +94,11 @@ fn classify_parts(code: Code, message: &str, details: &[u8]) -> StatusClass {
 }
 
 /// The server reports a missing namespace as NotFound too; its details carry a
-/// `NamespaceNotFoundFailure` and the message names the namespace.
-fn is_namespace_not_found(message: &str, details: &[u8]) -> bool {
-    const MARKER: &[u8] = b"NamespaceNotFoundFailure";
+/// `NamespaceNotFoundFailure` (decoded as the protos define it) and the message names the
+/// namespace.
+fn is_namespace_not_found(message: &str, detail: FailureDetail) -> bool {
     let lower = message.to_ascii_lowercase();
-    details.windows(MARKER.len()).any(|w| w == MARKER)
+    detail == FailureDetail::NamespaceNotFound
         || (lower.starts_with("namespace ") && lower.contains("not found"))
 }
 
@@ -97,6 +137,8 @@ pub enum TemporalError {
         message: String,
         /// The gRPC code when the failure came from the first call on the new connection.
         code: Option<Code>,
+        /// The TLS alert with which the server refused our client certificate.
+        refused_certificate: Option<AlertDescription>,
     },
     /// A gRPC call failed.
     #[error("{op} {target}: {code:?}: {message}")]
@@ -144,6 +186,7 @@ impl TemporalError {
             host_port: host_port.to_owned(),
             message: error_chain(err),
             code,
+            refused_certificate: certificate_alert(err),
         }
     }
 
@@ -156,7 +199,10 @@ impl TemporalError {
                 code: Some(Code::Unauthenticated | Code::PermissionDenied),
                 ..
             } => StatusClass::Auth,
-            Self::Connect { message, .. } if is_certificate_refusal(message) => StatusClass::Auth,
+            Self::Connect {
+                refused_certificate: Some(_),
+                ..
+            } => StatusClass::Auth,
             Self::Connect { .. } => StatusClass::Transient,
             Self::InvalidConfig { .. } | Self::Encode { .. } => StatusClass::Other,
         }
@@ -217,28 +263,6 @@ impl TemporalError {
     }
 }
 
-/// TLS alerts a server sends when it refuses the client certificate (rustls' names and Go's
-/// texts): the certificate, not the network, is at fault.
-const CERTIFICATE_ALERTS: &[&str] = &[
-    "BadCertificate",
-    "CertificateRequired",
-    "CertificateExpired",
-    "CertificateRevoked",
-    "CertificateUnknown",
-    "UnknownCA",
-    "bad certificate",
-    "certificate required",
-    "unknown certificate authority",
-    "expired certificate",
-];
-
-/// Whether a connection failure is the server refusing our client certificate.
-fn is_certificate_refusal(message: &str) -> bool {
-    CERTIFICATE_ALERTS
-        .iter()
-        .any(|alert| message.contains(alert))
-}
-
 /// The error and its causes joined with `": "`, skipping causes already contained in the text.
 pub(crate) fn error_chain(err: &(dyn StdError + 'static)) -> String {
     let mut text = err.to_string();
@@ -260,22 +284,16 @@ mod tests {
 
     #[test]
     fn a_refused_client_certificate_is_a_credential_problem_not_a_network_one() {
-        let connect = |message: &str| TemporalError::Connect {
+        let connect = |refused_certificate| TemporalError::Connect {
             host_port: "t:7233".into(),
-            message: message.into(),
+            message: "transport error".into(),
             code: None,
+            refused_certificate,
         };
-        let refused = connect("transport error: received fatal alert: BadCertificate");
+        let refused = connect(Some(AlertDescription::BadCertificate));
         assert_eq!(refused.class(), StatusClass::Auth);
         assert!(refused.needs_eviction());
-        assert_eq!(
-            connect("received fatal alert: CertificateRequired").class(),
-            StatusClass::Auth
-        );
-        assert_eq!(
-            connect("tcp connect error: Connection refused (os error 111)").class(),
-            StatusClass::Transient
-        );
+        assert_eq!(connect(None).class(), StatusClass::Transient);
     }
 
     #[test]
@@ -284,6 +302,21 @@ mod tests {
         assert_eq!(classify(&nf), StatusClass::NotFound);
         let ns = Status::not_found("Namespace nope is not found.");
         assert_eq!(classify(&ns), StatusClass::NamespaceNotFound);
+        // The server's `NamespaceNotFoundFailure` detail says so whatever the message.
+        let detailed = with_detail(
+            Status::not_found("no such thing"),
+            &NamespaceNotFoundFailure {
+                namespace: "nope".into(),
+            },
+        );
+        assert_eq!(
+            FailureDetail::of(&detailed),
+            FailureDetail::NamespaceNotFound
+        );
+        assert_eq!(classify(&detailed), StatusClass::NamespaceNotFound);
+        assert_eq!(FailureDetail::of(&nf), FailureDetail::None);
+        let garbage = Status::with_details(Code::NotFound, "gone", b"\xff\xff".to_vec().into());
+        assert_eq!(FailureDetail::of(&garbage), FailureDetail::None);
         assert_eq!(
             classify(&Status::resource_exhausted("slow down")),
             StatusClass::RateLimited
@@ -307,6 +340,23 @@ mod tests {
         assert!(is_manager_identity_conflict(&Status::failed_precondition(
             "ManagerIdentity 'x' is set and does not match user identity 'y'"
         )));
+    }
+
+    /// `status` with `detail` in its details, as the server encodes them.
+    fn with_detail<T: Name>(status: Status, detail: &T) -> Status {
+        let details = RpcStatus {
+            code: status.code() as i32,
+            message: status.message().to_owned(),
+            details: vec![prost_wkt_types::Any {
+                type_url: format!("type.googleapis.com/{}", T::full_name()),
+                value: detail.encode_to_vec(),
+            }],
+        };
+        Status::with_details(
+            status.code(),
+            status.message(),
+            details.encode_to_vec().into(),
+        )
     }
 
     #[test]

@@ -515,10 +515,16 @@ async fn connect(
             // the first call) may be the server refusing the client certificate: ask it.
             if error.class() == StatusClass::Transient
                 && let Some(alert) = super::tls_probe::refused_certificate(config).await
-                && let TemporalError::Connect { message, .. } = &mut error
+                && let TemporalError::Connect {
+                    message,
+                    refused_certificate,
+                    ..
+                } = &mut error
             {
-                message.push_str("; the server refused the client certificate: ");
-                message.push_str(&alert);
+                message.push_str(&format!(
+                    "; the server refused the client certificate: received fatal alert: {alert:?}"
+                ));
+                *refused_certificate = Some(alert);
             }
             return Err(error);
         }
@@ -527,6 +533,7 @@ async fn connect(
                 host_port: config.host_port.clone(),
                 message: format!("timed out after {:?}", options.connect_timeout * 2),
                 code: None,
+                refused_certificate: None,
             });
         }
     };

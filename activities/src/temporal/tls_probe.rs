@@ -3,14 +3,16 @@
 //! only a closed connection or a broken pipe, not the server's alert. When connecting with a
 //! client certificate fails that way, a bare handshake with the same settings reads the
 //! server's first answer: its alert (`UnknownCA`, `CertificateExpired`, ...) names a refused
-//! certificate; anything else leaves the failure as it was.
+//! certificate; anything else leaves the failure as it was. Alerts are read as rustls reports
+//! them ([`rustls::Error::AlertReceived`]), never from error text.
 
+use std::error::Error as StdError;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{ClientConfig, RootCertStore};
+use rustls::{AlertDescription, ClientConfig, RootCertStore};
 use tokio::io::AsyncReadExt;
 
 use crate::connection::{ConnectionAuth, ConnectionConfig};
@@ -18,10 +20,42 @@ use crate::connection::{ConnectionAuth, ConnectionConfig};
 /// How long the probe may take in all.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The server's alert when it refuses the connection's client certificate, e.g.
-/// `received fatal alert: UnknownCA`; `None` when the connection has no client certificate,
-/// the probe cannot be made, or the server did not refuse it.
-pub(crate) async fn refused_certificate(config: &ConnectionConfig) -> Option<String> {
+/// Alerts a server sends when it refuses the client certificate: the certificate, not the
+/// network, is at fault.
+const CERTIFICATE_ALERTS: &[AlertDescription] = &[
+    AlertDescription::BadCertificate,
+    AlertDescription::CertificateRequired,
+    AlertDescription::CertificateExpired,
+    AlertDescription::CertificateRevoked,
+    AlertDescription::CertificateUnknown,
+    AlertDescription::UnsupportedCertificate,
+    AlertDescription::UnknownCA,
+];
+
+/// The alert with which the server refused our client certificate, if `err` (or one of its
+/// causes, through the I/O errors that carry rustls' errors) is one.
+pub(crate) fn certificate_alert(err: &(dyn StdError + 'static)) -> Option<AlertDescription> {
+    let mut next = Some(err);
+    while let Some(err) = next {
+        let rustls_error = err.downcast_ref::<rustls::Error>().or_else(|| {
+            err.downcast_ref::<std::io::Error>()?
+                .get_ref()?
+                .downcast_ref::<rustls::Error>()
+        });
+        if let Some(rustls::Error::AlertReceived(alert)) = rustls_error
+            && CERTIFICATE_ALERTS.contains(alert)
+        {
+            return Some(*alert);
+        }
+        next = err.source();
+    }
+    None
+}
+
+/// The alert with which the server refuses the connection's client certificate (`UnknownCA`,
+/// ...); `None` when the connection has no client certificate, the probe cannot be made, or
+/// the server did not refuse it.
+pub(crate) async fn refused_certificate(config: &ConnectionConfig) -> Option<AlertDescription> {
     let ConnectionAuth::MutualTls {
         cert_pem,
         key_pem,
@@ -42,21 +76,17 @@ pub(crate) async fn refused_certificate(config: &ConnectionConfig) -> Option<Str
     let name = config.server_name.as_deref().unwrap_or(host).to_owned();
     let name = ServerName::try_from(name).ok()?;
     let exchange = async {
-        let tcp = tokio::net::TcpStream::connect(host_port)
-            .await
-            .map_err(|_| None)?;
+        let tcp = tokio::net::TcpStream::connect(host_port).await?;
         let mut tls = tokio_rustls::TlsConnector::from(Arc::new(client))
             .connect(name, tcp)
-            .await
-            .map_err(|e| Some(e.to_string()))?;
+            .await?;
         let mut first = [0u8; 1];
-        tls.read(&mut first)
-            .await
-            .map_err(|e| Some(e.to_string()))?;
-        Ok::<(), Option<String>>(())
+        // Only a failure (the server's alert) matters, not what or how much was read.
+        let _read = tls.read(&mut first).await?;
+        Ok::<(), std::io::Error>(())
     };
     match tokio::time::timeout(PROBE_TIMEOUT, exchange).await {
-        Ok(Err(Some(error))) if error.contains("received fatal alert") => Some(error),
+        Ok(Err(error)) => certificate_alert(&error),
         _ => None,
     }
 }
@@ -94,4 +124,34 @@ fn client_config(
             .ok()?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Some(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_certificate_alert_is_found_through_the_io_errors_that_carry_it() {
+        let alert = |description| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                rustls::Error::AlertReceived(description),
+            )
+        };
+        assert_eq!(
+            certificate_alert(&alert(AlertDescription::UnknownCA)),
+            Some(AlertDescription::UnknownCA)
+        );
+        assert_eq!(
+            certificate_alert(&alert(AlertDescription::CertificateRequired)),
+            Some(AlertDescription::CertificateRequired)
+        );
+        // Other alerts and other errors are not about the certificate.
+        assert_eq!(
+            certificate_alert(&alert(AlertDescription::HandshakeFailure)),
+            None
+        );
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(certificate_alert(&refused), None);
+    }
 }
