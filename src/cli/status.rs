@@ -226,7 +226,7 @@ pub async fn twd_events(kube: &kube::Client, twd: &TwdRef) -> anyhow::Result<Vec
 }
 
 /// When an event last happened, in Unix milliseconds.
-fn event_time(event: &Event) -> i64 {
+pub fn event_time(event: &Event) -> i64 {
     event
         .series
         .as_ref()

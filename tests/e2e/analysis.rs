@@ -26,7 +26,7 @@ const RATE: u32 = 10;
 
 /// A TWD of sample workers polling `task_queue`, Progressive through `steps`, with `analysis`;
 /// `fail_share` percent of its HelloWorld workflows fail.
-fn analysed_worker(
+pub(crate) fn analysed_worker(
     ns: &str,
     name: &str,
     tag: &str,
@@ -63,7 +63,7 @@ fn temporal_check(name: &str, extra: Value) -> Value {
 
 /// Starts HelloWorld workflows on `task_queue` of the sandbox's Temporal at [`RATE`] per second
 /// until the returned generator is dropped.
-async fn load(env: &SandboxEnv, task_queue: &str, id_prefix: &str) -> LoadGenerator {
+pub(crate) async fn load(env: &SandboxEnv, task_queue: &str, id_prefix: &str) -> LoadGenerator {
     let config = LoadConfig {
         namespace: env.temporal_namespace.clone(),
         task_queue: task_queue.to_owned(),

@@ -10,6 +10,7 @@ mod chaos;
 mod cluster_connection;
 mod controls;
 mod crd_validation;
+mod dashboard;
 mod deletion;
 mod deploy;
 mod drain;

@@ -2,6 +2,7 @@
 //! test run), per-test Kubernetes namespaces (which also isolate Temporal deployment names),
 //! kubectl and temporal CLI calls, and waits with deadlines that dump server logs on failure.
 
+pub mod browser;
 pub mod cli;
 pub mod controls;
 pub mod tls;
