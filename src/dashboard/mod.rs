@@ -58,6 +58,9 @@ pub struct Dashboard {
     engine: Engine,
     kube: kube::Client,
     ui_url: Option<String>,
+    /// Whether it listens on a loopback address only (then only loopback host names are served,
+    /// so a DNS-rebound page of another site cannot reach it).
+    loopback: bool,
 }
 
 /// Runs the dashboard until Ctrl-C.
@@ -87,6 +90,7 @@ async fn serve(args: DashboardArgs) -> anyhow::Result<()> {
         engine,
         kube: kube.clone(),
         ui_url,
+        loopback: bound.ip().is_loopback(),
     });
     println!("Dashboard: http://{bound}/ (Ctrl-C to stop)");
     let namespaces = args.namespaces.clone();

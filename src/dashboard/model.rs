@@ -95,13 +95,19 @@ fn phase_name(phase: Option<RolloutPhase>) -> String {
     phase.map_or_else(|| "-".to_owned(), |p| format!("{p:?}"))
 }
 
+/// Progressing reasons that wait for a person while the condition stays `True` (a Manual
+/// rollout waiting for `promote` is not failing, as in the Go controller's conditions).
+const WAITING_FOR_A_PERSON: [&str; 1] = ["WaitingForPromotion"];
+
 /// The reason a rollout stopped or waits for someone, from its `Progressing` condition.
 fn stop(status: &TemporalWorkerDeploymentStatus) -> Option<Stop> {
     let progressing = status
         .conditions
         .iter()
         .find(|c| c.type_ == "Progressing")?;
-    if progressing.status == "True" || MOVING.contains(&progressing.reason.as_str()) {
+    let reason = progressing.reason.as_str();
+    let waits = WAITING_FOR_A_PERSON.contains(&reason);
+    if !waits && (progressing.status == "True" || MOVING.contains(&reason)) {
         return None;
     }
     Some(Stop {
@@ -468,7 +474,14 @@ mod tests {
                 Some("GateFailed"),
             ),
             (
-                "waiting for a person is a stop",
+                "waiting for a person is a stop (Progressing stays True meanwhile)",
+                progressing("True", "WaitingForPromotion", "promote it"),
+                Some("v2"),
+                Some(30.0),
+                Some("WaitingForPromotion"),
+            ),
+            (
+                "waiting for a person is a stop, whatever the condition's status",
                 progressing("False", "WaitingForPromotion", "promote it"),
                 Some("v2"),
                 Some(30.0),

@@ -66,6 +66,9 @@ pub async fn serve(listener: TcpListener, dashboard: Arc<Dashboard>) {
 async fn route(dashboard: &Arc<Dashboard>, request: Request<Incoming>) -> Response<Body> {
     let path = request.uri().path().to_owned();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    if let Err(refused) = same_site(dashboard.loopback, request.method(), request.headers()) {
+        return json_response(StatusCode::FORBIDDEN, &json!({ "error": refused }));
+    }
     match (request.method(), segments.as_slice()) {
         (&Method::GET, [""] | ["w", _, _]) => asset("text/html; charset=utf-8", INDEX_HTML),
         (&Method::GET, ["assets", "app.js"]) => asset("text/javascript; charset=utf-8", APP_JS),
@@ -136,6 +139,55 @@ fn not_found(key: &Key) -> Response<Body> {
         StatusCode::NOT_FOUND,
         &json!({ "error": format!("no worker deployment {}/{} in the watched namespaces", key.0, key.1) }),
     )
+}
+
+/// The header the page sends with a control (its value: the control). A cross-site form or
+/// `fetch` cannot send it without a CORS preflight, which this server never grants.
+const CONTROL_HEADER: &str = "x-twc-control";
+
+/// Refuses what another site's page could make a browser send: a control without the page's
+/// header or from another origin, and, on a loopback address, any request naming a host other
+/// than a loopback one (a DNS-rebound name).
+fn same_site(loopback: bool, method: &Method, headers: &http::HeaderMap) -> Result<(), String> {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default();
+    if loopback && !is_loopback_host(host) {
+        return Err(format!(
+            "host {host:?} is not a loopback address; open the dashboard at the address it printed"
+        ));
+    }
+    if *method != Method::POST {
+        return Ok(());
+    }
+    if !headers.contains_key(CONTROL_HEADER) {
+        return Err("controls are sent by the dashboard's page only".to_owned());
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or_default();
+        let authority = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .unwrap_or_default();
+        if !authority.eq_ignore_ascii_case(host) {
+            return Err(format!("controls from {origin} are refused"));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `host` (a Host header: name or address, and port) is a loopback one.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name.to_ascii_lowercase().ends_with(".localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Sends a control through the engine's validated path and answers as the CLI prints it.
@@ -245,6 +297,49 @@ mod tests {
         assert_eq!(decode("demo"), "demo");
         assert_eq!(decode("a%2Fb%20c"), "a/b c");
         assert_eq!(decode("bad%zz"), "bad%zz");
+    }
+
+    #[test]
+    fn controls_need_the_pages_header_and_origin_and_loopback_names_only() {
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = http::HeaderMap::new();
+            for (name, value) in pairs {
+                map.insert(*name, header::HeaderValue::from_static(value));
+            }
+            map
+        };
+        let page = headers(&[
+            ("host", "127.0.0.1:3100"),
+            ("origin", "http://127.0.0.1:3100"),
+            ("x-twc-control", "pause"),
+        ]);
+        assert!(same_site(true, &Method::POST, &page).is_ok());
+        assert!(same_site(true, &Method::GET, &headers(&[("host", "localhost:3100")])).is_ok());
+        assert!(same_site(true, &Method::GET, &headers(&[("host", "[::1]:3100")])).is_ok());
+        // A form or simple fetch of another site: no header.
+        let form = headers(&[
+            ("host", "127.0.0.1:3100"),
+            ("origin", "https://evil.example"),
+        ]);
+        assert!(same_site(true, &Method::POST, &form).is_err());
+        // The header from another origin (it would need a preflight, but still).
+        let other = headers(&[
+            ("host", "127.0.0.1:3100"),
+            ("origin", "https://evil.example"),
+            ("x-twc-control", "abort"),
+        ]);
+        assert!(same_site(true, &Method::POST, &other).is_err());
+        // A DNS-rebound name on a loopback listener, even for reads.
+        let rebound = headers(&[("host", "evil.example:3100")]);
+        assert!(same_site(true, &Method::GET, &rebound).is_err());
+        // Listening beyond loopback (--address), any name the operator uses is served.
+        assert!(same_site(false, &Method::GET, &rebound).is_ok());
+        let remote = headers(&[
+            ("host", "dash.internal:3100"),
+            ("origin", "http://dash.internal:3100"),
+            ("x-twc-control", "promote"),
+        ]);
+        assert!(same_site(false, &Method::POST, &remote).is_ok());
     }
 
     #[test]

@@ -198,7 +198,7 @@
     answer.textContent = action + ': sending…';
     try {
       const [ns, name] = state.key.split('/');
-      const reply = await getJson('/api/workers/' + encodeURIComponent(ns) + '/' + encodeURIComponent(name) + '/' + action, { method: 'POST' });
+      const reply = await getJson('/api/workers/' + encodeURIComponent(ns) + '/' + encodeURIComponent(name) + '/' + action, { method: 'POST', headers: { 'X-Twc-Control': action } });
       answer.className = reply.accepted ? 'accepted' : 'rejected';
       answer.textContent = reply.answer;
     } catch (e) {
