@@ -3,8 +3,8 @@
 //! on an open page within a second without reloading, the buttons go through the CLI's
 //! validated control path (Promote accepted and Current in Temporal, Pause of a complete
 //! rollout rejected), an aborted canary's chart shows the failing measurement above its limit,
-//! and no page logs a console error. The tests rewrite the README's screenshots
-//! (`docs/dashboard-*.png`).
+//! and no page logs a console error. The tests take screenshots (`dashboard-*.png`; with
+//! `TWC_DASHBOARD_SCREENSHOTS=docs` they refresh the README's).
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -25,10 +25,12 @@ use crate::harness::{env, kube_client, test_namespace};
 
 const ROLLOUT: Duration = Duration::from_secs(180);
 
-/// Where the README's screenshots live.
+/// Where the screenshots go: `TWC_DASHBOARD_SCREENSHOTS` (`docs` refreshes the README's),
+/// else the tests' scratch folder in the target dir, so a test run leaves the checkout alone.
 fn screenshot(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("docs")
+    std::env::var_os("TWC_DASHBOARD_SCREENSHOTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")))
         .join(format!("dashboard-{name}.png"))
 }
 
