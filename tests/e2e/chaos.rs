@@ -694,9 +694,13 @@ async fn a_newer_spec_seen_first_by_the_rollout_is_taken_over_instead_of_rerunni
     } = Private::start("lagging").await;
     // The watcher looks elsewhere: the test signals the spec itself, and leaves one change out,
     // as a watcher that lags behind (re-establishing its watch after an API server restart)
-    // would for a while.
+    // would for a while. Unsignalled, a held rollout looks again at its resync (5 min by
+    // default, the whole wait below): a short one keeps the test about the takeover.
     if let Err(e) = sandbox
-        .restart_controller_with_env(&[("TWC_WATCH_NAMESPACES", "nothing-to-watch")])
+        .restart_controller_with_env(&[
+            ("TWC_WATCH_NAMESPACES", "nothing-to-watch"),
+            ("TWC_RESYNC_INTERVAL", "20s"),
+        ])
         .await
     {
         panic!("restarting the controller: {e:#}");
@@ -728,8 +732,9 @@ async fn a_newer_spec_seen_first_by_the_rollout_is_taken_over_instead_of_rerunni
         })
         .await;
 
-    // v3, unsignalled: the v2 rollout sees it at its next look and ends as superseded; the TWD
-    // workflow must take v3 over from the object rather than run v2 again (and again).
+    // v3, unsignalled: the v2 rollout sees it at its next look (its resync) and ends as
+    // superseded; the TWD workflow must take v3 over from the object rather than run v2 again
+    // (and again).
     cluster.apply(&plan.manifest(&ns, "v3")).await;
     let twd = cluster.wait_ready(&ns, &plan.name, "v3", ROLLOUT).await;
     let expected = plan.expected(&ns, target_build(&twd).unwrap_or_default());
