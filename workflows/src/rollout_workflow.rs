@@ -191,18 +191,11 @@ impl RolloutWorkflow {
     pub async fn run(ctx: &mut WorkflowContext<Self>) -> WorkflowResult<RolloutOutcome> {
         let twd = ctx.state(|s| s.input.twd.clone());
         let build_id = ctx.state(|s| s.input.build_id.clone());
-        match ctx.state(|s| s.input.carried.as_ref().map(|c| c.blocked)) {
-            // A continued run: the run before it left `ContinuedAsNew` (which this run
-            // inherited), so that only the live run answers `TwcOutcome` queries.
-            Some(blocked) => {
-                ctx.state_mut(|s| s.outcome_blocked = blocked);
-                set_outcome(ctx, if blocked { "Blocked" } else { "Running" });
-            }
-            None => {
-                let outcome_blocked =
-                    ctx.search_attributes().get(&SA_OUTCOME).as_deref() == Some("Blocked");
-                ctx.state_mut(|s| s.outcome_blocked = outcome_blocked);
-            }
+        // A continued run: the run before it left `ContinuedAsNew` (which this run inherited),
+        // so that only the live run answers `TwcOutcome` queries. A first run starts `Running`.
+        if ctx.state(|s| s.input.carried.is_some()) {
+            let blocked = ctx.state(|s| s.outcome_blocked);
+            set_outcome(ctx, if blocked { "Blocked" } else { "Running" });
         }
         if ctx.state(|s| s.input.carried.is_none() && !s.input.created_by_parent) {
             create_first(ctx, &twd, &build_id).await;
@@ -557,7 +550,7 @@ impl RolloutWorkflow {
             retry_requested: false,
             controls: carried.controls,
             spec_paused: carried.spec_paused,
-            outcome_blocked: false,
+            outcome_blocked: carried.blocked,
             last_report: carried.last_report,
             sequence: carried.sequence,
             failing_since: carried.failing_since,
