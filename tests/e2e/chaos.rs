@@ -636,6 +636,10 @@ async fn ten_image_changes_in_two_seconds_converge_on_the_last_and_retire_the_re
     );
 }
 
+/// The resync the test's TWD workflows start with (the watcher's would be the controller's
+/// `TWC_RESYNC_INTERVAL`, 5 min by default).
+const RESYNC_SECONDS: u32 = 20;
+
 /// Plays the watcher for one TWD: signal-with-start of its workflow with the spec as the object
 /// stands now (generation and build ID).
 async fn signal_spec(cluster: &Cluster, namespace: &str, name: &str) {
@@ -650,7 +654,7 @@ async fn signal_spec(cluster: &Cluster, namespace: &str, name: &str) {
         twd: twd_ref.clone(),
         search_attributes: true,
         history_event_bound: None,
-        resync_seconds: None,
+        resync_seconds: Some(RESYNC_SECONDS),
         carried: None,
     };
     let signal = SpecSignal {
@@ -695,12 +699,10 @@ async fn a_newer_spec_seen_first_by_the_rollout_is_taken_over_instead_of_rerunni
     // The watcher looks elsewhere: the test signals the spec itself, and leaves one change out,
     // as a watcher that lags behind (re-establishing its watch after an API server restart)
     // would for a while. Unsignalled, a held rollout looks again at its resync (5 min by
-    // default, the whole wait below): a short one keeps the test about the takeover.
+    // default, the whole wait below): the test starts the TWD workflow with a short one
+    // (`RESYNC_SECONDS`), which keeps the test about the takeover.
     if let Err(e) = sandbox
-        .restart_controller_with_env(&[
-            ("TWC_WATCH_NAMESPACES", "nothing-to-watch"),
-            ("TWC_RESYNC_INTERVAL", "20s"),
-        ])
+        .restart_controller_with_env(&[("TWC_WATCH_NAMESPACES", "nothing-to-watch")])
         .await
     {
         panic!("restarting the controller: {e:#}");
