@@ -10,6 +10,7 @@ pub mod rollout;
 pub mod spec_view;
 pub mod status;
 pub mod sunset;
+pub mod twd;
 
 #[cfg(test)]
 pub(crate) mod fixtures;
