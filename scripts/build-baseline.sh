@@ -42,6 +42,12 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/twc-baseline.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 echo "build-baseline: building twc at $ref ($commit) in $work, target dir $target_dir" >&2
 git -C "$repo" archive "$commit" | tar -x -C "$work"
+# git archive stamps every file with the commit's time. Cargo decides freshness by comparing a
+# crate's source mtimes with its last build, and the workspace crates of two commits of the same
+# version share their unit names in the target dir: an older commit's sources would look
+# unchanged since the last baseline build and its binary would be reused. Sources stamped now
+# are always rebuilt (once per commit: the binary is cached).
+find "$work" -type f -exec touch {} +
 started=$SECONDS
 (cd "$work" && CARGO_TARGET_DIR=$target_dir "$cargo" build --bin twc --locked) >&2
 echo "build-baseline: built in $((SECONDS - started)) s" >&2
