@@ -22,7 +22,15 @@ target_dir=${TWC_BASELINE_TARGET_DIR:-$HOME/.cache/twc/baseline-target}
 cache=$HOME/.cache/twc/baseline
 cargo=${CARGO:-cargo}
 
-if ! commit=$(git -C "$repo" rev-parse --verify --quiet "$ref^{commit}"); then
+# A clone made without tags still finds a release by the commit scripts/releases.txt records.
+commit=$(git -C "$repo" rev-parse --verify --quiet "$ref^{commit}" || true)
+if [[ -z "$commit" ]]; then
+    recorded=$(awk -v r="$ref" '$1 == r { print $2 }' "$repo/scripts/releases.txt" 2>/dev/null || true)
+    if [[ -n "$recorded" ]]; then
+        commit=$(git -C "$repo" rev-parse --verify --quiet "$recorded^{commit}" || true)
+    fi
+fi
+if [[ -z "$commit" ]]; then
     cat >&2 <<EOF
 build-baseline: TWC_BASELINE_REF=$ref is not a commit of the clone $repo.
 The upgrade test runs the last release's controller, then this build, over the same workflows.
