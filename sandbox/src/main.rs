@@ -266,6 +266,7 @@ fn options(common: &Common, ui: bool, fast_drainage: bool) -> anyhow::Result<San
         ui,
         fast_drainage,
         controller: !common.no_controller && own_dir()?.join("twc").exists(),
+        controller_bin: None,
     })
 }
 

@@ -46,6 +46,9 @@ pub struct SandboxOptions {
     pub fast_drainage: bool,
     /// Start the controller (`twc run`).
     pub controller: bool,
+    /// The controller's binary; None: `<bin_dir>/twc` (e.g. an older release's build, for an
+    /// upgrade test).
+    pub controller_bin: Option<PathBuf>,
 }
 
 /// A running sandbox.
@@ -60,8 +63,8 @@ pub struct Sandbox {
     controller: Option<Supervised>,
     /// More controllers on the same engine namespace and task queue (replicas).
     extra_controllers: Vec<Supervised>,
-    /// Extra environment of controllers started from now on (e.g. `RUST_LOG`).
-    controller_env: Vec<(String, String)>,
+    /// How controllers are started from now on (binary, extra environment).
+    launch: ControllerLaunch,
     pod_runner: PodRunnerThread,
     /// Prometheus, once [`Self::start_prometheus`] started it.
     prometheus: Option<Prometheus>,
@@ -156,6 +159,10 @@ impl Sandbox {
             otlp_endpoint: None,
             production_temporal: None,
         };
+        let launch = ControllerLaunch {
+            binary: options.controller_bin.clone(),
+            vars: Vec::new(),
+        };
         let controller = if options.controller {
             // The API server calls the controller's webhook before admitting a
             // WorkerResourceTemplate; without a controller nothing would answer it.
@@ -166,7 +173,7 @@ impl Sandbox {
             webhook::register(&client, &url, &ca).await?;
             env.controller_webhook_url = Some(url);
             env.webhook_cert_dir = Some(cert_dir);
-            Some(start_controller(&mut env, &[])?)
+            Some(start_controller(&mut env, &launch)?)
         } else {
             None
         };
@@ -180,7 +187,7 @@ impl Sandbox {
             apiserver_dir,
             controller,
             extra_controllers: Vec::new(),
-            controller_env: Vec::new(),
+            launch,
             pod_runner,
             prometheus: None,
             jaeger: None,
@@ -221,7 +228,8 @@ impl Sandbox {
         self.env.tracing_query_url = Some(query_url.clone());
         self.env.otlp_endpoint = Some(endpoint.clone());
         let mut vars: Vec<(String, String)> = self
-            .controller_env
+            .launch
+            .vars
             .iter()
             .filter(|(k, _)| k != "OTEL_EXPORTER_OTLP_ENDPOINT" && k != "OTEL_BSP_SCHEDULE_DELAY")
             .cloned()
@@ -254,7 +262,7 @@ impl Sandbox {
             self.production = Some(server);
             if engine && let Some(controller) = self.controller.as_mut() {
                 controller.stop(Duration::from_secs(10)).await;
-                self.controller = Some(start_controller(&mut self.env, &self.controller_env)?);
+                self.controller = Some(start_controller(&mut self.env, &self.launch)?);
             }
             write_env_file(&self.state_dir, &self.env)?;
         }
@@ -290,7 +298,7 @@ impl Sandbox {
     pub fn restart_dead_controller(&mut self) -> Option<String> {
         let status = self.controller.as_mut()?.exited()?;
         tracing::warn!("controller exited ({status}); restarting it");
-        match start_controller(&mut self.env, &self.controller_env) {
+        match start_controller(&mut self.env, &self.launch) {
             Ok(process) => self.controller = Some(process),
             Err(e) => tracing::error!("restarting the controller failed: {e:#}"),
         }
@@ -312,13 +320,36 @@ impl Sandbox {
         &mut self,
         vars: &[(&str, &str)],
     ) -> anyhow::Result<()> {
-        self.controller_env = vars
+        self.launch.vars = vars
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
+        self.restart_controller().await
+    }
+
+    /// Runs the controller from `binary` (None: `<bin_dir>/twc`) from now on: stops the running
+    /// one gracefully (SIGTERM, SIGKILL after 10 s), as a rolling update would, and starts the
+    /// new one with the same environment, ports and log (an upgrade, or a downgrade).
+    pub async fn restart_controller_with_binary(
+        &mut self,
+        binary: Option<PathBuf>,
+    ) -> anyhow::Result<()> {
+        if let Some(binary) = &binary {
+            anyhow::ensure!(
+                binary.is_file(),
+                "controller binary {} does not exist",
+                binary.display()
+            );
+        }
+        self.launch.binary = binary;
+        self.restart_controller().await
+    }
+
+    /// Stops the running controller gracefully and starts it again as `launch` says.
+    async fn restart_controller(&mut self) -> anyhow::Result<()> {
         if let Some(controller) = self.controller.as_mut() {
             controller.stop(Duration::from_secs(10)).await;
-            self.controller = Some(start_controller(&mut self.env, &self.controller_env)?);
+            self.controller = Some(start_controller(&mut self.env, &self.launch)?);
         }
         Ok(())
     }
@@ -335,7 +366,7 @@ impl Sandbox {
         let log = self.env.logs_dir.join(format!("controller-{n}.log"));
         let process = spawn_controller(
             &self.env,
-            &self.controller_env,
+            &self.launch,
             &format!("controller-{n}"),
             &log,
             TelemetryPorts::free()?,
@@ -469,7 +500,16 @@ async fn stop(process: &mut Supervised, how: StopMode) {
     }
 }
 
-fn start_controller(env: &mut SandboxEnv, vars: &[(String, String)]) -> anyhow::Result<Supervised> {
+/// How a controller is started: its binary and extra environment.
+#[derive(Debug, Clone, Default)]
+struct ControllerLaunch {
+    /// None: `<bin_dir>/twc`.
+    binary: Option<PathBuf>,
+    /// Extra environment (e.g. `RUST_LOG`).
+    vars: Vec<(String, String)>,
+}
+
+fn start_controller(env: &mut SandboxEnv, launch: &ControllerLaunch) -> anyhow::Result<Supervised> {
     let log = env.logs_dir.join("controller.log");
     // A restarted controller keeps the ports the env file names.
     let ports = match TelemetryPorts::of(env) {
@@ -479,7 +519,7 @@ fn start_controller(env: &mut SandboxEnv, vars: &[(String, String)]) -> anyhow::
             ..TelemetryPorts::free()?
         },
     };
-    let process = spawn_controller(env, vars, "controller", &log, ports)?;
+    let process = spawn_controller(env, launch, "controller", &log, ports)?;
     env.controller_metrics_url = Some(ports.metrics_url());
     env.controller_health_url = Some(ports.health_url());
     let pid_file = env.logs_dir.with_file_name("controller.pid");
@@ -546,16 +586,21 @@ fn url_port(url: Option<&str>) -> Option<u16> {
     authority.rsplit_once(':')?.1.parse().ok()
 }
 
-/// `twc run` against the sandbox's servers with extra environment `vars`, output appended to
-/// `log`, serving its metrics and probes on `ports` of 127.0.0.1.
+/// `twc run` (the binary `launch` names, with its extra environment) against the sandbox's
+/// servers, output appended to `log`, serving its metrics and probes on `ports` of 127.0.0.1.
 fn spawn_controller(
     env: &SandboxEnv,
-    vars: &[(String, String)],
+    launch: &ControllerLaunch,
     name: &str,
     log: &Path,
     ports: TelemetryPorts,
 ) -> anyhow::Result<Supervised> {
-    let mut command = Command::new(env.bin_dir.join("twc"));
+    let binary = launch
+        .binary
+        .clone()
+        .unwrap_or_else(|| env.bin_dir.join("twc"));
+    tracing::info!(binary = %binary.display(), "starting controller {name}");
+    let mut command = Command::new(binary);
     command
         .arg("run")
         .arg(format!(
@@ -592,7 +637,7 @@ fn spawn_controller(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
         )
-        .envs(vars.iter().map(|(k, v)| (k, v)));
+        .envs(launch.vars.iter().map(|(k, v)| (k, v)));
     Ok(spawn_logged(name, command, log)?)
 }
 

@@ -95,7 +95,7 @@ async fn wait_routing(deployment: &str, current: &str) {
 }
 
 /// `status.rollout.analysis` of a TWD, as JSON.
-async fn analysis_status(client: &kube::Client, ns: &str, name: &str) -> Result<Value, String> {
+pub(crate) async fn analysis_status(client: &kube::Client, ns: &str, name: &str) -> Result<Value, String> {
     let twd = get_twd(client, ns, name).await?;
     let rollout = twd.status.and_then(|s| s.rollout).unwrap_or_default();
     serde_json::to_value(&rollout.analysis).map_err(|e| e.to_string())
@@ -330,7 +330,7 @@ async fn no_traffic_is_inconclusive_held_with_its_reason_then_aborted() {
 }
 
 /// Verdicts of the `run_analysis` results in a history (`temporal workflow show` JSON).
-fn recorded_verdicts(history: &Value) -> Vec<String> {
+pub(crate) fn recorded_verdicts(history: &Value) -> Vec<String> {
     use base64::Engine as _;
     history["events"]
         .as_array()

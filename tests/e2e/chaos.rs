@@ -16,7 +16,7 @@
 
 pub(crate) mod cluster;
 mod hostile;
-mod invariants;
+pub(crate) mod invariants;
 mod schedule;
 mod secrets;
 

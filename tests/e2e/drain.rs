@@ -19,10 +19,10 @@ use crate::harness::{kube_client, test_namespace};
 const ROLLOUT: Duration = Duration::from_secs(180);
 const DRAIN: Duration = Duration::from_secs(120);
 /// The drain signal the sample workflows listen for (the default `signalName`).
-const SIGNAL: &str = "twc-drain";
+pub(crate) const SIGNAL: &str = "twc-drain";
 
 /// A TWD whose sample workers poll `task_queue`, retiring versions fast, with `drain`.
-fn drained_worker(ns: &str, name: &str, tag: &str, task_queue: &str, drain: Value) -> Value {
+pub(crate) fn drained_worker(ns: &str, name: &str, tag: &str, task_queue: &str, drain: Value) -> Value {
     let mut manifest = worker(ns, name, tag, json!({ "strategy": "AllAtOnce" }));
     manifest["spec"]["template"]["spec"]["containers"][0]["env"] =
         json!([{ "name": "SAMPLE_TASK_QUEUE", "value": task_queue }]);
@@ -31,7 +31,7 @@ fn drained_worker(ns: &str, name: &str, tag: &str, task_queue: &str, drain: Valu
     manifest
 }
 
-async fn start_workflow(cluster: &Cluster, type_: &str, task_queue: &str, id: &str) {
+pub(crate) async fn start_workflow(cluster: &Cluster, type_: &str, task_queue: &str, id: &str) {
     let out = cluster
         .temporal(&[
             "workflow",
@@ -48,7 +48,7 @@ async fn start_workflow(cluster: &Cluster, type_: &str, task_queue: &str, id: &s
 }
 
 /// Status (`RUNNING`, `CANCELED`, ...) and build ID of the latest run of `id`.
-async fn latest_run(cluster: &Cluster, id: &str) -> Result<(String, String), String> {
+pub(crate) async fn latest_run(cluster: &Cluster, id: &str) -> Result<(String, String), String> {
     let v = json_output(
         cluster
             .temporal(&[
@@ -82,7 +82,7 @@ async fn latest_run(cluster: &Cluster, id: &str) -> Result<(String, String), Str
 }
 
 /// Waits until the latest run of each of `ids` is `status` on a build starting with `tag-`.
-async fn wait_runs(cluster: &Cluster, ids: &[String], status: &str, tag: &str) {
+pub(crate) async fn wait_runs(cluster: &Cluster, ids: &[String], status: &str, tag: &str) {
     let prefix = format!("{tag}-");
     wait_for(&format!("{ids:?} {status} on {tag}"), DRAIN, || async {
         let mut seen = Vec::new();
@@ -123,7 +123,7 @@ pub(crate) async fn count_events(
 }
 
 /// How many times `id`'s runs (all of them) received the drain signal.
-async fn drain_signals(cluster: &Cluster, id: &str) -> Result<usize, String> {
+pub(crate) async fn drain_signals(cluster: &Cluster, id: &str) -> Result<usize, String> {
     count_events(cluster, id, |e| {
         e["workflowExecutionSignaledEventAttributes"]["signalName"].as_str() == Some(SIGNAL)
     })
@@ -131,7 +131,7 @@ async fn drain_signals(cluster: &Cluster, id: &str) -> Result<usize, String> {
 }
 
 /// How many cancellation requests `id`'s runs received.
-async fn cancel_requests(cluster: &Cluster, id: &str) -> Result<usize, String> {
+pub(crate) async fn cancel_requests(cluster: &Cluster, id: &str) -> Result<usize, String> {
     count_events(cluster, id, |e| {
         e.get("workflowExecutionCancelRequestedEventAttributes")
             .is_some()

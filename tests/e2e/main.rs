@@ -28,3 +28,4 @@ mod resource_templates;
 mod rollout;
 mod takeover;
 mod tracing;
+mod upgrade;

@@ -423,6 +423,12 @@ pub struct Private {
 impl Private {
     /// Starts a private sandbox with a controller, fast drainage and no Web UI.
     pub async fn start(name: &str) -> Self {
+        Self::start_with_controller(name, None).await
+    }
+
+    /// [`Self::start`] with the controller run from `controller_bin` (None: the build under
+    /// test's `twc`), e.g. an older release's build.
+    pub async fn start_with_controller(name: &str, controller_bin: Option<PathBuf>) -> Self {
         let shared = env();
         let base = shared
             .logs_dir
@@ -443,6 +449,7 @@ impl Private {
             ui: false,
             fast_drainage: true,
             controller: true,
+            controller_bin,
         };
         let sandbox = match Sandbox::start(&options).await {
             Ok(sandbox) => sandbox,
