@@ -40,6 +40,7 @@ pub fn spec(strategy: RolloutStrategy) -> SpecView {
         drain: None,
         analysis: None,
         autoscaling: None,
+        notifications: None,
         adopted_build: None,
     }
 }
