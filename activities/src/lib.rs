@@ -6,5 +6,6 @@ pub mod connection;
 pub mod engine;
 pub mod k8s;
 pub mod metrics;
+pub mod notify;
 pub mod prometheus;
 pub mod temporal;

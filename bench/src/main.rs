@@ -227,7 +227,6 @@ async fn run() -> anyhow::Result<()> {
         drain: None,
         analysis: None,
         autoscaling: None,
-        notifications: None,
     };
     if options.runs("latency") {
         tracing::info!(

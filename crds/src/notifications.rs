@@ -111,7 +111,10 @@ impl NotificationEvent {
             "AnalysisFailed" => Self::AnalysisFailed,
             "GateFailed" => Self::GateFailed,
             "ProgressDeadlineExceeded" => Self::ProgressDeadlineExceeded,
-            "DrainSignalled" | "DrainCancelled" | "DrainTerminated" | "DrainMovedToCurrent"
+            "DrainSignalled"
+            | "DrainCancelled"
+            | "DrainTerminated"
+            | "DrainMovedToCurrent"
             | "DrainFailed" => Self::Drain,
             "DeletionBlocked" => Self::DeletionBlocked,
             _ => return None,
@@ -150,7 +153,11 @@ mod tests {
         }
         for event in [NotificationEvent::Drain, NotificationEvent::StepReached] {
             let json = serde_json::to_value(event).unwrap_or_default();
-            assert_eq!(json, event.as_str(), "the payload names events as the spec does");
+            assert_eq!(
+                json,
+                event.as_str(),
+                "the payload names events as the spec does"
+            );
         }
     }
 

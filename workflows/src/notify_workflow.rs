@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use temporalio_macros::{workflow, workflow_methods};
-use temporalio_sdk::{SyncWorkflowContext, WorkflowContext, WorkflowContextView, WorkflowResult};
 use temporalio_sdk::workflows::select;
+use temporalio_sdk::{SyncWorkflowContext, WorkflowContext, WorkflowContextView, WorkflowResult};
 
 use crate::contract::{Notification, NotificationRequest, SendNotification, TargetFailure};
 use crate::model::TwdRef;
@@ -145,21 +145,25 @@ async fn deliver(ctx: &mut WorkflowContext<NotifyWorkflow>, notification: Notifi
                 support::with_summary(send_options(), &summary),
             )
             .await;
-        let retry = match outcome {
+        let next = match outcome {
             Ok(outcome) => {
                 report_health(ctx, &twd, &outcome.results).await;
-                notify::retry_targets(&outcome.results)
+                let retry = notify::retry_targets(&outcome.results);
+                if retry.is_empty() {
+                    return;
+                }
+                Some(retry)
             }
-            // The activity itself failed after its retries (the TWD could not be read): try
-            // every target again later.
-            Err(_) => only.clone().unwrap_or_default(),
+            // The activity itself failed after its retries (the TWD could not be read): the
+            // same targets again later.
+            Err(_) => only.clone(),
         };
-        if retry.is_empty() || now_millis(ctx) >= give_up_at {
+        if now_millis(ctx) >= give_up_at {
             return;
         }
         let _ = ctx.timer(support::timer(notify::retry_delay(tries))).await;
         tries += 1;
-        only = Some(retry);
+        only = next;
     }
 }
 

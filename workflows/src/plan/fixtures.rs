@@ -40,7 +40,6 @@ pub fn spec(strategy: RolloutStrategy) -> SpecView {
         drain: None,
         analysis: None,
         autoscaling: None,
-        notifications: None,
         adopted_build: None,
     }
 }

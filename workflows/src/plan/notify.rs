@@ -10,6 +10,7 @@ use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 
 use crate::contract::{TargetFailure, TargetResult};
 use crate::model::UnixMillis;
+use crate::plan::conditions;
 
 /// Condition type showing webhook targets that keep failing.
 pub const CONDITION_TYPE: &str = "NotificationsDelivered";
@@ -22,6 +23,29 @@ const MAX_DELAY: Duration = Duration::from_secs(30);
 /// the same however often that activity is retried, different for every other event.
 pub fn idempotency_key(workflow_id: &str, run_id: &str, activity_id: &str) -> String {
     format!("{workflow_id}#{run_id}#{activity_id}")
+}
+
+/// The idempotency key of the `WaitingForPromotion` notification a status write stands for:
+/// `after` shows a Manual rollout waiting for a person and `before` did not (or is the same
+/// status: a retried write whose first try went through). The rollout run names the key, so
+/// every write of the same wait gives the same one.
+pub fn waiting_for_promotion_key(
+    manual: bool,
+    before: Option<&TemporalWorkerDeploymentStatus>,
+    after: &TemporalWorkerDeploymentStatus,
+) -> Option<String> {
+    let waiting = |status: &TemporalWorkerDeploymentStatus| {
+        status.conditions.iter().any(|c| {
+            c.type_ == conditions::PROGRESSING
+                && c.reason == conditions::REASON_WAITING_FOR_PROMOTION
+        })
+    };
+    if !manual || !waiting(after) || before.is_some_and(|b| waiting(b) && b != after) {
+        return None;
+    }
+    let rollout = after.rollout.as_ref()?;
+    let (workflow_id, run_id) = (rollout.workflow_id.as_ref()?, rollout.run_id.as_ref()?);
+    Some(format!("{workflow_id}#{run_id}#WaitingForPromotion"))
 }
 
 /// Wait before try number `tries + 1` of a notification: 1 s, doubling, at most 30 s.
@@ -113,6 +137,70 @@ mod tests {
     }
 
     #[test]
+    fn a_manual_rollout_starting_to_wait_for_promotion_is_notified_once_per_run() {
+        use twc_crds::worker_deployment::RolloutStatus;
+        let status = |reason: &str, message: &str| TemporalWorkerDeploymentStatus {
+            conditions: vec![Condition {
+                type_: conditions::PROGRESSING.to_owned(),
+                status: "True".to_owned(),
+                reason: reason.to_owned(),
+                message: message.to_owned(),
+                observed_generation: None,
+                last_transition_time: Time(Timestamp::UNIX_EPOCH),
+            }],
+            rollout: Some(RolloutStatus {
+                workflow_id: Some("rollout/ns/hello/v2".to_owned()),
+                run_id: Some("r1".to_owned()),
+                ..RolloutStatus::default()
+            }),
+            ..TemporalWorkerDeploymentStatus::default()
+        };
+        let waiting = status("WaitingForPromotion", "waiting");
+        let waiting_later = status("WaitingForPromotion", "still waiting");
+        let polling = status("WaitingForPollers", "polling");
+        let key = Some("rollout/ns/hello/v2#r1#WaitingForPromotion".to_owned());
+        let cases = [
+            (
+                "the wait begins",
+                true,
+                Some(&polling),
+                &waiting,
+                key.clone(),
+            ),
+            ("a first status write", true, None, &waiting, key.clone()),
+            (
+                "a retried write",
+                true,
+                Some(&waiting),
+                &waiting,
+                key.clone(),
+            ),
+            (
+                "the wait goes on",
+                true,
+                Some(&waiting),
+                &waiting_later,
+                None,
+            ),
+            ("not waiting", true, Some(&waiting), &polling, None),
+            (
+                "not Manual: a gate runs",
+                false,
+                Some(&polling),
+                &waiting,
+                None,
+            ),
+        ];
+        for (what, manual, before, after, expected) in cases {
+            assert_eq!(
+                waiting_for_promotion_key(manual, before, after),
+                expected,
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
     fn retries_back_off_to_thirty_seconds() {
         let delays: Vec<u64> = (0..8).map(|n| retry_delay(n).as_secs()).collect();
         assert_eq!(delays, vec![1, 2, 4, 8, 16, 30, 30, 30]);
@@ -132,8 +220,18 @@ mod tests {
     #[test]
     fn failing_targets_follow_their_latest_result() {
         let cases = [
-            ("a first failure", vec![], vec![result("a", Some(Delivery))], vec!["a"]),
-            ("a delivery clears", vec![failure("a", Delivery)], vec![result("a", None)], vec![]),
+            (
+                "a first failure",
+                vec![],
+                vec![result("a", Some(Delivery))],
+                vec!["a"],
+            ),
+            (
+                "a delivery clears",
+                vec![failure("a", Delivery)],
+                vec![result("a", None)],
+                vec![],
+            ),
             (
                 "others stay as they were",
                 vec![failure("b", Secret)],
