@@ -4,6 +4,7 @@
 
 pub mod connection;
 pub mod engine;
+pub mod http;
 pub mod k8s;
 pub mod metrics;
 pub mod notify;

@@ -4,16 +4,15 @@
 //! (`twc_workflows::notify_workflow`) decides what to send when and what to retry; this module
 //! only sends.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::Request;
 use http::header::{CONTENT_TYPE, USER_AGENT};
 use http_body_util::Full;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use k8s_openapi::api::core::v1::{Secret, SecretKeySelector};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -175,7 +174,7 @@ impl WebhookClient {
     pub async fn post(&self, url: &str, key: &str, body: &Value) -> Result<(), String> {
         let http = self
             .http
-            .get_or_init(build_client)
+            .get_or_init(|| crate::http::client("webhooks"))
             .as_ref()
             .map_err(Clone::clone)?;
         let request = Request::post(url)
@@ -195,31 +194,6 @@ impl WebhookClient {
             Err(format!("the webhook answered {status}"))
         }
     }
-}
-
-fn build_client() -> Result<HttpClient, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls =
-        match HttpsConnectorBuilder::new().with_provider_and_native_roots(Arc::clone(&provider)) {
-            Ok(builder) => builder,
-            Err(err) => {
-                tracing::warn!(
-                    "no system CA certificates ({err}): https webhooks will fail certificate \
-                     verification"
-                );
-                let config = rustls::ClientConfig::builder_with_provider(provider)
-                    .with_safe_default_protocol_versions()
-                    .map_err(|e| format!("cannot set up TLS: {e}"))?
-                    .with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth();
-                HttpsConnectorBuilder::new().with_tls_config(config)
-            }
-        };
-    let connector = tls.https_or_http().enable_http1().build();
-    Ok(Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .pool_timer(TokioTimer::new())
-        .build(connector))
 }
 
 #[cfg(test)]
