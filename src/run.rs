@@ -76,6 +76,11 @@ pub struct RunArgs {
     /// namespace (the pod's in a cluster; the kubeconfig context's, else `default`, outside).
     #[arg(long, env = "POD_NAMESPACE")]
     controller_namespace: Option<String>,
+    /// Cluster-wide notification targets, told about the events of every worker deployment: a
+    /// JSON object of the same form as a worker deployment's `spec.notifications`
+    /// (`{"targets": [...]}`), each `urlSecretRef` naming a Secret in the controller's namespace.
+    #[arg(long, env = "TWC_CLUSTER_NOTIFICATIONS", value_parser = parse_cluster_notifications)]
+    cluster_notifications: Option<twc_crds::notifications::NotificationSpec>,
     /// Do not set the Twc* search attributes on rollouts (use when they are not registered).
     #[arg(long, env = "TWC_NO_SEARCH_ATTRIBUTES")]
     no_search_attributes: bool,
@@ -136,6 +141,25 @@ fn parse_interval(
 }
 
 /// Runs the controller until SIGINT/SIGTERM.
+/// Parses `--cluster-notifications` (empty: none), checking what the CRD's schema checks of a
+/// worker deployment's `spec.notifications` that a flag cannot: at least one target, distinct
+/// names.
+fn parse_cluster_notifications(
+    text: &str,
+) -> Result<twc_crds::notifications::NotificationSpec, String> {
+    let spec: twc_crds::notifications::NotificationSpec = serde_json::from_str(text)
+        .map_err(|e| format!("not a notifications object ({{\"targets\": [...]}}): {e}"))?;
+    if spec.targets.is_empty() {
+        return Err("no targets".to_owned());
+    }
+    for (i, target) in spec.targets.iter().enumerate() {
+        if spec.targets[..i].iter().any(|t| t.name == target.name) {
+            return Err(format!("target name {:?} is used twice", target.name));
+        }
+    }
+    Ok(spec)
+}
+
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -292,7 +316,14 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         .with_take_over(twc_activities::temporal::TakeOver::new(
             args.take_over_manager_from.clone(),
         ))
-        .with_own_namespace(own_namespace);
+        .with_own_namespace(own_namespace.clone())
+        .with_notifications(
+            config.task_queue.clone(),
+            twc_activities::notify::ClusterTargets {
+                spec: args.cluster_notifications.clone(),
+                secret_namespace: own_namespace,
+            },
+        );
     let mut stop_trim = stop_rx.clone();
     let trim = tokio::spawn(memory::trim_every(args.heap_trim_interval, async move {
         let _ = stop_trim.wait_for(|stop| *stop).await;

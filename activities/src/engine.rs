@@ -15,8 +15,9 @@ use tokio::time::MissedTickBehavior;
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 use twc_crds::WorkerObject;
+use twc_crds::notifications::{NotificationEvent, NotificationSpec};
 use twc_crds::worker_deployment::{
-    ConnectionReference, TemporalWorkerDeploymentStatus, VersionState,
+    ConnectionReference, RolloutStrategy, TemporalWorkerDeploymentStatus, VersionState,
 };
 use twc_workflows::contract::{
     AnalysisRequest, AnalysisResult, BacklogReport, BacklogRequest, BuildRequest, CleanupBlock,
@@ -26,15 +27,21 @@ use twc_workflows::contract::{
     ReleaseRequest, RoutingChange, RoutingOutcome, RoutingRequest, ScaleRequest, StatusRequest,
     Teardown, WaitForPollersRequest,
 };
+use twc_workflows::contract::{
+    Notification, NotificationFailure, NotificationOutcome, NotificationRequest, TargetFailure,
+    TargetResult,
+};
 use twc_workflows::model::{
     BlockReason, Blocked, CheckProvider, CheckView, Observation, SpecView, TemporalState, TwdRef,
 };
+use twc_workflows::notify_workflow::{NotifyInput, NotifyWorkflow, notify_workflow_id};
 use twc_workflows::plan::deletion;
 use twc_workflows::plan::spec_view::spec_view;
 
 use crate::k8s::connection::{ClusterAccess, connection_object};
 use crate::k8s::{self, ResolveError};
 use crate::metrics::{self, Metrics};
+use crate::notify;
 use crate::prometheus::{self, PrometheusClient};
 use crate::temporal::{
     self, ClientPool, PoolOptions, StatusClass, TaskQueueKind, TemporalClient, TemporalError,
@@ -79,6 +86,13 @@ pub struct EngineActivities {
     /// The controller's own namespace: where events about TWDs of a namespace being deleted
     /// are recorded.
     own_namespace: String,
+    /// The webhook client of notifications.
+    webhooks: Arc<notify::WebhookClient>,
+    /// The controller's cluster-wide notification targets.
+    cluster_notifications: Arc<notify::ClusterTargets>,
+    /// The engine's task queue, where notification workflows run (default: the queue of the
+    /// activity that queues one).
+    engine_task_queue: Option<String>,
 }
 
 /// A TWD resolved for work against its Temporal.
@@ -143,7 +157,22 @@ impl EngineActivities {
             cluster_access: ClusterAccess::Granted,
             take_over: temporal::TakeOver::default(),
             own_namespace: "default".to_owned(),
+            webhooks: Arc::new(notify::WebhookClient::default()),
+            cluster_notifications: Arc::new(notify::ClusterTargets::default()),
+            engine_task_queue: None,
         }
+    }
+
+    /// The same activities starting notification workflows on the engine's `task_queue` and
+    /// telling the cluster-wide targets of `cluster` too (`--cluster-notifications`).
+    pub fn with_notifications(
+        mut self,
+        task_queue: impl Into<String>,
+        cluster: notify::ClusterTargets,
+    ) -> Self {
+        self.engine_task_queue = Some(task_queue.into());
+        self.cluster_notifications = Arc::new(cluster);
+        self
     }
 
     /// The same activities reading at most `per_second` worker-deployment APIs a second from
@@ -1020,6 +1049,34 @@ impl EngineActivities {
             if let (k8s::StatusWrite::Written | k8s::StatusWrite::Unchanged, Some(before)) =
                 (write, before)
             {
+                let manual = before.spec.rollout.strategy == RolloutStrategy::Manual;
+                if let Some(key) = twc_workflows::plan::notify::waiting_for_promotion_key(
+                    manual,
+                    before.status.as_ref(),
+                    &request.status,
+                ) {
+                    let message = request
+                        .status
+                        .rollout
+                        .as_ref()
+                        .and_then(|r| r.message.clone())
+                        .unwrap_or_else(|| "The rollout waits for promotion".to_owned());
+                    let notification = Notification {
+                        key,
+                        event: NotificationEvent::WaitingForPromotion,
+                        reason: "WaitingForPromotion".to_owned(),
+                        message,
+                        workflow_id: ctx.info().workflow_id.clone().unwrap_or_default(),
+                        at: now_millis(),
+                    };
+                    self.queue_notification(
+                        &ctx,
+                        twd,
+                        before.spec.notifications.as_ref(),
+                        notification,
+                    )
+                    .await?;
+                }
                 self.metrics.status_written(
                     metrics::strategy_label(&before.spec.rollout.strategy),
                     before.status.as_ref(),
@@ -1040,16 +1097,149 @@ impl EngineActivities {
         request: EventRequest,
     ) -> Result<(), ActivityError> {
         with_heartbeats(&ctx, async {
-            k8s::emit_event(
+            let twd = &request.twd;
+            let Some(resource) = k8s::get_twd(&self.kube, twd).await.map_err(retryable)? else {
+                tracing::debug!(twd = %twd.key(), reason = %request.reason, "TWD gone; event not recorded");
+                return Ok(());
+            };
+            k8s::emit_event_on(
                 &self.kube,
-                &request.twd,
+                &resource,
                 request.kind,
                 (&request.reason, &request.message),
                 Some(&self.own_namespace),
             )
             .await
-            .map(|_| ())
-            .map_err(retryable)
+            .map_err(retryable)?;
+            let Some(event) = NotificationEvent::of_reason(&request.reason) else {
+                return Ok(());
+            };
+            let info = ctx.info();
+            let workflow_id = info.workflow_id.clone().unwrap_or_default();
+            let key = twc_workflows::plan::notify::idempotency_key(
+                &workflow_id,
+                info.workflow_run_id.as_deref().unwrap_or_default(),
+                &info.activity_id,
+            );
+            let notification = Notification {
+                key,
+                event,
+                reason: request.reason.clone(),
+                message: request.message.clone(),
+                workflow_id,
+                at: now_millis(),
+            };
+            self.queue_notification(&ctx, twd, resource.spec.notifications.as_ref(), notification)
+                .await
+        })
+        .await
+    }
+
+    /// Queues `notification` on the notification workflow of `twd` (starting it if need be)
+    /// when one of its targets wants it. A retried activity queues the same key again, which
+    /// the workflow drops.
+    async fn queue_notification(
+        &self,
+        ctx: &ActivityContext,
+        twd: &TwdRef,
+        own: Option<&NotificationSpec>,
+        notification: Notification,
+    ) -> Result<(), ActivityError> {
+        let targets = notify::targets_for(
+            own,
+            &twd.namespace,
+            &self.cluster_notifications,
+            notification.event,
+            None,
+        );
+        if targets.is_empty() {
+            return Ok(());
+        }
+        let task_queue = self
+            .engine_task_queue
+            .clone()
+            .unwrap_or_else(|| ctx.info().task_queue.clone());
+        let input = NotifyInput {
+            twd: twd.clone(),
+            carried: None,
+        };
+        let options =
+            temporalio_client::WorkflowStartOptions::new(task_queue, notify_workflow_id(twd))
+                .build();
+        let (event, key) = (notification.event, notification.key.clone());
+        ctx.client()
+            .signal_with_start_workflow(
+                NotifyWorkflow::run,
+                input,
+                NotifyWorkflow::notify,
+                notification,
+                options,
+            )
+            .await
+            .map_err(|e| {
+                ActivityError::from(anyhow::anyhow!(
+                    "queueing notification {} of {} failed: {e}",
+                    event.as_str(),
+                    twd.key()
+                ))
+            })?;
+        tracing::info!(twd = %twd.key(), event = event.as_str(), %key, targets = targets.len(), "queued notification");
+        Ok(())
+    }
+
+    /// Sends one notification to the targets of the TWD that want it (or to `only`); each
+    /// target's result is data for the notification workflow, not an error.
+    #[activity(name = "send_notification")]
+    pub async fn send_notification(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        request: NotificationRequest,
+    ) -> Result<NotificationOutcome, ActivityError> {
+        with_heartbeats(&ctx, async {
+            let twd = &request.twd;
+            let Some(resource) = k8s::get_twd(&self.kube, twd).await.map_err(retryable)? else {
+                return Ok(NotificationOutcome::default());
+            };
+            let notification = &request.notification;
+            let targets = notify::targets_for(
+                resource.spec.notifications.as_ref(),
+                &twd.namespace,
+                &self.cluster_notifications,
+                notification.event,
+                request.only.as_deref(),
+            );
+            let mut results = Vec::with_capacity(targets.len());
+            for target in targets {
+                let failure = match notify::read_url(&self.kube, &target)
+                    .await
+                    .map_err(retryable)?
+                {
+                    Err(failure) => Some(failure),
+                    Ok(url) => {
+                        let body = notify::payload(target.format, twd, notification);
+                        self.webhooks
+                            .post(&url, &notification.key, &body)
+                            .await
+                            .err()
+                            .map(|why| TargetFailure {
+                                target: target.name.clone(),
+                                reason: NotificationFailure::NotificationDeliveryFailed,
+                                message: format!("{why}; retried with backoff"),
+                            })
+                    }
+                };
+                match &failure {
+                    None => tracing::info!(twd = %twd.key(), target = %target.name,
+                        event = notification.event.as_str(), key = %notification.key, "notification delivered"),
+                    Some(f) => tracing::warn!(twd = %twd.key(), target = %target.name,
+                        event = notification.event.as_str(), reason = f.reason.as_str(), "notification not delivered: {}", f.message),
+                }
+                results.push(TargetResult {
+                    target: target.name,
+                    failure,
+                });
+            }
+            Ok(NotificationOutcome { results })
         })
         .await
     }

@@ -4,7 +4,9 @@
 
 pub mod connection;
 pub mod engine;
+pub mod http;
 pub mod k8s;
 pub mod metrics;
+pub mod notify;
 pub mod prometheus;
 pub mod temporal;

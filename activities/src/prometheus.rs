@@ -8,10 +8,7 @@
 //! at all, is `Invalid` (a spec error). Plain HTTP and HTTPS (system roots) over one pooled
 //! client; every query is bounded by a timeout.
 
-use std::{
-    sync::{Arc, OnceLock},
-    time::Duration,
-};
+use std::{sync::OnceLock, time::Duration};
 
 use bytes::Bytes;
 use http::{
@@ -19,13 +16,10 @@ use http::{
     header::{ACCEPT, USER_AGENT},
 };
 use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::{
-    client::legacy::{Client, connect::HttpConnector},
-    rt::{TokioExecutor, TokioTimer},
-};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use serde::Deserialize;
-use tracing::{info, warn};
+use tracing::info;
 use twc_crds::worker_deployment::PROMQL_PLACEHOLDERS;
 use twc_workflows::contract::{Measurement, Verdict};
 use url::Url;
@@ -382,7 +376,7 @@ impl PrometheusClient {
 
     fn http(&self) -> Result<&HttpClient, String> {
         self.http
-            .get_or_init(build_client)
+            .get_or_init(|| crate::http::client("Prometheus addresses"))
             .as_ref()
             .map_err(Clone::clone)
     }
@@ -450,31 +444,6 @@ impl PrometheusClient {
                 .to_owned(),
         })
     }
-}
-
-fn build_client() -> Result<HttpClient, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls =
-        match HttpsConnectorBuilder::new().with_provider_and_native_roots(Arc::clone(&provider)) {
-            Ok(builder) => builder,
-            Err(err) => {
-                warn!(
-                    "no system CA certificates ({err}): Prometheus addresses with https will fail \
-                 certificate verification"
-                );
-                let config = rustls::ClientConfig::builder_with_provider(provider)
-                    .with_safe_default_protocol_versions()
-                    .map_err(|e| format!("cannot set up TLS: {e}"))?
-                    .with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth();
-                HttpsConnectorBuilder::new().with_tls_config(config)
-            }
-        };
-    let connector = tls.https_or_http().enable_http1().build();
-    Ok(Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .pool_timer(TokioTimer::new())
-        .build(connector))
 }
 
 /// A Prometheus check of a build, its query's placeholders replaced.

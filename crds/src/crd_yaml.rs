@@ -342,6 +342,7 @@ mod tests {
                 ".spec.rollout.gate.inputFrom.secretKeyRef".to_owned(),
                 ".spec.rollout.steps[].gate.inputFrom.configMapKeyRef".to_owned(),
                 ".spec.rollout.steps[].gate.inputFrom.secretKeyRef".to_owned(),
+                ".spec.notifications.targets[].urlSecretRef".to_owned(),
             ])
             .collect();
         expected.sort();

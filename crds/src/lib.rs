@@ -14,6 +14,7 @@ pub mod duration;
 pub mod kinds;
 pub mod labels;
 pub mod naming;
+pub mod notifications;
 pub mod resource_template;
 pub mod worker_deployment;
 

@@ -81,6 +81,9 @@ pub struct TemporalWorkerDeploymentSpec {
     /// Ramping, Draining). Exclusive with `replicas`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<AutoscalingSpec>,
+    /// Webhooks (generic JSON or Slack) told about the rollout's events, each URL in a Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notifications: Option<crate::notifications::NotificationSpec>,
 }
 
 /// `WorkerDeployment`, the Go controller's GA name (since its v1.7) of
@@ -1086,6 +1089,7 @@ pub mod test_support {
             },
             sunset: SunsetSpec::default(),
             autoscaling: None,
+            notifications: None,
         }
     }
 }

@@ -20,6 +20,7 @@ mod history;
 mod kinds;
 mod long_horizon;
 mod metrics;
+mod notifications;
 mod pod_runner;
 mod production;
 mod reassert;

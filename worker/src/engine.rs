@@ -11,6 +11,7 @@ use temporalio_sdk::runtime::PollerBehavior;
 use temporalio_sdk::runtime::worker_tuner::{FixedSizeSlotSupplier, TunerHolder};
 use temporalio_sdk::{Runtime, Worker, WorkerOptions};
 use twc_activities::engine::EngineActivities;
+use twc_workflows::notify_workflow::NotifyWorkflow;
 use twc_workflows::rollout_workflow::RolloutWorkflow;
 use twc_workflows::twd_workflow::TwdWorkflow;
 
@@ -197,6 +198,8 @@ pub async fn run_engine_worker_reporting(
         .register_workflow::<TwdWorkflow>()
         .map_err(|e| worker_error(&e))?
         .register_workflow::<RolloutWorkflow>()
+        .map_err(|e| worker_error(&e))?
+        .register_workflow::<NotifyWorkflow>()
         .map_err(|e| worker_error(&e))?;
     // The waits queue's worker: activities only, with slots of their own, so waiting rollouts
     // never hold the slots of the engine queue's quick activities.

@@ -689,3 +689,92 @@ pub struct QueueBacklog {
     /// Dispatched per second.
     pub dispatch_rate: f64,
 }
+
+activity!(
+    /// Sends one notification to the webhook targets of the TWD's `spec.notifications` that want
+    /// its event (or to those of `only`): reads each URL from its Secret, posts the payload once
+    /// per target and reports each target's result (a failure is data, not an error, so the
+    /// notification workflow decides what to retry).
+    SendNotification, "send_notification", NotificationRequest => NotificationOutcome
+);
+
+/// One rollout event to tell the TWD's webhook targets about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notification {
+    /// Unique per event and the same however often its sending is retried: derived from the
+    /// workflow, run and activity that recorded the event ([`crate::plan::notify::idempotency_key`]).
+    pub key: String,
+    /// The event.
+    pub event: twc_crds::notifications::NotificationEvent,
+    /// Reason of the Kubernetes event it came with.
+    pub reason: String,
+    /// Its message.
+    pub message: String,
+    /// The workflow that recorded it (`rollout/...` or `twd/...`).
+    pub workflow_id: String,
+    /// When it was recorded (Unix milliseconds).
+    pub at: UnixMillis,
+}
+
+/// Input of `send_notification`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotificationRequest {
+    /// The TWD whose targets to tell.
+    pub twd: TwdRef,
+    /// What to tell.
+    pub notification: Notification,
+    /// Only these targets (a retry after some failed); `None`: every target that wants it.
+    pub only: Option<Vec<String>>,
+}
+
+/// Result of `send_notification`: one line per target tried.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotificationOutcome {
+    /// Each target's result.
+    pub results: Vec<TargetResult>,
+}
+
+/// How sending to one target went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetResult {
+    /// Target name.
+    pub target: String,
+    /// Why it failed; `None`: delivered (a 2xx answer).
+    pub failure: Option<TargetFailure>,
+}
+
+/// A target that could not be told.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetFailure {
+    /// Target name.
+    pub target: String,
+    /// Why, as a condition reason.
+    pub reason: NotificationFailure,
+    /// What happened and what to do.
+    pub message: String,
+}
+
+/// Why a target could not be told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NotificationFailure {
+    /// The Secret or key holding its URL is missing, or the URL is not a URL (not retried: the
+    /// spec or the Secret must change).
+    NotificationSecretNotFound,
+    /// The webhook did not answer 2xx, or could not be reached (retried with backoff).
+    NotificationDeliveryFailed,
+}
+
+impl NotificationFailure {
+    /// The condition reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotificationSecretNotFound => "NotificationSecretNotFound",
+            Self::NotificationDeliveryFailed => "NotificationDeliveryFailed",
+        }
+    }
+
+    /// Whether sending again may help without a change of the spec or the Secret.
+    pub fn retryable(self) -> bool {
+        self == Self::NotificationDeliveryFailed
+    }
+}

@@ -4,6 +4,7 @@
 pub mod contract;
 pub mod control;
 pub mod model;
+pub mod notify_workflow;
 pub mod plan;
 pub mod rollout_workflow;
 mod support;

@@ -24,7 +24,9 @@ use temporalio_sdk::workflows::select;
 use temporalio_sdk::{SyncWorkflowContext, WorkflowContext, WorkflowContextView, WorkflowResult};
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 
-use crate::contract::{EmitEvent, EventKind, EventRequest, StatusRequest, WriteStatus};
+use crate::contract::{
+    EmitEvent, EventKind, EventRequest, StatusRequest, TargetFailure, WriteStatus,
+};
 use crate::control::ControlEffect;
 use crate::model::{ControlAction, RolloutReport, TwdRef, UnixMillis};
 pub use crate::plan::deletion::CleanupProgress;
@@ -149,6 +151,19 @@ impl TwdWorkflow {
     pub fn spec_changed(&mut self, _ctx: &mut SyncWorkflowContext<Self>, signal: SpecSignal) {
         if self.state.receive_spec(signal) {
             self.spec_signals += 1;
+            self.wakeups += 1;
+        }
+    }
+
+    /// The notification workflow's report of the webhook targets failing now (empty: all
+    /// deliver); shown as the `NotificationsDelivered` condition at the next turn.
+    #[signal(name = "notification_health")]
+    pub fn notification_health(
+        &mut self,
+        _ctx: &mut SyncWorkflowContext<Self>,
+        failing: Vec<TargetFailure>,
+    ) {
+        if self.state.receive_notification_health(failing) {
             self.wakeups += 1;
         }
     }

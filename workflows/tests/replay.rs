@@ -16,6 +16,7 @@ use temporalio_common::protos::temporal::api::history::v1::history_event::Attrib
 use temporalio_sdk::workflow_replayer::{
     WorkflowReplayError, WorkflowReplayFailure, WorkflowReplayer, WorkflowReplayerOptions,
 };
+use twc_workflows::notify_workflow::NotifyWorkflow;
 use twc_workflows::rollout_workflow::RolloutWorkflow;
 use twc_workflows::twd_workflow::TwdWorkflow;
 
@@ -105,6 +106,8 @@ fn replayer() -> WorkflowReplayer {
         .expect("registering TwdWorkflow for replay")
         .register_workflow::<RolloutWorkflow>()
         .expect("registering RolloutWorkflow for replay")
+        .register_workflow::<NotifyWorkflow>()
+        .expect("registering NotifyWorkflow for replay")
         .build();
     WorkflowReplayer::new(options).expect("creating the workflow replayer")
 }

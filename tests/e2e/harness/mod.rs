@@ -8,6 +8,7 @@ pub mod controls;
 pub mod tls;
 pub mod twd;
 pub mod wait;
+pub mod webhook;
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -6,6 +6,7 @@ pub mod autoscale;
 pub mod conditions;
 pub mod deletion;
 pub mod drain;
+pub mod notify;
 pub mod rollout;
 pub mod spec_view;
 pub mod status;

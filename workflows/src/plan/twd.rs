@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 
+use crate::contract::TargetFailure;
 use crate::control::{self, ControlEffect, ControlState};
 use crate::model::{
     AppliedRouting, AutoscalePolicy, ControlAction, Observation, RolloutProgress, RolloutReport,
@@ -26,8 +27,8 @@ use crate::plan::autoscale::{self, AutoscaleMemory, Scaled};
 use crate::plan::conditions::ConditionView;
 use crate::plan::deletion::CleanupProgress;
 use crate::plan::drain::{DrainStep, PinnedSnapshot};
-use crate::plan::status;
 use crate::plan::sunset::{self, SunsetMemory, SunsetPlan};
+use crate::plan::{notify, status};
 
 /// Longest interval between re-assertions of a TWD's resources while nothing signals a change.
 pub const REASSERT_EVERY: Duration = Duration::from_secs(30);
@@ -121,6 +122,9 @@ pub struct CarriedTwd {
     /// Autoscaler recommendations and pacing (`spec.autoscaling`).
     #[serde(default)]
     pub autoscale: AutoscaleMemory,
+    /// Webhook targets failing, as the notification workflow last reported.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notification_failures: Vec<TargetFailure>,
 }
 
 /// What the TWD workflow knows between turns: its memory (carried over a continue-as-new),
@@ -142,6 +146,8 @@ pub struct TwdState {
     pub cleanup: CleanupProgress,
     /// Autoscaler recommendations and pacing.
     pub autoscale: AutoscaleMemory,
+    /// Webhook targets failing, as the notification workflow last reported.
+    pub notification_failures: Vec<TargetFailure>,
     /// Inbox: controls received and not yet forwarded.
     pub controls: Vec<ControlAction>,
     /// Inbox: a duplicate spec signal arrived (something around the TWD changed): the rollout
@@ -395,6 +401,7 @@ impl TwdState {
             aborted: carried.aborted,
             cleanup: carried.cleanup,
             autoscale: carried.autoscale,
+            notification_failures: carried.notification_failures,
             controls: carried.controls,
             poked: carried.poked,
             ..Self::default()
@@ -413,7 +420,18 @@ impl TwdState {
             poked: self.poked,
             cleanup: self.cleanup.clone(),
             autoscale: self.autoscale.clone(),
+            notification_failures: self.notification_failures.clone(),
         }
+    }
+
+    /// The notification workflow's report of the targets failing now; returns whether it
+    /// changes what the status shows.
+    pub fn receive_notification_health(&mut self, failing: Vec<TargetFailure>) -> bool {
+        if self.notification_failures == failing {
+            return false;
+        }
+        self.notification_failures = failing;
+        true
     }
 
     /// A spec signal from the watcher; returns whether it wants a turn (a new spec, or a
@@ -799,7 +817,13 @@ impl TwdState {
             return status::with_condition(projected, condition.clone(), shown.generation, now);
         }
         let projected = status::with_drain(projected, observation, &self.sunset, now);
-        status::with_scale(projected, observation, name)
+        let projected = status::with_scale(projected, observation, name);
+        notify::with_condition(
+            projected,
+            &self.notification_failures,
+            shown.generation,
+            now,
+        )
     }
 
     /// Whether `status` is the one last written, apart from timestamps that move on every

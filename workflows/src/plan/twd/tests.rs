@@ -1253,3 +1253,42 @@ fn a_continued_run_resumes_with_its_memory_and_inbox_and_reads_afresh() {
     );
     assert_eq!(TwdState::resumed(None), TwdState::default());
 }
+
+#[test]
+fn a_failing_notification_target_shows_in_the_status_until_it_delivers_and_is_carried() {
+    use crate::contract::NotificationFailure;
+    let mut state = rolling();
+    let observation = state.last_observation.clone().expect("observed");
+    let shown = Shown::of(observation, 3);
+    let delivered = |status: &TemporalWorkerDeploymentStatus| {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == notify::CONDITION_TYPE)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    };
+    assert_eq!(delivered(&state.status(&shown, "hello", 900)), None);
+    let failing = vec![TargetFailure {
+        target: "ops".to_owned(),
+        reason: NotificationFailure::NotificationDeliveryFailed,
+        message: "the webhook answered 500".to_owned(),
+    }];
+    assert!(state.receive_notification_health(failing.clone()));
+    assert!(
+        !state.receive_notification_health(failing.clone()),
+        "the same report again changes nothing"
+    );
+    assert_eq!(
+        delivered(&state.status(&shown, "hello", 900)),
+        Some(("False".to_owned(), "NotificationDeliveryFailed".to_owned()))
+    );
+    let resumed = TwdState::resumed(Some(state.carried()));
+    assert_eq!(resumed.notification_failures, failing, "carried over");
+    assert!(state.receive_notification_health(Vec::new()));
+    assert_eq!(delivered(&state.status(&shown, "hello", 900)), None);
+    assert!(
+        serde_json::to_value(state.carried())
+            .is_ok_and(|v| v.get("notification_failures").is_none()),
+        "nothing carried when every target delivers (the same input as before notifications)"
+    );
+}
