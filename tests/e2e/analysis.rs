@@ -95,7 +95,11 @@ async fn wait_routing(deployment: &str, current: &str) {
 }
 
 /// `status.rollout.analysis` of a TWD, as JSON.
-pub(crate) async fn analysis_status(client: &kube::Client, ns: &str, name: &str) -> Result<Value, String> {
+pub(crate) async fn analysis_status(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> Result<Value, String> {
     let twd = get_twd(client, ns, name).await?;
     let rollout = twd.status.and_then(|s| s.rollout).unwrap_or_default();
     serde_json::to_value(&rollout.analysis).map_err(|e| e.to_string())

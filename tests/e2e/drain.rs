@@ -22,7 +22,13 @@ const DRAIN: Duration = Duration::from_secs(120);
 pub(crate) const SIGNAL: &str = "twc-drain";
 
 /// A TWD whose sample workers poll `task_queue`, retiring versions fast, with `drain`.
-pub(crate) fn drained_worker(ns: &str, name: &str, tag: &str, task_queue: &str, drain: Value) -> Value {
+pub(crate) fn drained_worker(
+    ns: &str,
+    name: &str,
+    tag: &str,
+    task_queue: &str,
+    drain: Value,
+) -> Value {
     let mut manifest = worker(ns, name, tag, json!({ "strategy": "AllAtOnce" }));
     manifest["spec"]["template"]["spec"]["containers"][0]["env"] =
         json!([{ "name": "SAMPLE_TASK_QUEUE", "value": task_queue }]);

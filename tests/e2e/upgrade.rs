@@ -90,12 +90,7 @@ fn manifest(ns: &str, name: &str, tag: &str) -> Value {
         ),
         // The first version has nothing to wait for; the second waits for its promotion.
         MANUAL if tag == "v1" => worker(ns, name, tag, json!({ "strategy": "AllAtOnce" })),
-        MANUAL => worker(
-            ns,
-            name,
-            tag,
-            json!({ "strategy": "Manual", "gate": gate }),
-        ),
+        MANUAL => worker(ns, name, tag, json!({ "strategy": "Manual", "gate": gate })),
         DRAINED => {
             let drain = serde_json::from_str(DRAIN).unwrap_or_else(|e| panic!("{DRAIN}: {e}"));
             return drained_worker(ns, name, tag, &tq, drain);
@@ -154,7 +149,13 @@ async fn rollouts_the_last_release_left_held_complete_once_under_this_build() {
         drain_signalled(cluster, &ns, &stubborn),
         analysis_measured(cluster, &ns),
     );
-    wait_runs(cluster, std::slice::from_ref(&subscription), "RUNNING", "v2").await;
+    wait_runs(
+        cluster,
+        std::slice::from_ref(&subscription),
+        "RUNNING",
+        "v2",
+    )
+    .await;
 
     // 2. The upgrade: the release stops gracefully, the build under test starts.
     let stopping = Timestamp::now();
@@ -224,7 +225,9 @@ async fn rollouts_the_last_release_left_held_complete_once_under_this_build() {
     }
     for (name, build) in [(HELD, &held), (MANUAL, &manual)] {
         let gates = cluster
-            .workflows(&format!("WorkflowId STARTS_WITH 'gate/{ns}/{name}/{build}/'"))
+            .workflows(&format!(
+                "WorkflowId STARTS_WITH 'gate/{ns}/{name}/{build}/'"
+            ))
             .await
             .unwrap_or_else(|e| panic!("listing the gates of {name}: {e}"));
         assert_eq!(gates.len(), 1, "{name}: one gate run of {build}: {gates:?}");
@@ -263,21 +266,28 @@ async fn held_in_its_step(cluster: &Cluster, ns: &str) -> String {
 /// Waits until v2 of [`MANUAL`] passed its gate and waits for promotion; returns its build ID.
 async fn waiting_for_promotion(cluster: &Cluster, ns: &str) -> String {
     cluster
-        .wait("the Manual build waiting for promotion", ROLLOUT, || async {
-            let twd = get_twd(&cluster.client, ns, MANUAL).await?;
-            let waiting = condition(&twd, "Ready").is_some_and(|c| c.1 == "WaitingForPromotion");
-            let target = twd.status.as_ref().and_then(|s| s.target_version.clone());
-            let gate_passed = target.as_ref().is_some_and(|t| {
-                !t.test_workflows.is_empty()
-                    && t.test_workflows.iter().all(|w| w.status == "Completed")
-            });
-            match target_build(&twd) {
-                Some(build) if build.starts_with("v2-") && waiting && gate_passed && fresh(&twd) => {
-                    Ok(build)
+        .wait(
+            "the Manual build waiting for promotion",
+            ROLLOUT,
+            || async {
+                let twd = get_twd(&cluster.client, ns, MANUAL).await?;
+                let waiting =
+                    condition(&twd, "Ready").is_some_and(|c| c.1 == "WaitingForPromotion");
+                let target = twd.status.as_ref().and_then(|s| s.target_version.clone());
+                let gate_passed = target.as_ref().is_some_and(|t| {
+                    !t.test_workflows.is_empty()
+                        && t.test_workflows.iter().all(|w| w.status == "Completed")
+                });
+                match target_build(&twd) {
+                    Some(build)
+                        if build.starts_with("v2-") && waiting && gate_passed && fresh(&twd) =>
+                    {
+                        Ok(build)
+                    }
+                    _ => Err(status_text(&twd)),
                 }
-                _ => Err(status_text(&twd)),
-            }
-        })
+            },
+        )
         .await
 }
 
@@ -286,23 +296,30 @@ async fn waiting_for_promotion(cluster: &Cluster, ns: &str) -> String {
 async fn drain_signalled(cluster: &Cluster, ns: &str, stubborn: &[String]) -> String {
     let twd = cluster.wait_ready(ns, DRAINED, "v2", ROLLOUT).await;
     cluster
-        .wait("the drain signal sent, the cancel not yet", ROLLOUT, || async {
-            let signalled = events(&cluster.client, ns, DRAINED)
-                .await
-                .iter()
-                .any(|(_, reason, _)| reason == "DrainSignalled");
-            for id in stubborn {
-                let (signals, cancels) = (
-                    drain_signals(cluster, id).await?,
-                    cancel_requests(cluster, id).await?,
-                );
-                assert_eq!(cancels, 0, "{id} cancelled before the upgrade: lengthen DRAIN");
-                if signals != 1 || !signalled {
-                    return Err(format!("{id}: {signals} drain signals; event {signalled}"));
+        .wait(
+            "the drain signal sent, the cancel not yet",
+            ROLLOUT,
+            || async {
+                let signalled = events(&cluster.client, ns, DRAINED)
+                    .await
+                    .iter()
+                    .any(|(_, reason, _)| reason == "DrainSignalled");
+                for id in stubborn {
+                    let (signals, cancels) = (
+                        drain_signals(cluster, id).await?,
+                        cancel_requests(cluster, id).await?,
+                    );
+                    assert_eq!(
+                        cancels, 0,
+                        "{id} cancelled before the upgrade: lengthen DRAIN"
+                    );
+                    if signals != 1 || !signalled {
+                        return Err(format!("{id}: {signals} drain signals; event {signalled}"));
+                    }
                 }
-            }
-            Ok(())
-        })
+                Ok(())
+            },
+        )
         .await;
     target_build(&twd).unwrap_or_default()
 }
@@ -311,23 +328,27 @@ async fn drain_signalled(cluster: &Cluster, ns: &str, stubborn: &[String]) -> St
 /// ID.
 async fn analysis_measured(cluster: &Cluster, ns: &str) -> String {
     cluster
-        .wait("a first measurement of the analysed step", ROLLOUT, || async {
-            let twd = get_twd(&cluster.client, ns, ANALYSED).await?;
-            let recorded = analysis_status(&cluster.client, ns, ANALYSED).await?;
-            let measured = recorded[0]["successful"].as_i64().unwrap_or(0)
-                + recorded[0]["inconclusive"].as_i64().unwrap_or(0);
-            let routing = cluster.routing(&format!("{ns}/{ANALYSED}")).await?;
-            match target_build(&twd) {
-                Some(build)
-                    if build.starts_with("v2-")
-                        && routing.ramping.as_deref() == Some(build.as_str())
-                        && measured >= 1 =>
-                {
-                    Ok(build)
+        .wait(
+            "a first measurement of the analysed step",
+            ROLLOUT,
+            || async {
+                let twd = get_twd(&cluster.client, ns, ANALYSED).await?;
+                let recorded = analysis_status(&cluster.client, ns, ANALYSED).await?;
+                let measured = recorded[0]["successful"].as_i64().unwrap_or(0)
+                    + recorded[0]["inconclusive"].as_i64().unwrap_or(0);
+                let routing = cluster.routing(&format!("{ns}/{ANALYSED}")).await?;
+                match target_build(&twd) {
+                    Some(build)
+                        if build.starts_with("v2-")
+                            && routing.ramping.as_deref() == Some(build.as_str())
+                            && measured >= 1 =>
+                    {
+                        Ok(build)
+                    }
+                    _ => Err(format!("routing {routing:?}; analysis {recorded}")),
                 }
-                _ => Err(format!("routing {routing:?}; analysis {recorded}")),
-            }
-        })
+            },
+        )
         .await
 }
 
@@ -403,12 +424,20 @@ impl Histories {
     }
 
     /// When each routing write of `rollout/<ns>/<name>/<build>` matching `change` was scheduled.
-    fn routing_writes(&self, name: &str, build: &str, change: impl Fn(&Value) -> bool) -> Vec<Timestamp> {
-        self.scheduled(&format!("rollout/{}/{name}/{build}", self.namespace()), "set_routing")
-            .into_iter()
-            .filter(|(_, input)| change(&input["change"]))
-            .map(|(at, _)| at)
-            .collect()
+    fn routing_writes(
+        &self,
+        name: &str,
+        build: &str,
+        change: impl Fn(&Value) -> bool,
+    ) -> Vec<Timestamp> {
+        self.scheduled(
+            &format!("rollout/{}/{name}/{build}", self.namespace()),
+            "set_routing",
+        )
+        .into_iter()
+        .filter(|(_, input)| change(&input["change"]))
+        .map(|(at, _)| at)
+        .collect()
     }
 
     /// How many `create_deployment` activities of scenario `name` created `build`'s Deployment.
@@ -458,7 +487,10 @@ impl Histories {
     fn task_failures(&self) -> Vec<String> {
         self.workflows
             .iter()
-            .flat_map(|(id, runs)| runs.iter().flat_map(move |events| task_failures(id, events)))
+            .flat_map(|(id, runs)| {
+                runs.iter()
+                    .flat_map(move |events| task_failures(id, events))
+            })
             .collect()
     }
 }
@@ -466,9 +498,8 @@ impl Histories {
 /// The held step ended under the build under test: 25 % written once by the release, 50 % and
 /// Current once each by the build under test.
 fn assert_held_step_ended_once(histories: &Histories, swap: &Swap, build: &str) {
-    let ramp = |pct: u64| {
-        histories.routing_writes(HELD, build, |c| c["SetRamping"]["percentage"] == pct)
-    };
+    let ramp =
+        |pct: u64| histories.routing_writes(HELD, build, |c| c["SetRamping"]["percentage"] == pct);
     swap.assert_once("held: the 25 % ramp written", &ramp(25), true);
     swap.assert_once("held: the 50 % ramp written", &ramp(50), false);
     let current = histories.routing_writes(HELD, build, |c| c.get("SetCurrent").is_some());
@@ -497,9 +528,7 @@ async fn assert_drained_once(
     let of = |action: &str| -> Vec<Timestamp> {
         batches
             .iter()
-            .filter(|(_, input)| {
-                input["action"] == action || input["action"].get(action).is_some()
-            })
+            .filter(|(_, input)| input["action"] == action || input["action"].get(action).is_some())
             .map(|(at, _)| *at)
             .collect()
     };
@@ -588,7 +617,8 @@ async fn run_histories(cluster: &Cluster, id: &str) -> Result<Vec<Vec<Value>>, S
 /// Reads the histories of the namespace's engine workflows every [`TASK_FAILURE_SCAN`] until
 /// one has a failed workflow task; returns them all, in words. Never returns while none fails.
 async fn first_task_failures(cluster: &Cluster, ns: &str) -> String {
-    let query = format!("WorkflowId STARTS_WITH 'twd/{ns}/' OR WorkflowId STARTS_WITH 'rollout/{ns}/'");
+    let query =
+        format!("WorkflowId STARTS_WITH 'twd/{ns}/' OR WorkflowId STARTS_WITH 'rollout/{ns}/'");
     loop {
         tokio::time::sleep(TASK_FAILURE_SCAN).await;
         let Ok(rows) = cluster.workflows(&query).await else {
@@ -629,7 +659,9 @@ fn task_failures(id: &str, events: &[Value]) -> Vec<String> {
                 "{id} event {}: workflow task failed ({}): {}",
                 e["eventId"].as_str().unwrap_or("?"),
                 failed["cause"].as_str().unwrap_or("no cause"),
-                failed["failure"]["message"].as_str().unwrap_or("no message")
+                failed["failure"]["message"]
+                    .as_str()
+                    .unwrap_or("no message")
             ))
         })
         .collect()
