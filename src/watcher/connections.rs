@@ -16,12 +16,13 @@ use futures::StreamExt;
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 use twc_crds::worker_deployment::ConnectionKind;
 use twc_crds::{ClusterConnection, Connection, TemporalConnection};
 
+use super::lists::Watch;
 use super::reconcile::Context;
 
 /// What the users of a connection act on: its generation, and whether it is being deleted.
@@ -70,15 +71,15 @@ pub fn nudges(before: Option<Fingerprint>, now: Fingerprint, listed_once: bool) 
     }
 }
 
-/// Watches the connections of `api` until the watch ends: the store (ready after the first
-/// list) and the future that runs the watch.
+/// Watches the connections of `api` until the watch ends (the future returned); marks
+/// `counted`, if any, once the first list ends.
 pub fn watch<C: ConnectionResource>(
     api: Api<C>,
     context: std::sync::Arc<Context>,
-) -> (Store<C>, impl Future<Output = ()> + Send) {
+    counted: Option<Watch>,
+) -> impl Future<Output = ()> + Send {
     let (reader, mut writer) = reflector::store::<C>();
-    let store = reader.clone();
-    let run = async move {
+    async move {
         let mut events =
             std::pin::pin!(watcher::watcher(api, watcher::Config::default()).default_backoff());
         let mut listed_once = false;
@@ -99,7 +100,11 @@ pub fn watch<C: ConnectionResource>(
                         .then(|| connection.meta().clone())
                 }
                 Event::InitDone => {
-                    listed_once = true;
+                    if !std::mem::replace(&mut listed_once, true)
+                        && let Some(counted) = counted
+                    {
+                        context.workers.lists.mark(counted);
+                    }
                     None
                 }
                 Event::Init | Event::Delete(_) => None,
@@ -110,8 +115,7 @@ pub fn watch<C: ConnectionResource>(
                 context.nudge_users(C::KIND, meta.namespace.as_deref(), &name);
             }
         }
-    };
-    (store, run)
+    }
 }
 
 #[cfg(test)]

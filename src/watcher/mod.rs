@@ -24,6 +24,7 @@
 
 mod actions;
 mod connections;
+mod lists;
 mod names;
 mod reconcile;
 mod signal;
@@ -39,7 +40,7 @@ use kube::Resource;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 use temporalio_client::Client;
 use twc_activities::metrics::Metrics;
@@ -48,6 +49,7 @@ use twc_crds::{
 };
 use twc_workflows::model::TwdRef;
 
+use self::lists::{FirstLists, Lists, Watch};
 use self::names::{Names, Workers};
 use self::reconcile::{Context, Triggers, WorkerResource};
 
@@ -159,9 +161,11 @@ fn scope(
     let (wd_trigger, wds) = futures::channel::mpsc::unbounded();
     let (twd_store, twd_writer) = reflector::store::<TemporalWorkerDeployment>();
     let (wd_store, wd_writer) = reflector::store::<WorkerDeployment>();
+    let lists = Lists::default();
     let workers = Workers {
         twd: twd_store,
         wd: wd_store,
+        lists: lists.clone(),
     };
     let context = Arc::new(Context {
         kube: kube.clone(),
@@ -176,23 +180,30 @@ fn scope(
     });
     let twd_controller = controller(kube, namespace, twd_writer, twds, &context);
     let wd_controller = controller(kube, namespace, wd_writer, wds, &context);
-    let (old_connections, old_watch) = connections::watch(
+    let old_watch = connections::watch(
         scoped::<TemporalConnection>(kube, namespace),
         Arc::clone(&context),
+        Some(Watch::TemporalConnections),
     );
-    let (new_connections, new_watch) =
-        connections::watch(scoped::<Connection>(kube, namespace), Arc::clone(&context));
+    let new_watch = connections::watch(
+        scoped::<Connection>(kube, namespace),
+        Arc::clone(&context),
+        Some(Watch::Connections),
+    );
     // A controller restricted to namespaces may not read ClusterConnections. Not part of
     // readiness: a ClusterConnection CRD installed after the controller is picked up by the
     // watch's retries.
     let cluster_watch = match namespace {
         None => {
             let api = Api::<ClusterConnection>::all(kube.clone());
-            connections::watch(api, Arc::clone(&context)).1.boxed()
+            connections::watch(api, Arc::clone(&context), None).boxed()
         }
         Some(_) => futures::future::pending().boxed(),
     };
-    let ready = first_lists_held(workers, old_connections, new_connections);
+    let ready = async move {
+        lists.wait_for(FirstLists::all).await;
+        true
+    };
     let shutdown = shutdown.clone();
     let run = async move {
         let watches = futures::future::join4(old_watch, new_watch, cluster_watch, prune(&context));
@@ -209,22 +220,6 @@ fn scope(
         futures::future::join(controllers, watches).await;
     };
     (run.boxed(), ready.boxed())
-}
-
-/// True once both worker kinds' stores and both namespaced connection kinds' stores of a scope
-/// hold their first list, each counted on its own (false if a watch ended before).
-async fn first_lists_held(
-    workers: Workers,
-    old_connections: Store<TemporalConnection>,
-    new_connections: Store<Connection>,
-) -> bool {
-    let (twd, wd, old, new) = futures::join!(
-        workers.twd.wait_until_ready(),
-        workers.wd.wait_until_ready(),
-        old_connections.wait_until_ready(),
-        new_connections.wait_until_ready(),
-    );
-    twd.is_ok() && wd.is_ok() && old.is_ok() && new.is_ok()
 }
 
 /// The controller of the worker kind `K` in `namespace`, whose reflector writes `writer`; it
@@ -247,9 +242,13 @@ fn controller<K: WorkerResource>(
         .reflect(writer)
         .inspect(move |event| match event {
             Ok(watcher::Event::Delete(object)) => context.deleted(object.meta()),
-            Ok(watcher::Event::InitDone) if std::mem::replace(&mut listed_once, true) => {
-                for object in listed.state() {
-                    context.triggers.reconcile(&K::stored(object));
+            Ok(watcher::Event::InitDone) => {
+                if std::mem::replace(&mut listed_once, true) {
+                    for object in listed.state() {
+                        context.triggers.reconcile(&K::stored(object));
+                    }
+                } else {
+                    context.workers.lists.mark(K::WATCH);
                 }
             }
             _ => {}
@@ -329,7 +328,6 @@ where
 
 #[cfg(test)]
 mod tests {
-    use futures::FutureExt;
     use kube::api::ObjectMeta;
     use kube::runtime::watcher::Event;
 
@@ -369,54 +367,16 @@ mod tests {
     }
 
     #[test]
-    fn ready_once_both_worker_kinds_and_both_connection_kinds_hold_their_first_list() {
-        // Listed: TemporalWorkerDeployments, WorkerDeployments, TemporalConnections, Connections.
-        let cases = [
-            ("nothing listed", [false, false, false, false], None),
-            ("worker kinds only", [true, true, false, false], None),
-            (
-                "TemporalConnections do not stand for Connections",
-                [true, true, true, false],
-                None,
-            ),
-            (
-                "Connections do not stand for TemporalConnections",
-                [true, true, false, true],
-                None,
-            ),
-            ("one worker kind missing", [false, true, true, true], None),
-            ("every kind", [true, true, true, true], Some(true)),
-        ];
-        for (case, listed, ready) in cases {
-            let (twd, mut twd_writer) = reflector::store::<TemporalWorkerDeployment>();
-            let (wd, mut wd_writer) = reflector::store::<WorkerDeployment>();
-            let (old, mut old_writer) = reflector::store::<TemporalConnection>();
-            let (new, mut new_writer) = reflector::store::<Connection>();
-            if listed[0] {
-                twd_writer.apply_watcher_event(&Event::InitDone);
-            }
-            if listed[1] {
-                wd_writer.apply_watcher_event(&Event::InitDone);
-            }
-            if listed[2] {
-                old_writer.apply_watcher_event(&Event::InitDone);
-            }
-            if listed[3] {
-                new_writer.apply_watcher_event(&Event::InitDone);
-            }
-            let workers = Workers { twd, wd };
-            let held = first_lists_held(workers, old, new).now_or_never();
-            assert_eq!(held, ready, "{case}");
-        }
-    }
-
-    #[test]
     fn memory_and_gauges_go_with_deleted_twds_and_with_those_a_relist_misses() {
         let metrics = Metrics::new();
         let names = Names::default();
         let (twds, mut writer) = reflector::store::<TemporalWorkerDeployment>();
         let (wds, _wd_writer) = reflector::store::<WorkerDeployment>();
-        let workers = Workers { twd: twds, wd: wds };
+        let workers = Workers {
+            twd: twds,
+            wd: wds,
+            lists: Lists::default(),
+        };
         writer.apply_watcher_event(&Event::Init);
         for name in ["a", "b", "c", "d"] {
             writer.apply_watcher_event(&Event::InitApply(twd(name)));

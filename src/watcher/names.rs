@@ -16,6 +16,8 @@ use twc_crds::worker_deployment::{
 use twc_crds::{TemporalWorkerDeployment, WorkerDeployment, WorkerKind, WorkerObject};
 use twc_workflows::model::{ControlAction, TwdRef};
 
+use super::lists::{FirstLists, Lists};
+
 /// An object of either worker kind as its reflector store holds it (cheap to clone).
 #[derive(Debug, Clone)]
 pub enum Stored {
@@ -117,17 +119,15 @@ pub struct Workers {
     pub twd: Store<TemporalWorkerDeployment>,
     /// `WorkerDeployment`s.
     pub wd: Store<WorkerDeployment>,
+    /// Which watches of the scope have finished their first list.
+    pub lists: Lists,
 }
 
 impl Workers {
     /// Waits until both stores hold their first list: before that, a claim could be decided
     /// without the older object of a name.
     pub async fn ready(&self) {
-        let (twd, wd) = futures::join!(self.twd.wait_until_ready(), self.wd.wait_until_ready());
-        if twd.is_err() || wd.is_err() {
-            // The controller that writes the store is gone (shutting down): nothing to wait for.
-            futures::future::pending::<()>().await;
-        }
+        self.lists.wait_for(FirstLists::workers).await;
     }
 
     /// The objects of both kinds named `twd`.

@@ -26,6 +26,7 @@ use twc_workflows::model::TwdRef;
 
 use super::WatcherConfig;
 use super::actions::{self, Taken};
+use super::lists::Watch;
 use super::names::{self, NameMemory, Names, SpecPlan, Stored, Workers};
 use super::signal;
 
@@ -71,17 +72,24 @@ pub trait WorkerResource:
     + Sync
     + 'static
 {
+    /// Its watch, as readiness counts it.
+    const WATCH: Watch;
+
     /// The object as the stores of both kinds are read.
     fn stored(self: Arc<Self>) -> Stored;
 }
 
 impl WorkerResource for TemporalWorkerDeployment {
+    const WATCH: Watch = Watch::TemporalWorkerDeployments;
+
     fn stored(self: Arc<Self>) -> Stored {
         Stored::Twd(self)
     }
 }
 
 impl WorkerResource for WorkerDeployment {
+    const WATCH: Watch = Watch::WorkerDeployments;
+
     fn stored(self: Arc<Self>) -> Stored {
         Stored::Wd(self)
     }
@@ -213,6 +221,7 @@ async fn reconcile_holder(
     let plan = context
         .names
         .with(twd, |m| m.plan(&seen, holder.kind(), handled));
+    tracing::debug!(twd = %twd.key(), ?plan, "reconciling the claim holder");
     let fresh = match plan {
         SpecPlan::HandledBefore => return Ok(()),
         SpecPlan::Unchanged => false,
