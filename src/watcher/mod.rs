@@ -18,9 +18,9 @@
 //! The holder's reconcile also carries the kubectl-only control path ([`actions`]: the
 //! `temporal.io/rollout-action` annotation, taken by exactly one replica) and sets the per-TWD
 //! gauges (`twc_ramp_percentage`, `twc_versions`) from the holder's status. What the watcher
-//! remembers per name ([`names`]) is dropped, and the gauges forgotten, once no object of the
-//! name is left ([`PRUNE_EVERY`]). It reports when every store holds its first list
-//! (readiness).
+//! remembers per name ([`names`]) is dropped, and the gauges forgotten, when the name's last
+//! object is deleted, or within [`PRUNE_EVERY`] of a re-list that misses it. It reports when
+//! every counted watch has finished its first list ([`lists`], readiness).
 
 mod actions;
 mod connections;
