@@ -36,7 +36,7 @@ The controller's permissions, and only those; each rule names the code that need
 rules are in deploy/manifests/clusterrole.yaml (a test compares them).
 */}}
 {{- define "twc.rules" -}}
-# Watcher (src/watcher.rs): list+watch WorkerDeployments, TemporalWorkerDeployments and both kinds of connection, list TWDs when a connection
+# Watcher (src/watcher/): list+watch WorkerDeployments, TemporalWorkerDeployments and both kinds of connection, list TWDs when a connection
 # changes, patch away the temporal.io/rollout-action annotation. Activities: get TWDs and
 # connections (activities/src/k8s/twd.rs, connection.rs), list both and merge-patch their
 # temporal.io/delete-protection finalizer (finalizers.rs).
@@ -130,7 +130,7 @@ rules are in deploy/manifests/clusterrole.yaml (a test compares them).
 {{- /* Rules on cluster-scoped objects: only in the ClusterRole (a controller restricted to
 namespaces leaves ClusterConnections alone and reports ClusterConnectionUnsupported). */ -}}
 {{- define "twc.clusterRules" -}}
-# ClusterConnections: the watcher lists and watches them (src/watcher.rs); activities get them
+# ClusterConnections: the watcher lists and watches them (src/watcher/); activities get them
 # (connection.rs), list them and merge-patch their temporal.io/delete-protection finalizer
 # (finalizers.rs; their users are TWDs of every namespace, listed by a field selector).
 - apiGroups: [temporal.io]
