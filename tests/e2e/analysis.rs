@@ -217,7 +217,7 @@ async fn a_dry_run_check_records_failures_and_the_rollout_proceeds() {
     let client = kube_client().await;
     let ns = test_namespace(&client, "analysis-dry").await;
     let tq = format!("analysis-{ns}");
-    let steps = json!([{ "rampPercentage": 50, "pauseDuration": "12s" }]);
+    let steps = json!([{ "rampPercentage": 50, "pauseDuration": "30s" }]);
     let analysis = json!({ "checks": [ {
         "name": "failures", "interval": "3s", "dryRun": true,
         "temporal": { "maxFailurePercent": 5, "minSamples": 8 }
