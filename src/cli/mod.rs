@@ -223,14 +223,7 @@ pub async fn engine_view(engine: &Client, twd: &TwdRef) -> anyhow::Result<Engine
                 .last_report
                 .as_ref()
                 .filter(|r| r.workflow_id == active.workflow_id);
-            ControlState {
-                build_id: active.build_id.clone(),
-                progress: report.map(|r| r.progress),
-                blocked: report.and_then(|r| r.blocked.as_ref()).map(|b| b.reason),
-                operator_paused: false,
-                spec_paused: false,
-                promote_requested: false,
-            }
+            ControlState::from_report(&active.build_id, report)
         }
     };
     Ok(EngineView {

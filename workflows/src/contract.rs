@@ -207,6 +207,22 @@ pub enum CreateDeploymentOutcome {
     },
 }
 
+impl CreateDeploymentOutcome {
+    /// Reason of the event that a Deployment was created.
+    pub const CREATED_REASON: &'static str = "DeploymentCreated";
+
+    /// The message of the event that `build_id`'s Deployment was created now (None: nothing
+    /// was created).
+    pub fn created_message(&self, build_id: &str) -> Option<String> {
+        match self {
+            Self::Created { name } => {
+                Some(format!("Created Deployment {name} for build {build_id}"))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Scale a Deployment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScaleRequest {

@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{BlockReason, ControlAction, RolloutProgress};
+use crate::model::{BlockReason, ControlAction, RolloutProgress, RolloutReport};
 
 /// Annotation that sends a control through Kubernetes alone
 /// (`kubectl annotate wd NAME temporal.io/rollout-action=promote`); the watcher sends it as the
@@ -30,6 +30,22 @@ pub struct ControlState {
     pub spec_paused: bool,
     /// An operator's `promote` is pending.
     pub promote_requested: bool,
+}
+
+impl ControlState {
+    /// The control state a rollout's latest `report` implies when the rollout itself cannot
+    /// say (it has not reported its control state yet, or it has ended): no operator hold or
+    /// pending promotion.
+    pub fn from_report(build_id: &str, report: Option<&RolloutReport>) -> Self {
+        Self {
+            build_id: build_id.to_owned(),
+            progress: report.map(|r| r.progress),
+            blocked: report.and_then(|r| r.blocked.as_ref()).map(|b| b.reason),
+            operator_paused: false,
+            spec_paused: false,
+            promote_requested: false,
+        }
+    }
 }
 
 /// The answer to a control.

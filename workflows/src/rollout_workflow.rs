@@ -285,15 +285,10 @@ impl RolloutWorkflow {
                     )
                     .await
                     {
-                        Ok(CreateDeploymentOutcome::Created { name }) => {
-                            event(
-                                ctx,
-                                &twd,
-                                EventKind::Normal,
-                                "DeploymentCreated",
-                                format!("Created Deployment {name} for build {build_id}"),
-                            )
-                            .await;
+                        Ok(created @ CreateDeploymentOutcome::Created { .. }) => {
+                            let reason = CreateDeploymentOutcome::CREATED_REASON;
+                            let message = created.created_message(&build_id).unwrap_or_default();
+                            event(ctx, &twd, EventKind::Normal, reason, message).await;
                         }
                         Ok(
                             CreateDeploymentOutcome::Exists { .. }
@@ -1275,15 +1270,9 @@ async fn create_first(ctx: &mut WorkflowContext<RolloutWorkflow>, twd: &TwdRef, 
     let creating = ctx.execute_activity(CreateDeployment, request, options);
     let reporting = report(ctx, RolloutProgress::WaitingForPollers, None, None);
     let (created, ()) = join!(creating, reporting);
-    if let Ok(CreateDeploymentOutcome::Created { name }) = created {
-        event(
-            ctx,
-            twd,
-            EventKind::Normal,
-            "DeploymentCreated",
-            format!("Created Deployment {name} for build {build_id}"),
-        )
-        .await;
+    if let Some(message) = created.ok().and_then(|c| c.created_message(build_id)) {
+        let reason = CreateDeploymentOutcome::CREATED_REASON;
+        event(ctx, twd, EventKind::Normal, reason, message).await;
     }
 }
 

@@ -515,14 +515,7 @@ impl TwdState {
             let report = self.report_of_active();
             report
                 .and_then(|r| r.control.clone())
-                .unwrap_or_else(|| ControlState {
-                    build_id: active.build_id.clone(),
-                    progress: report.map(|r| r.progress),
-                    blocked: report.and_then(|r| r.blocked.as_ref()).map(|b| b.reason),
-                    operator_paused: false,
-                    spec_paused: false,
-                    promote_requested: false,
-                })
+                .unwrap_or_else(|| ControlState::from_report(&active.build_id, report))
         });
         let wanted = self.spec.as_ref().map(|s| s.build_id.as_str());
         control::twd_effect(action, twd, state.as_ref(), wanted)

@@ -19,6 +19,19 @@ use crate::plan::sunset::SunsetAction;
 use crate::plan::twd::AutoscaleStep;
 use crate::support::{drain_options, now_millis, run_activity, short_options};
 
+/// Records a Normal event `reason` of what an activity did, once it is `done`.
+async fn announce(
+    ctx: &WorkflowContext<TwdWorkflow>,
+    twd: &TwdRef,
+    done: bool,
+    reason: &str,
+    message: String,
+) {
+    if done {
+        event(ctx, twd, EventKind::Normal, reason, message).await;
+    }
+}
+
 /// Executes the sunset plan; returns when to look again.
 pub(super) async fn versions(
     ctx: &mut WorkflowContext<TwdWorkflow>,
@@ -54,25 +67,11 @@ pub(super) async fn versions(
                     name: deployment.clone(),
                     replicas: 0,
                 };
-                if run_activity(
-                    ctx,
-                    ScaleDeployment,
-                    request,
-                    &format!("scale {build_id} to 0"),
-                    short_options(),
-                )
-                .await
-                .is_ok()
-                {
-                    event(
-                        ctx,
-                        twd,
-                        EventKind::Normal,
-                        "ScaledDown",
-                        format!("Scaled Deployment {deployment} of retired build {build_id} to 0"),
-                    )
-                    .await;
-                }
+                let summary = format!("scale {build_id} to 0");
+                let scaled = run_activity(ctx, ScaleDeployment, request, &summary, short_options());
+                let message =
+                    format!("Scaled Deployment {deployment} of retired build {build_id} to 0");
+                announce(ctx, twd, scaled.await.is_ok(), "ScaledDown", message).await;
             }
             SunsetAction::DeleteDeployment {
                 build_id,
@@ -82,25 +81,19 @@ pub(super) async fn versions(
                     namespace: twd.namespace.clone(),
                     name: deployment.clone(),
                 };
-                if run_activity(
+                let summary = format!("delete Deployment of {build_id}");
+                let deleted =
+                    run_activity(ctx, DeleteDeployment, request, &summary, short_options());
+                let message =
+                    format!("Deleted Deployment {deployment} of retired build {build_id}");
+                announce(
                     ctx,
-                    DeleteDeployment,
-                    request,
-                    &format!("delete Deployment of {build_id}"),
-                    short_options(),
+                    twd,
+                    deleted.await.is_ok(),
+                    "DeploymentDeleted",
+                    message,
                 )
-                .await
-                .is_ok()
-                {
-                    event(
-                        ctx,
-                        twd,
-                        EventKind::Normal,
-                        "DeploymentDeleted",
-                        format!("Deleted Deployment {deployment} of retired build {build_id}"),
-                    )
-                    .await;
-                }
+                .await;
             }
             SunsetAction::DeleteVersion { build_id } => {
                 let request = DeleteVersionRequest {

@@ -242,15 +242,9 @@ async fn start_new_build(
         let starting = launch(ctx, twd, spec, true);
         join!(creating, starting)
     };
-    if let Ok(CreateDeploymentOutcome::Created { name }) = created {
-        event(
-            ctx,
-            twd,
-            EventKind::Normal,
-            "DeploymentCreated",
-            format!("Created Deployment {name} for build {}", spec.build_id),
-        )
-        .await;
+    if let Some(message) = created.ok().and_then(|c| c.created_message(&spec.build_id)) {
+        let reason = CreateDeploymentOutcome::CREATED_REASON;
+        event(ctx, twd, EventKind::Normal, reason, message).await;
     }
 }
 
