@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Records histories of the engine's own workflows (types `twd` and `rollout`) from a Temporal
+# Records histories of the engine's own workflows (types `twd`, `rollout`, `notify`) from a Temporal
 # server as replay fixtures: workflows/tests/histories/<type>-<scenario>.json, which
 # workflows/tests/replay.rs replays against the current workflow code in `cargo test`.
 #
@@ -93,9 +93,9 @@ temporal() {
   env -i PATH="$PATH" HOME="$CLI_HOME" "$TEMPORAL" "$@" --address "$ADDRESS" --namespace "$NAMESPACE"
 }
 
-# Prints "<suggested name> <status> <workflow id> <run id>" per twd/rollout run, oldest first.
+# Prints "<suggested name> <status> <workflow id> <run id>" per twd/rollout/notify run, oldest first.
 list_runs() {
-  temporal workflow list --query "WorkflowType = 'twd' OR WorkflowType = 'rollout'" \
+  temporal workflow list --query "WorkflowType = 'twd' OR WorkflowType = 'rollout' OR WorkflowType = 'notify'" \
     --limit 10000 --output jsonl > "$WORK/list.jsonl"
   "$PYTHON" - "$WORK/list.jsonl" <<'PY'
 import json, re, sys
@@ -112,8 +112,8 @@ for run in runs:
     workflow_type = run["type"]["name"]
     workflow_id = run["execution"]["workflowId"]
     parts = workflow_id.split("/")
-    if workflow_type == "twd" and len(parts) == 3:
-        name = f"twd-{scenario(parts[1])}"
+    if workflow_type in ("twd", "notify") and len(parts) == 3:
+        name = f"{workflow_type}-{scenario(parts[1])}"
     elif workflow_type == "rollout" and len(parts) == 4:
         name = f"rollout-{scenario(parts[1])}-{parts[3].split('-')[0]}"
     else:
@@ -131,8 +131,8 @@ PY
 export_one() {
   local name=$1 workflow_id=$2 run_id=${3:-}
   local type=${name%%-*}
-  [[ "$name" =~ ^(twd|rollout)-[A-Za-z0-9.-]+$ ]] ||
-    die "fixture name $name must be twd-<scenario> or rollout-<scenario> (letters, digits, '.', '-')"
+  [[ "$name" =~ ^(twd|rollout|notify)-[A-Za-z0-9.-]+$ ]] ||
+    die "fixture name $name must be twd-<scenario>, rollout-<scenario> or notify-<scenario> (letters, digits, '.', '-')"
   local target=$OUT_DIR/$name.json
   if [[ -e "$target" && $FORCE -eq 0 ]]; then
     echo "keep    $name.json (exists; --force to overwrite)"
@@ -196,7 +196,7 @@ case "$MODE" in
       matched=$((matched + 1))
       export_one "$name" "$workflow_id" "$run_id"
     done < "$WORK/runs.txt"
-    [[ $matched -gt 0 ]] || die "no twd/rollout workflow matched ${ARGS[*]:-anything} on $ADDRESS"
+    [[ $matched -gt 0 ]] || die "no twd/rollout/notify workflow matched ${ARGS[*]:-anything} on $ADDRESS"
     ;;
   explicit)
     for arg in "${ARGS[@]}"; do

@@ -177,6 +177,36 @@ async fn wait_ramp(
         .await
 }
 
+/// The ramp percentage of `deployment_name` in Temporal and when it was last set (Unix ms).
+async fn ramp_changed(cluster: &Cluster, deployment_name: &str) -> Result<(f64, i64), String> {
+    let namespace = cluster.env.temporal_namespace.clone();
+    let out = cluster
+        .temporal(&[
+            "worker",
+            "deployment",
+            "describe",
+            "--namespace",
+            &namespace,
+            "--name",
+            deployment_name,
+            "--output",
+            "json",
+        ])
+        .await;
+    if !out.success {
+        return Err(out.stderr);
+    }
+    let v: Value = serde_json::from_str(&out.stdout).map_err(|e| format!("{e}: {}", out.stdout))?;
+    let rc = &v["routingConfig"];
+    let changed = rc["rampingVersionPercentageChangedTime"]
+        .as_str()
+        .ok_or_else(|| format!("no rampingVersionPercentageChangedTime in {rc}"))?;
+    let changed: k8s_openapi::jiff::Timestamp =
+        changed.parse().map_err(|e| format!("{changed}: {e}"))?;
+    let percentage = rc["rampingVersionPercentage"].as_f64().unwrap_or(0.0);
+    Ok((percentage, changed.as_millisecond()))
+}
+
 #[tokio::test]
 async fn a_held_rollout_sleeps_until_something_changes_and_sees_each_change() {
     let mut private = Private::start("held").await;
@@ -267,7 +297,10 @@ async fn a_held_rollout_sleeps_until_something_changes_and_sees_each_change() {
     );
 
     // 4. A ramp changed by hand in Temporal (no watch reports it): back on the step grid at the
-    // next resync.
+    // next resync at the latest. The rollout may also look sooner (the Deployment edited in 3
+    // still reports its pods going), so the test does not wait to see 45 %: it waits for a ramp
+    // percentage set back to the step after the edit, by its change time in Temporal.
+    let edited_at = now_ms();
     let out = cluster
         .temporal(&[
             "worker",
@@ -285,8 +318,23 @@ async fn a_held_rollout_sleeps_until_something_changes_and_sees_each_change() {
         ])
         .await;
     assert!(out.success, "set-ramping-version: {}", out.stderr);
-    wait_ramp(cluster, &ns, &v2, 45.0, ROLLOUT).await;
-    wait_ramp(cluster, &ns, &v2, STEP, Duration::from_secs(30 + 30)).await;
+    cluster
+        .wait(
+            "the hand-set ramp back on the step grid",
+            Duration::from_secs(30 + 30),
+            || async {
+                let (percentage, changed_at) =
+                    ramp_changed(cluster, &format!("{ns}/{NAME}")).await?;
+                if (percentage - STEP).abs() < 0.01 && changed_at > edited_at {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{percentage}% set at {changed_at} (edited at {edited_at})"
+                    ))
+                }
+            },
+        )
+        .await;
 
     // 5. Paused: the same sleep.
     cluster.control(&ns, NAME, "pause").await;

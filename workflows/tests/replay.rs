@@ -21,7 +21,7 @@ use twc_workflows::rollout_workflow::RolloutWorkflow;
 use twc_workflows::twd_workflow::TwdWorkflow;
 
 /// Workflow types the engine registers; each needs at least one fixture.
-const WORKFLOW_TYPES: &[&str] = &["twd", "rollout"];
+const WORKFLOW_TYPES: &[&str] = &["twd", "rollout", "notify"];
 
 struct Fixture {
     /// File name.
