@@ -179,24 +179,10 @@ async fn wait_ramp(
 
 /// The ramp percentage of `deployment_name` in Temporal and when it was last set (Unix ms).
 async fn ramp_changed(cluster: &Cluster, deployment_name: &str) -> Result<(f64, i64), String> {
-    let namespace = cluster.env.temporal_namespace.clone();
-    let out = cluster
-        .temporal(&[
-            "worker",
-            "deployment",
-            "describe",
-            "--namespace",
-            &namespace,
-            "--name",
-            deployment_name,
-            "--output",
-            "json",
-        ])
-        .await;
-    if !out.success {
-        return Err(out.stderr);
-    }
-    let v: Value = serde_json::from_str(&out.stdout).map_err(|e| format!("{e}: {}", out.stdout))?;
+    let v = cluster
+        .describe_deployment(&cluster.env.temporal_namespace, deployment_name)
+        .await?
+        .ok_or_else(|| format!("no worker deployment {deployment_name}"))?;
     let rc = &v["routingConfig"];
     let changed = rc["rampingVersionPercentageChangedTime"]
         .as_str()

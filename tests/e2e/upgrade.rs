@@ -619,8 +619,9 @@ async fn run_histories(cluster: &Cluster, id: &str) -> Result<Vec<Vec<Value>>, S
 async fn first_task_failures(cluster: &Cluster, ns: &str) -> String {
     let query =
         format!("WorkflowId STARTS_WITH 'twd/{ns}/' OR WorkflowId STARTS_WITH 'rollout/{ns}/'");
+    let mut scans = tokio::time::interval(TASK_FAILURE_SCAN);
     loop {
-        tokio::time::sleep(TASK_FAILURE_SCAN).await;
+        scans.tick().await;
         let Ok(rows) = cluster.workflows(&query).await else {
             continue;
         };

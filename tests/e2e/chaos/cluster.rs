@@ -181,6 +181,35 @@ impl Cluster {
         temporal_ns: &str,
         deployment_name: &str,
     ) -> Result<Routing, String> {
+        let Some(v) = self
+            .describe_deployment(temporal_ns, deployment_name)
+            .await?
+        else {
+            return Ok(Routing::default());
+        };
+        let text = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_owned);
+        let rc = &v["routingConfig"];
+        Ok(Routing {
+            current: text(&rc["currentVersionBuildID"]),
+            ramping: text(&rc["rampingVersionBuildID"]),
+            percentage: rc["rampingVersionPercentage"].as_f64().unwrap_or(0.0),
+            versions: v["versionSummaries"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| text(&s["BuildID"]))
+                .collect(),
+            exists: true,
+        })
+    }
+
+    /// `temporal worker deployment describe --output json` of `deployment_name` in Temporal
+    /// namespace `temporal_ns` (None: no such worker deployment).
+    pub async fn describe_deployment(
+        &self,
+        temporal_ns: &str,
+        deployment_name: &str,
+    ) -> Result<Option<Value>, String> {
         let out = self
             .temporal(&[
                 "worker",
@@ -197,26 +226,13 @@ impl Cluster {
         if !out.success {
             if out.stderr.contains("no Worker Deployment found") || out.stderr.contains("NotFound")
             {
-                return Ok(Routing::default());
+                return Ok(None);
             }
             return Err(out.stderr);
         }
-        let v: Value =
-            serde_json::from_str(&out.stdout).map_err(|e| format!("{e}: {}", out.stdout))?;
-        let text = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_owned);
-        let rc = &v["routingConfig"];
-        Ok(Routing {
-            current: text(&rc["currentVersionBuildID"]),
-            ramping: text(&rc["rampingVersionBuildID"]),
-            percentage: rc["rampingVersionPercentage"].as_f64().unwrap_or(0.0),
-            versions: v["versionSummaries"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|s| text(&s["BuildID"]))
-                .collect(),
-            exists: true,
-        })
+        serde_json::from_str(&out.stdout)
+            .map(Some)
+            .map_err(|e| format!("{e}: {}", out.stdout))
     }
 
     /// Routing of a worker deployment in the `default` Temporal namespace.
