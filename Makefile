@@ -173,7 +173,11 @@ e2e: tools build baseline ## End-to-end tests against a real Temporal dev server
 	$(CARGO) test --test e2e --no-run $(TEST_FEATURES)
 	baseline=$$(scripts/build-baseline.sh); \
 	TWC_BASELINE_BIN=$$baseline $(BIN_DIR)/twc-sandbox exec --state-dir $(TARGET_DIR)/e2e-env -- \
-		$(CARGO) test --test e2e $(TEST_FEATURES) -- --test-threads=$${E2E_THREADS:-4}
+		$(CARGO) test --test e2e $(TEST_FEATURES) -- --test-threads=$${E2E_THREADS:-4} \
+		| tee $(TARGET_DIR)/e2e-results.txt || { \
+		echo "=== e2e failures (the tests' own output, after the sandbox's shutdown logs) ==="; \
+		grep -A 6 'panicked at' $(TARGET_DIR)/e2e-results.txt | cut -c1-2000 | head -n 200 || true; \
+		sed -n '/^failures:$$/,$$p' $(TARGET_DIR)/e2e-results.txt | tail -n 30 || true; exit 1; }
 
 # The reliability suite (tests/e2e/chaos.rs) also runs in `make e2e`, at small sizes; this is
 # its full size. A fresh seed each run unless CHAOS_SEED is given (the tests print theirs).
