@@ -47,7 +47,8 @@ use tokio::{
 use twc_activities::{
     connection::{ConnectionAuth, ConnectionConfig},
     temporal::{
-        ClientPool, DrainError, DrainStep, GateKey, PoolOptions, TaskQueueKind, TemporalClient,
+        ClientPool, DrainError, DrainStep, GateKey, PoolOptions, QueryFeature, TaskQueueKind,
+        TemporalClient,
         analysis::{self, Limits, TemporalCheck, WorkflowFilter},
         backlog::UNKNOWN_TO_TEMPORAL,
         cancel_build_gates, cancel_gates, count_pinned, delete_version, delete_worker_deployment,
@@ -1468,6 +1469,24 @@ async fn scenario_drain(ctx: &Ctx) -> Result<()> {
     ensure!(
         oldest >= started_at - 1_000 && oldest <= now_millis(),
         "oldest {oldest} not within the scenario (started {started_at})"
+    );
+    // The dev server's SQLite visibility refused `ORDER BY`; the refusal is remembered on this
+    // connection's pool entry only: a connection with another cache key (a changed spec or
+    // Secret) asks again, and nothing outlives the entries of the pool.
+    ensure!(
+        client.refuses(QueryFeature::OrderBy),
+        "the ORDER BY refusal was not remembered"
+    );
+    let mut rotated = ctx.config.clone();
+    rotated.cache_key = format!("{}/rotated", rotated.cache_key);
+    let fresh = ctx
+        .pool
+        .get(&rotated)
+        .await
+        .map_err(|b| anyhow!("{:?}: {}", b.reason, b.message))?;
+    ensure!(
+        !fresh.refuses(QueryFeature::OrderBy) && !client.refuses(QueryFeature::ReportedProblems),
+        "a refusal leaked to another connection or feature"
     );
     let stubborn =
         count_pinned(&client, NAMESPACE, &dep, "v1", &strings(&["Stubborn"]), &[]).await?;

@@ -7,17 +7,12 @@
 //! reported (`TemporalReportedProblems`, set after consecutive workflow task failures or
 //! timeouts; self-hosted servers set it only with
 //! `system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute`). A server that does not
-//! know that attribute is remembered per client and its stuck workflows count as none. Workflows
+//! know that attribute is remembered per connection and its stuck workflows count as none. Workflows
 //! are attributed to a build by `TemporalWorkerDeploymentVersion`, which the server sets once a
 //! workflow task completed on it: a workflow whose first workflow task never completes is
 //! counted on no build. Every count is paid from the namespace's read budget.
 //!
 //! Deciding ([`judge`]) is a pure function of the counts and the limits.
-
-use std::{
-    collections::HashSet,
-    sync::{Mutex, OnceLock, PoisonError},
-};
 
 use temporalio_common::protos::temporal::api::workflowservice::v1::count_workflow_executions_response::AggregationGroup;
 use tracing::{debug, info, warn};
@@ -29,7 +24,7 @@ use twc_workflows::{
 use crate::temporal::{
     drain::{count_executions, count_workflows},
     error::{StatusClass, TemporalError},
-    pool::{PoolKey, TemporalClient},
+    pool::{QueryFeature, TemporalClient},
     query::{UnsafeQueryValue, quote, quote_list, time_literal},
 };
 
@@ -340,13 +335,6 @@ fn outcomes_of(count: i64, groups: &[AggregationGroup]) -> Result<Outcomes, Coun
     Ok(outcomes)
 }
 
-/// Clients whose server refused `TemporalReportedProblems` in a query: asked once per process,
-/// then not again.
-fn reported_problems_unsupported() -> &'static Mutex<HashSet<PoolKey>> {
-    static UNSUPPORTED: OnceLock<Mutex<HashSet<PoolKey>>> = OnceLock::new();
-    UNSUPPORTED.get_or_init(|| Mutex::new(HashSet::new()))
-}
-
 fn refuses_reported_problems(err: &TemporalError) -> bool {
     err.class() == StatusClass::Other && err.server_message().contains(REPORTED_PROBLEMS)
 }
@@ -363,12 +351,7 @@ async fn count_outcomes(
     sent.push(queries.by_status.clone());
     let response = count_executions(client, namespace, &queries.by_status).await?;
     let mut outcomes = outcomes_of(response.count, &response.groups)?;
-    let key = client.key().clone();
-    let unsupported = reported_problems_unsupported()
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .contains(&key);
-    if unsupported {
+    if client.refuses(QueryFeature::ReportedProblems) {
         return Ok((outcomes, false));
     }
     sent.push(queries.stuck.clone());
@@ -379,10 +362,7 @@ async fn count_outcomes(
         }
         Err(err) if refuses_reported_problems(&err) => {
             warn!(error = %err, "the Temporal server does not know {REPORTED_PROBLEMS}; stuck workflows are not counted");
-            reported_problems_unsupported()
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(key);
+            client.mark_refused(QueryFeature::ReportedProblems);
             Ok((outcomes, false))
         }
         Err(err) => Err(err.into()),

@@ -114,6 +114,16 @@ impl TokenBucket {
         }
     }
 
+    /// Whether the bucket has refilled to its burst (no caller waits or has spent a token
+    /// since): it then behaves as a new bucket would.
+    pub fn is_full(&self) -> bool {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let elapsed = Instant::now()
+            .saturating_duration_since(state.last)
+            .as_secs_f64();
+        state.tokens + elapsed * self.rate() >= self.burst()
+    }
+
     /// Takes a token now and returns how long the caller must wait before using it.
     fn reserve(&self) -> Duration {
         let now = Instant::now();
@@ -208,6 +218,18 @@ mod tests {
             elapsed >= Duration::from_millis(1999) && elapsed <= Duration::from_millis(2001),
             "took {elapsed:?}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_once_refilled_to_the_burst() {
+        let bucket = TokenBucket::new(4.0, 2);
+        assert!(bucket.is_full(), "a new bucket is full");
+        bucket.acquire().await;
+        assert!(!bucket.is_full(), "one of two tokens spent");
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert!(!bucket.is_full(), "0.8 of a token back");
+        tokio::time::advance(Duration::from_millis(60)).await;
+        assert!(bucket.is_full(), "a whole token back after 250 ms at 4/s");
     }
 
     #[test]

@@ -9,11 +9,7 @@
 //! its job and waits for it instead of starting a second one. A step is refused while the build
 //! is Current or Ramping ([`check_drainable`]).
 
-use std::{
-    collections::HashSet,
-    sync::{Mutex, OnceLock, PoisonError},
-    time::Duration,
-};
+use std::time::Duration;
 
 use temporalio_client::{grpc::WorkflowService, tonic::IntoRequest};
 use temporalio_common::protos::temporal::api::{
@@ -42,7 +38,7 @@ use crate::temporal::{
     describe::fetch_worker_deployment,
     error::{StatusClass, TemporalError},
     gate::pinned_override,
-    pool::{PoolKey, TemporalClient},
+    pool::{QueryFeature, TemporalClient},
     query::{UnsafeQueryValue, quote, quote_list},
 };
 
@@ -375,17 +371,10 @@ pub(crate) async fn count_executions(
     Ok(response.into_inner())
 }
 
-/// Clients whose visibility store refused `ORDER BY` (SQL stores do; Elasticsearch does not):
-/// asked once per process, then not again.
-fn order_by_unsupported() -> &'static Mutex<HashSet<PoolKey>> {
-    static UNSUPPORTED: OnceLock<Mutex<HashSet<PoolKey>>> = OnceLock::new();
-    UNSUPPORTED.get_or_init(|| Mutex::new(HashSet::new()))
-}
-
 /// Start time of the oldest workflow the query matches, with one ListWorkflowExecutions:
 /// `ORDER BY StartTime ASC` with page size 1 where the visibility store supports it. Stores
 /// that refuse `ORDER BY` (the SQL stores, including the dev server's SQLite; the refusal is
-/// remembered per client) list newest first: there the smallest start time of one page of up
+/// remembered per connection) list newest first: there the smallest start time of one page of up
 /// to 100 is taken, which is the oldest when at most 100 are open and otherwise the oldest of
 /// the 100 most recently started (the true oldest is at least as old).
 pub async fn oldest_start_time(
@@ -393,21 +382,13 @@ pub async fn oldest_start_time(
     namespace: &str,
     query: &str,
 ) -> Result<Option<UnixMillis>, TemporalError> {
-    let key = client.key().clone();
-    let ordered_unsupported = order_by_unsupported()
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .contains(&key);
-    if !ordered_unsupported {
+    if !client.refuses(QueryFeature::OrderBy) {
         let ordered = format!("{query} ORDER BY StartTime ASC");
         match start_times(client, namespace, &ordered, 1).await {
             Ok(times) => return Ok(times.into_iter().min()),
             Err(err) if refuses_order_by(&err) => {
                 debug!(error = %err, "visibility store cannot order by start time; scanning one page");
-                order_by_unsupported()
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(key);
+                client.mark_refused(QueryFeature::OrderBy);
             }
             Err(err) => return Err(err),
         }

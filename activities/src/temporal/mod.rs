@@ -35,7 +35,7 @@ pub use gate::{
     GateKey, StartGateError, cancel_build_gates, cancel_gates, gate_workflow_id,
     gate_workflow_id_prefix, start_gates, stop_build_gates, wait_gates,
 };
-pub use pool::{ClientPool, PoolKey, PoolOptions, TemporalClient};
+pub use pool::{ClientPool, PoolKey, PoolOptions, QueryFeature, TemporalClient};
 pub use routing::{Manager, TakeOver, reset_to_unversioned, set_routing, set_routing_as};
 pub use versions::{delete_version, delete_worker_deployment};
 

@@ -2,7 +2,7 @@
 //! namespace, plus the per-namespace read budgets.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fmt,
     sync::{Arc, Mutex, PoisonError, Weak},
     time::Duration,
@@ -84,10 +84,22 @@ impl PoolKey {
 /// this window) get the same error at once instead of each waiting for their own timeout.
 const FAILURE_TTL: Duration = Duration::from_secs(5);
 
+/// A query feature some Temporal servers or visibility stores refuse. A refusal is remembered
+/// on the client's pool entry, so it is asked once per connection and forgotten with it (on
+/// eviction, idle expiry, or a changed connection spec).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QueryFeature {
+    /// `ORDER BY` in a list query (the SQL visibility stores refuse it).
+    OrderBy,
+    /// The `TemporalReportedProblems` search attribute (older servers do not know it).
+    ReportedProblems,
+}
+
 struct Entry {
     client: OnceCell<Client>,
     last_used: Mutex<Instant>,
     failure: Mutex<Option<(Instant, TemporalError)>>,
+    refused: Mutex<HashSet<QueryFeature>>,
 }
 
 impl Entry {
@@ -228,17 +240,19 @@ impl ClientPool {
             .budgets
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(
-            budgets
-                .entry((host_port.to_owned(), namespace.to_owned()))
-                .or_insert_with(|| {
-                    Arc::new(TokenBucket::shared(
-                        self.inner.options.read_rate_per_sec,
-                        self.inner.options.read_burst,
-                        self.inner.options.replicas.clone(),
-                    ))
-                }),
-        )
+        let key = (host_port.to_owned(), namespace.to_owned());
+        if !budgets.contains_key(&key) {
+            // A bucket nobody holds that has refilled is the same as a new one: forget it, so
+            // the map holds only the servers and namespaces in use.
+            budgets.retain(|_, bucket| Arc::strong_count(bucket) > 1 || !bucket.is_full());
+        }
+        Arc::clone(budgets.entry(key).or_insert_with(|| {
+            Arc::new(TokenBucket::shared(
+                self.inner.options.read_rate_per_sec,
+                self.inner.options.read_burst,
+                self.inner.options.replicas.clone(),
+            ))
+        }))
     }
 }
 
@@ -266,6 +280,7 @@ impl PoolInner {
             client: OnceCell::new(),
             last_used: Mutex::new(now),
             failure: Mutex::new(None),
+            refused: Mutex::new(HashSet::new()),
         });
         entries.insert(key.clone(), Arc::clone(&entry));
         entry
@@ -342,6 +357,29 @@ impl TemporalClient {
         };
         self.metrics.temporal_request(operation, outcome);
         result
+    }
+
+    /// Whether the server of this connection refused `feature` before.
+    pub fn refuses(&self, feature: QueryFeature) -> bool {
+        self.entry.upgrade().is_some_and(|entry| {
+            entry
+                .refused
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(&feature)
+        })
+    }
+
+    /// Remembers that the server of this connection refused `feature`, for as long as the
+    /// connection is cached.
+    pub fn mark_refused(&self, feature: QueryFeature) {
+        if let Some(entry) = self.entry.upgrade() {
+            entry
+                .refused
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(feature);
+        }
     }
 
     /// Drops this client from its pool, so the next `get` reconnects with fresh credentials.
@@ -706,5 +744,37 @@ mod tests {
         let c = pool.budget("h:1", "other");
         assert!(Arc::ptr_eq(&a, &b));
         assert!(!Arc::ptr_eq(&a, &c));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn budgets_nobody_holds_are_forgotten_once_refilled() {
+        let mut options = PoolOptions::new("id");
+        options.read_rate_per_sec = 10.0;
+        options.read_burst = 2;
+        let pool = ClientPool::new(options);
+        let count = || pool.inner.budgets.lock().map(|b| b.len()).unwrap_or(0);
+        let held = pool.budget("h:1", "held");
+        pool.budget("h:1", "spent").acquire().await;
+        pool.budget("h:1", "untouched");
+        assert_eq!(count(), 3);
+        // A new key sweeps: the held bucket and the one still refilling stay.
+        pool.budget("h:1", "new");
+        assert_eq!(count(), 3, "only the untouched, unheld bucket goes");
+        // Refilled after 100 ms at 10/s: the spent bucket goes too, the held one stays.
+        tokio::time::advance(Duration::from_millis(150)).await;
+        pool.budget("h:1", "newer");
+        let keys: HashSet<String> = pool
+            .inner
+            .budgets
+            .lock()
+            .map(|b| b.keys().map(|k| k.1.clone()).collect())
+            .unwrap_or_default();
+        assert_eq!(
+            keys,
+            ["held", "newer"].map(str::to_owned).into(),
+            "held stays; the refilled and unheld go"
+        );
+        // The held bucket is the one handed out again.
+        assert!(Arc::ptr_eq(&held, &pool.budget("h:1", "held")));
     }
 }
