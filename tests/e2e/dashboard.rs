@@ -3,7 +3,8 @@
 //! on an open page within a second without reloading, the buttons go through the CLI's
 //! validated control path (Promote accepted and Current in Temporal, Pause of a complete
 //! rollout rejected), an aborted canary's chart shows the failing measurement above its limit,
-//! and no page logs a console error. The tests take screenshots (`dashboard-*.png`; with
+//! and no page logs a console error; an open page keeps working while the controller and
+//! Temporal restart under it. The tests take screenshots (`dashboard-*.png`; with
 //! `TWC_DASHBOARD_SCREENSHOTS=docs` they refresh the README's).
 
 use std::path::PathBuf;
@@ -15,7 +16,10 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 use twc_crds::WorkerKind;
 
+use twc_sandbox::up::StopMode;
+
 use crate::analysis::{analysed_worker, load};
+use crate::chaos::cluster::Private;
 use crate::harness::browser::{Browser, DashboardProcess};
 use crate::harness::twd::{
     apply, connection, routing, target_build, wait_ready, wait_reason, worker,
@@ -322,4 +326,94 @@ async fn the_analysis_chart_of_an_aborted_canary_shows_the_failing_measurement_a
     assert!(above, "a failed measurement drawn above the limit: {chart}");
     browser.screenshot(&screenshot("analysis")).await;
     no_console_errors(&browser, "the aborted canary's page").await;
+}
+
+/// Clears the answer of the last control, so the next one is told apart.
+async fn clear_answer(browser: &Browser) {
+    browser
+        .eval("document.getElementById('answer').textContent = ''; return null;")
+        .await;
+}
+
+#[tokio::test]
+async fn an_open_page_keeps_working_after_the_controller_and_temporal_restart() {
+    let mut private = Private::start("dash-restart").await;
+    let ns = private.cluster.namespace("dash-restart").await;
+    let cluster = &private.cluster;
+    cluster.apply(&cluster.connection(&ns, "dev")).await;
+    let manual = json!({ "strategy": "Manual" });
+    cluster
+        .apply(&worker(
+            &ns,
+            "hello",
+            "v1",
+            json!({ "strategy": "AllAtOnce" }),
+        ))
+        .await;
+    cluster.wait_ready(&ns, "hello", "v1", ROLLOUT).await;
+    cluster
+        .apply(&worker(&ns, "hello", "v2", manual.clone()))
+        .await;
+    cluster
+        .wait_reason(&ns, "hello", "Progressing", "WaitingForPromotion", ROLLOUT)
+        .await;
+
+    let dashboard = DashboardProcess::start_in(&private.sandbox.env, &[&ns]).await;
+    let browser = Browser::start().await;
+    browser
+        .open(&dashboard.page(&ns, "hello"), "#summary")
+        .await;
+    browser.wait_text("#summary", "WaitingForPromotion").await;
+
+    // The controller restarts under the open page: its button still goes through, and the
+    // page shows the outcome without a reload.
+    private
+        .sandbox
+        .restart_controller_with_env(&[])
+        .await
+        .unwrap_or_else(|e| panic!("restarting the controller: {e}"));
+    let cluster = &private.cluster;
+    browser.click("button[data-action='promote']").await;
+    browser.wait_text("#answer", "accepted:").await;
+    cluster.wait_ready(&ns, "hello", "v2", ROLLOUT).await;
+    browser.wait_text("#summary .badge", "Complete").await;
+
+    // Temporal is killed and comes back: the page follows the next rollout as it happens, and
+    // its button reaches the restarted server.
+    if let Err(e) = private
+        .sandbox
+        .restart_temporal(StopMode::Kill, Duration::from_secs(2))
+        .await
+    {
+        panic!("restarting Temporal: {e:#}");
+    }
+    let cluster = &private.cluster;
+    cluster.apply(&worker(&ns, "hello", "v3", manual)).await;
+    cluster
+        .wait_reason(&ns, "hello", "Progressing", "WaitingForPromotion", ROLLOUT)
+        .await;
+    browser.wait_text("#summary", "WaitingForPromotion").await;
+    clear_answer(&browser).await;
+    browser.click("button[data-action='promote']").await;
+    let answer = browser.wait_text("#answer", "accepted:").await;
+    println!("promote after Temporal's restart: {answer}");
+    let twd = cluster.wait_ready(&ns, "hello", "v3", ROLLOUT).await;
+    let v3 = target_build(&twd).unwrap_or_default();
+    let deployment_name = format!("{ns}/hello");
+    cluster
+        .wait("v3 Current in Temporal", ROLLOUT, || async {
+            let r = cluster.routing(&deployment_name).await?;
+            (r.current.as_deref() == Some(v3.as_str()) && r.ramping.is_none())
+                .then_some(())
+                .ok_or_else(|| format!("{r:?}"))
+        })
+        .await;
+    browser.wait_text("#summary .badge", "Complete").await;
+    browser
+        .wait_text(&format!("#versions tr[data-build='{v3}']"), "Current")
+        .await;
+    no_console_errors(&browser, "the page across restarts").await;
+    drop(browser);
+    drop(dashboard);
+    private.sandbox.stop().await;
 }

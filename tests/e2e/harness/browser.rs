@@ -12,6 +12,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use twc_sandbox::env::SandboxEnv;
+
 use super::env;
 use super::wait::wait_for;
 
@@ -186,7 +188,11 @@ pub struct DashboardProcess {
 impl DashboardProcess {
     /// Starts it for `namespaces` (every namespace when empty) and waits for its address.
     pub async fn start(namespaces: &[&str]) -> Self {
-        let env = env();
+        Self::start_in(env(), namespaces).await
+    }
+
+    /// [`Self::start`] against the servers of `env` (a private sandbox's).
+    pub async fn start_in(env: &SandboxEnv, namespaces: &[&str]) -> Self {
         let mut command = Command::new(env.bin_dir.join("twc"));
         command
             .args(["dashboard", "--port", "0"])
