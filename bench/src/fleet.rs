@@ -610,6 +610,37 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
 /// worker deployments per namespace is 100).
 const IDLE_PER_NAMESPACE: usize = 100;
 
+/// Adds `added` rolled-out TWDs (AllAtOnce, image tag `tag`) named `<prefix>000`… to
+/// `namespace`, and to `namespace-2`, … past [`IDLE_PER_NAMESPACE`] (a Temporal namespace holds
+/// at most 100 worker deployments by default), each Kubernetes namespace with a Temporal
+/// namespace of its name; returns once all are Ready.
+pub async fn grow(
+    cluster: &Cluster,
+    namespace: &str,
+    prefix: &str,
+    tag: &str,
+    added: usize,
+) -> anyhow::Result<()> {
+    let names: Vec<String> = (0..added).map(|i| format!("{prefix}{i:03}")).collect();
+    for (group, names) in names.chunks(IDLE_PER_NAMESPACE).enumerate() {
+        let namespace = match group {
+            0 => namespace.to_owned(),
+            n => format!("{namespace}-{}", n + 1),
+        };
+        cluster.namespace(&namespace).await?;
+        cluster.temporal_namespace(&namespace).await?;
+        let expected: BTreeMap<String, String> = names
+            .iter()
+            .map(|n| (n.clone(), format!("{tag}-")))
+            .collect();
+        tokio::try_join!(
+            cluster.wait_all_ready(&namespace, &expected, Duration::from_secs(900)),
+            apply_all(cluster, &namespace, names, tag),
+        )?;
+    }
+    Ok(())
+}
+
 /// Makes the fleet `total` TWDs strong (adding TWDs named `i000`… in `namespace`, and in
 /// `namespace-2`, … past [`IDLE_PER_NAMESPACE`]), waits until all are rolled out and quiet,
 /// then measures for `window`.
@@ -620,26 +651,14 @@ pub async fn idle(
     total: usize,
     window: Duration,
 ) -> anyhow::Result<Idle> {
-    let added = total.saturating_sub(existing);
-    // A Temporal namespace holds at most 100 worker deployments by default: the added TWDs
-    // go to `namespace`, `namespace-2`, ... in groups of at most IDLE_PER_NAMESPACE.
-    let names: Vec<String> = (0..added).map(|i| format!("i{i:03}")).collect();
-    for (group, names) in names.chunks(IDLE_PER_NAMESPACE).enumerate() {
-        let namespace = match group {
-            0 => namespace.to_owned(),
-            n => format!("{namespace}-{}", n + 1),
-        };
-        cluster.namespace(&namespace).await?;
-        cluster.temporal_namespace(&namespace).await?;
-        let expected: BTreeMap<String, String> = names
-            .iter()
-            .map(|n| (n.clone(), "idle-".to_owned()))
-            .collect();
-        tokio::try_join!(
-            cluster.wait_all_ready(&namespace, &expected, Duration::from_secs(900)),
-            apply_all(cluster, &namespace, names, "idle"),
-        )?;
-    }
+    grow(
+        cluster,
+        namespace,
+        "i",
+        "idle",
+        total.saturating_sub(existing),
+    )
+    .await?;
     wait_quiet(cluster, Duration::from_secs(10), Duration::from_secs(180)).await?;
     tracing::info!(
         twds = total,

@@ -16,6 +16,9 @@
 //!   controller memory and CPU, workflow history sizes;
 //! - `idle`: the fleet grown to its idle size and left alone: reads, API requests (also per TWD
 //!   per minute), CPU, RSS, and the TWD workflows' history events per idle turn;
+//! - `dashboard`: `kubectl twc dashboard` in headless Chromium over the whole fleet (grown to
+//!   200 if smaller): the overview's first paint and every row shown, and how long after the
+//!   status a change shows on the open page (see `dashboard`);
 //! - `drain`: a retired version with many open pinned workflows drained on purpose
 //!   (`spec.sunset.drain.signalAfter`): `signalAfter` → the version Drained in Temporal;
 //! - `analysis`: canary analysis stopping a bad build under load: its first failing workflow →
@@ -28,7 +31,8 @@
 //! `BENCH_SCENARIOS` (comma-separated, default all), `BENCH_ROLLOUTS` (30),
 //! `BENCH_STEP_ROLLOUTS` (3), `BENCH_CHANGE_TWDS` (20), `BENCH_CHANGE_ROUNDS` (3),
 //! `BENCH_BURST_TWDS` (100), `BENCH_IDLE_TWDS` (200),
-//! `BENCH_IDLE_SECONDS` (300), `BENCH_DRAIN_WORKFLOWS` (200), `BENCH_ANALYSIS_INTERVAL` (the
+//! `BENCH_IDLE_SECONDS` (300), `BENCH_DASHBOARD_TWDS` (200), `BENCH_DASHBOARD_LOADS` (5),
+//! `BENCH_DASHBOARD_UPDATES` (10), `BENCH_DRAIN_WORKFLOWS` (200), `BENCH_ANALYSIS_INTERVAL` (the
 //! check's interval in whole seconds, `5` or `5s`; 5), `BENCH_ANALYSIS_RATE` (HelloWorld
 //! workflows started per second during the analysis; 10), `BENCH_AUTOSCALE_ROUNDS` (scale-ups
 //! timed; 5), `BENCH_AUTOSCALE_IDLE_SECONDS` (the window without load in which backlog reads are
@@ -38,6 +42,7 @@
 mod analysis;
 mod autoscaling;
 mod cluster;
+mod dashboard;
 mod drain;
 mod fleet;
 mod latency;
@@ -59,12 +64,13 @@ use crate::cluster::Cluster;
 use crate::report::{Results, RunContext};
 
 /// Every scenario, in the order they run.
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 9] = [
     "latency",
     "steps",
     "change-burst",
     "burst",
     "idle",
+    "dashboard",
     "drain",
     "analysis",
     "autoscaling",
@@ -72,7 +78,7 @@ const SCENARIOS: [&str; 8] = [
 
 /// The scenarios of `BENCH_QUICK=1`: the long ones (burst of 100, drain, analysis,
 /// autoscaling) are left out.
-const QUICK_SCENARIOS: [&str; 4] = ["latency", "steps", "change-burst", "idle"];
+const QUICK_SCENARIOS: [&str; 5] = ["latency", "steps", "change-burst", "idle", "dashboard"];
 
 /// What to run, from the environment. `BENCH_QUICK=1` changes the defaults to a run of a few
 /// minutes ([`QUICK_SCENARIOS`], 5 latency rollouts, 1 Progressive rollout, 2 rounds of the
@@ -86,6 +92,9 @@ struct Options {
     burst_twds: usize,
     idle_twds: usize,
     idle_window: Duration,
+    dashboard_twds: usize,
+    dashboard_loads: usize,
+    dashboard_updates: usize,
     drain_workflows: usize,
     analysis_interval: Duration,
     analysis_rate: f64,
@@ -176,6 +185,9 @@ impl Options {
             burst_twds: number("BENCH_BURST_TWDS", 100)?,
             idle_twds: number("BENCH_IDLE_TWDS", pick(200, 40))?,
             idle_window: Duration::from_secs(number("BENCH_IDLE_SECONDS", pick(300, 120))? as u64),
+            dashboard_twds: number("BENCH_DASHBOARD_TWDS", pick(200, 40))?,
+            dashboard_loads: number("BENCH_DASHBOARD_LOADS", pick(5, 3))?,
+            dashboard_updates: number("BENCH_DASHBOARD_UPDATES", pick(10, 3))?,
             drain_workflows: number("BENCH_DRAIN_WORKFLOWS", 200)?,
             analysis_interval,
             analysis_rate,
@@ -224,6 +236,7 @@ async fn run() -> anyhow::Result<()> {
         change_burst: None,
         burst: None,
         idle: None,
+        dashboard: None,
         drain: None,
         analysis: None,
         autoscaling: None,
@@ -275,6 +288,26 @@ async fn run() -> anyhow::Result<()> {
         let ns = format!("bench-idle-{run}");
         results.idle =
             Some(fleet::idle(&cluster, fleet, &ns, options.idle_twds, options.idle_window).await?);
+        save(&mut results, &options)?;
+    }
+    if options.runs("dashboard") {
+        tracing::info!(
+            twds = options.dashboard_twds,
+            loads = options.dashboard_loads,
+            updates = options.dashboard_updates,
+            "dashboard: the overview of the whole fleet in a browser"
+        );
+        let ns = format!("bench-dashboard-{run}");
+        results.dashboard = Some(
+            dashboard::run(
+                &cluster,
+                &ns,
+                options.dashboard_twds,
+                options.dashboard_loads,
+                options.dashboard_updates,
+            )
+            .await?,
+        );
         save(&mut results, &options)?;
     }
     if options.runs("drain") {

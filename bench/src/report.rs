@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::analysis::{Analysis, Clock};
 use crate::autoscaling::Autoscaling;
+use crate::dashboard::Dashboard;
 use crate::drain::Drain;
 use crate::fleet::{Burst, ChangeBurst, Idle};
 use crate::latency::Latency;
@@ -57,6 +58,8 @@ pub struct Results {
     pub burst: Option<Burst>,
     /// Idle cost.
     pub idle: Option<Idle>,
+    /// The dashboard over the whole fleet.
+    pub dashboard: Option<Dashboard>,
     /// Draining a retired version on purpose.
     pub drain: Option<Drain>,
     /// Canary analysis stopping a bad build.
@@ -660,6 +663,63 @@ impl Results {
                 a.busy.window_reads_per_version_per_min,
                 a.idle.controller_version_reads_per_min,
                 a.busy.controller_version_reads_per_min,
+            ));
+        }
+        if let Some(d) = &self.dashboard {
+            let one = |v: Option<f64>| v.and_then(|v| Summary::of(&[v]));
+            let n = d.worker_deployments;
+            row(
+                &format!(
+                    "Dashboard, {n} worker deployments: overview's first contentful paint, first load (the dashboard just started)"
+                ),
+                Target::NONE,
+                one(d.cold_first_paint_ms).as_ref(),
+                Unit::Ms,
+            );
+            row(
+                &format!(
+                    "Dashboard, {n} worker deployments: navigation → every row on the overview, first load"
+                ),
+                Target::NONE,
+                one(d.cold_all_rows_ms).as_ref(),
+                Unit::Ms,
+            );
+            row(
+                &format!("Dashboard, {n} worker deployments: overview's first contentful paint"),
+                Target::NONE,
+                d.first_paint_ms.as_ref(),
+                Unit::Ms,
+            );
+            row(
+                &format!(
+                    "Dashboard, {n} worker deployments: navigation → every row on the overview"
+                ),
+                Target::NONE,
+                d.all_rows_ms.as_ref(),
+                Unit::Ms,
+            );
+            row(
+                &format!(
+                    "Dashboard, {n} worker deployments: status names a new target build (watch) → the open overview shows it"
+                ),
+                Target::p50(1000.0),
+                d.update_latency_ms.as_ref(),
+                Unit::Ms,
+            );
+            notes.push(format!(
+                "Dashboard: `kubectl twc dashboard` (release build, every namespace) in headless \
+                 Chromium; {} of the {n} worker deployments were added by the scenario; {} loads \
+                 of the overview (the first right after the dashboard started, the others \
+                 warm), then {} rollouts of one worker deployment with the overview open \
+                 (samples in order: {}).",
+                d.added,
+                d.loads.len(),
+                d.updates.len(),
+                d.updates
+                    .iter()
+                    .map(|v| format!("{v:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         }
         for note in notes {

@@ -3,6 +3,7 @@
 //! by the end-to-end tests; never by the controller itself.
 
 pub mod apiserver;
+pub mod browser;
 pub mod env;
 pub mod http;
 pub mod load;
