@@ -33,11 +33,18 @@ use temporalio_common::protos::temporal::api::workflowservice::v1::{
 };
 use twc_crds::TemporalWorkerDeployment;
 use twc_sandbox::env::SandboxEnv;
+use twc_sandbox::up::Replica;
 
 use crate::prom::{self, Sample};
+use crate::sampler::MetricsPages;
 
 /// Field manager of the benchmark's applies.
 const MANAGER: &str = "twc-bench";
+
+/// How long a started or stopped replica may take to be counted by every controller (each
+/// renews its Lease and counts the others every 10 s; a Lease counts for 30 s after its last
+/// renewal, and a stopped replica deletes its own).
+const REPLICA_COUNT_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The sandbox, connected.
 pub struct Cluster {
@@ -46,6 +53,8 @@ pub struct Cluster {
     /// Kubernetes client (admin).
     pub kube: kube::Client,
     temporal: Client,
+    /// Controller replicas the benchmark started beside the sandbox's own.
+    replicas: std::sync::Mutex<Vec<Replica>>,
 }
 
 impl Cluster {
@@ -70,7 +79,81 @@ impl Cluster {
             env,
             kube,
             temporal,
+            replicas: std::sync::Mutex::default(),
         })
+    }
+
+    /// The `/metrics` pages of every running controller (the sandbox's own, and the replicas
+    /// the benchmark started) and of Temporal.
+    pub fn metrics_pages(&self) -> MetricsPages {
+        let controllers = self
+            .env
+            .controller_metrics_url
+            .iter()
+            .cloned()
+            .chain(self.lock_replicas().iter().map(|r| r.metrics_url.clone()))
+            .collect();
+        MetricsPages {
+            controllers,
+            temporal: self.env.temporal_metrics_url.clone(),
+        }
+    }
+
+    /// Controllers running: the sandbox's own and the replicas the benchmark started.
+    pub fn controllers(&self) -> usize {
+        1 + self.lock_replicas().len()
+    }
+
+    /// Starts one more controller replica beside the sandbox's own (`twc run` with the same
+    /// servers, engine namespace and task queue, and the default read budget, which the
+    /// replicas divide between them as the chart's do), and waits until every controller counts
+    /// all of them.
+    pub async fn start_replica(&self) -> anyhow::Result<()> {
+        let name = format!("controller-bench-{}", self.controllers() + 1);
+        let replica = twc_sandbox::up::start_replica(&self.env, &name, &[])?;
+        tracing::info!(log = %replica.process.log.display(), "started controller replica {name}");
+        self.lock_replicas().push(replica);
+        self.wait_replicas_counted().await
+    }
+
+    /// Stops the replicas the benchmark started (SIGTERM: each deletes its Lease) and waits
+    /// until the sandbox's controller counts itself alone again.
+    pub async fn stop_replicas(&self) -> anyhow::Result<()> {
+        let replicas = std::mem::take(&mut *self.lock_replicas());
+        for mut replica in replicas {
+            replica.process.stop(Duration::from_secs(10)).await;
+        }
+        self.wait_replicas_counted().await
+    }
+
+    /// Waits until every running controller's `twc_controller_replicas` is the number running.
+    async fn wait_replicas_counted(&self) -> anyhow::Result<()> {
+        let expected = self.controllers() as f64;
+        let pages = self.metrics_pages().controllers;
+        let deadline = Instant::now() + REPLICA_COUNT_TIMEOUT;
+        loop {
+            let mut counts = Vec::with_capacity(pages.len());
+            for page in &pages {
+                let samples = scrape(page).await.unwrap_or_default();
+                counts.push(prom::sum(&samples, "twc_controller_replicas", |_| true));
+            }
+            if counts.iter().all(|c| *c == expected) {
+                tracing::info!(replicas = expected, "every controller counts the replicas");
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "the controllers count {counts:?} replicas, not {expected}, after {REPLICA_COUNT_TIMEOUT:?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    fn lock_replicas(&self) -> std::sync::MutexGuard<'_, Vec<Replica>> {
+        self.replicas
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Process ID of the running controller.

@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde_json::json;
 use twc_workflows::model::TwdRef;
 
+use crate::actions::{self, Cost, DAY};
 use crate::cluster::{Cluster, seconds_between, system_time, worker};
 use crate::latency::{self, Tracker};
 use crate::ledger::{
@@ -76,6 +77,9 @@ pub struct Burst {
     pub twd_history_events: Option<Summary>,
     /// Temporal's own time per worker-deployment call during the burst.
     pub temporal_calls: Vec<CallTime>,
+    /// Controller replicas running (the read and refusal counts of the controller are their
+    /// sums; RSS and CPU are the sandbox's own controller's).
+    pub replicas: usize,
 }
 
 /// One round of the change burst: every TWD given a new image at once.
@@ -456,6 +460,9 @@ pub struct Idle {
     /// TWDs in the sandbox during the window (the fleet, and any other scenario's TWDs), all
     /// rolled out: the per-TWD figures divide by this.
     pub twds: usize,
+    /// Controller replicas running (the controller's counters are their sums; RSS and CPU are
+    /// the sandbox's own controller's).
+    pub replicas: usize,
     /// Length of the measured window, s.
     pub window_s: f64,
     /// Worker-deployment reads of the controller per minute (one value per minute).
@@ -515,6 +522,15 @@ pub struct IdleHistories {
     /// does not depend on where the window's edges fall in each TWD's resync period. `None`
     /// without an interval.
     pub observations_per_twd_per_5min: Option<f64>,
+    /// The events inside the window by type, and the Temporal actions they stand for by rule,
+    /// every TWD workflow together.
+    pub cost: Cost,
+    /// Events per TWD workflow per day (the window's, scaled: per 5 minutes × 288).
+    pub events_per_twd_per_day: f64,
+    /// Estimated Temporal actions per TWD workflow per 5 minutes.
+    pub actions_per_twd_per_5min: f64,
+    /// Estimated Temporal actions per TWD workflow per day.
+    pub actions_per_twd_per_day: f64,
 }
 
 /// `count` TWDs named `w000`… in `namespace` (and in the Temporal namespace of that name),
@@ -528,7 +544,8 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
         .map(|n| (n.clone(), "burst-".to_owned()))
         .collect();
     let sampler = Sampler::start(cluster, Duration::from_secs(1));
-    let (before, server_time_before) = Counters::read_with_server_time(&cluster.env).await?;
+    let (before, server_time_before) =
+        Counters::read_with_server_time(&cluster.metrics_pages()).await?;
     let cpu_before = controller_cpu(cluster)?;
     let temporal_pid = temporal_server_pid(cluster);
     let temporal_cpu = || {
@@ -544,7 +561,7 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
         cluster.wait_all_ready(namespace, &expected, Duration::from_secs(900)),
         apply_all(cluster, namespace, &names, "burst"),
     )?;
-    let (after, server_time) = Counters::read_with_server_time(&cluster.env).await?;
+    let (after, server_time) = Counters::read_with_server_time(&cluster.metrics_pages()).await?;
     let all_ready = ready.values().max().copied().unwrap_or(started);
     let all_ready_at = started_at + all_ready.saturating_duration_since(started);
     let ticks = sampler.finish().await;
@@ -603,6 +620,7 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
         rollout_history_events: Summary::of(&rollout_events),
         twd_history_events: Summary::of(&twd_events),
         temporal_calls: server_time.since(&server_time_before),
+        replicas: cluster.controllers(),
     })
 }
 
@@ -701,6 +719,7 @@ pub async fn idle(
             / window_s.max(1.0),
         twd_workflows,
         twds,
+        replicas: cluster.controllers(),
         window_s,
         controller_reads_per_min: per_minute(|s| s.counters.controller_reads),
         server_reads_per_min: per_minute(|s| s.counters.server_reads),
@@ -730,6 +749,8 @@ pub async fn idle(
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
+/// The idle figures' unit: the TWD workflow's default resync period.
+const FIVE_MINUTES: Duration = Duration::from_secs(300);
 
 /// What every TWD workflow of the sandbox recorded in `[from, to]`.
 async fn idle_histories(
@@ -752,10 +773,13 @@ async fn idle_histories(
             )
         })
         .collect();
-    let read: Vec<Option<IdleTurns>> = stream::iter(&ids)
+    let read: Vec<Option<(IdleTurns, Cost)>> = stream::iter(&ids)
         .map(|id| async move {
             match cluster.histories(id).await {
-                Ok(runs) => Some(IdleTurns::read(&runs, from, to)),
+                Ok(runs) => Some((
+                    IdleTurns::read(&runs, from, to),
+                    Cost::read(&runs, from, to),
+                )),
                 Err(e) => {
                     tracing::warn!("reading the history of {id}: {e:#}");
                     None
@@ -765,13 +789,23 @@ async fn idle_histories(
         .buffer_unordered(READ_CONCURRENCY)
         .collect()
         .await;
-    let turns: Vec<IdleTurns> = read.iter().flatten().copied().collect();
+    let turns: Vec<IdleTurns> = read.iter().flatten().map(|(t, _)| *t).collect();
     let window_s = seconds_between(from, to).max(1.0);
+    let window = to.duration_since(from).unwrap_or_default();
     let mut histories = IdleHistories {
         twds: turns.len(),
         unread: read.len() - turns.len(),
         ..Default::default()
     };
+    for (_, cost) in read.iter().flatten() {
+        histories.cost.add(cost);
+    }
+    let per_twd = |count: usize, unit: Duration| {
+        actions::per_workflow(count, histories.twds, window, unit).unwrap_or(0.0)
+    };
+    histories.events_per_twd_per_day = per_twd(histories.cost.events, DAY);
+    histories.actions_per_twd_per_5min = per_twd(histories.cost.actions(), FIVE_MINUTES);
+    histories.actions_per_twd_per_day = per_twd(histories.cost.actions(), DAY);
     // An idle TWD workflow observes once per resync period; one that observes more often is
     // acting (retiring a version, say), and its intervals are left out of the idle figure.
     let resync = twc_workflows::twd_workflow::DEFAULT_RESYNC;
@@ -812,7 +846,7 @@ struct Snapshot {
 
 impl Snapshot {
     async fn take(cluster: &Cluster) -> anyhow::Result<Self> {
-        let counters = Counters::read(&cluster.env).await?;
+        let counters = Counters::read(&cluster.metrics_pages()).await?;
         let apiserver = cluster.apiserver_metrics().await?;
         Ok(Self {
             at_s: seconds_since_epoch(),
@@ -853,15 +887,29 @@ async fn apply_all(
     names: &[String],
     tag: &str,
 ) -> anyhow::Result<BTreeMap<String, SystemTime>> {
+    apply_all_with(
+        cluster,
+        namespace,
+        names,
+        tag,
+        &json!({ "strategy": "AllAtOnce" }),
+    )
+    .await
+}
+
+/// Applies one TWD per name with image tag `tag` and `rollout` as its `spec.rollout`, in the
+/// Kubernetes namespace and the Temporal namespace named `namespace`, [`APPLY_CONCURRENCY`] at
+/// a time; returns when each apply was sent (wall clock).
+pub async fn apply_all_with(
+    cluster: &Cluster,
+    namespace: &str,
+    names: &[String],
+    tag: &str,
+    rollout: &serde_json::Value,
+) -> anyhow::Result<BTreeMap<String, SystemTime>> {
     stream::iter(names)
         .map(|name| async move {
-            let manifest = worker(
-                namespace,
-                namespace,
-                name,
-                tag,
-                json!({ "strategy": "AllAtOnce" }),
-            );
+            let manifest = worker(namespace, namespace, name, tag, rollout.clone());
             let sent = SystemTime::now();
             cluster.apply(&manifest).await?;
             Ok::<_, anyhow::Error>((name.clone(), sent))

@@ -9,8 +9,10 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use temporalio_common::protos::temporal::api::common::v1::Payloads;
-use temporalio_common::protos::temporal::api::history::v1::HistoryEvent;
 use temporalio_common::protos::temporal::api::history::v1::history_event::Attributes;
+use temporalio_common::protos::temporal::api::history::v1::{
+    HistoryEvent, MarkerRecordedEventAttributes,
+};
 
 use crate::cluster::{seconds_between, system_time};
 use crate::stats::Summary;
@@ -900,10 +902,10 @@ pub struct IdleTurns {
     pub timers_fired: usize,
     /// `WorkflowTaskCompleted` events inside the window.
     pub workflow_tasks: usize,
-    /// `observe` and `recheck` activities scheduled inside the window (each reads Temporal's
-    /// worker deployment once).
+    /// `observe` and `recheck` activities scheduled inside the window, and local ones recorded
+    /// (a quiet turn's, by their marker): each reads Temporal's worker deployment once.
     pub observations: usize,
-    /// When the first and the last of those were scheduled.
+    /// When the first and the last of those were scheduled (or recorded).
     pub observed_between: Option<(SystemTime, SystemTime)>,
 }
 
@@ -948,18 +950,38 @@ impl IdleTurns {
                         .as_ref()
                         .is_some_and(|t| OBSERVATIONS.contains(&t.name.as_str())) =>
                 {
-                    turns.observations += 1;
-                    let first = turns
-                        .observed_between
-                        .map_or(at, |(first, _)| first.min(at));
-                    let last = turns.observed_between.map_or(at, |(_, last)| last.max(at));
-                    turns.observed_between = Some((first, last));
+                    turns.observed(at);
+                }
+                // A quiet turn observes in a local activity: its marker.
+                Some(Attributes::MarkerRecordedEventAttributes(m))
+                    if local_activity_type(m)
+                        .is_some_and(|t| OBSERVATIONS.contains(&t.as_str())) =>
+                {
+                    turns.observed(at);
                 }
                 _ => {}
             }
         }
         turns
     }
+
+    fn observed(&mut self, at: SystemTime) {
+        self.observations += 1;
+        let first = self.observed_between.map_or(at, |(first, _)| first.min(at));
+        let last = self.observed_between.map_or(at, |(_, last)| last.max(at));
+        self.observed_between = Some((first, last));
+    }
+}
+
+/// The activity type of a local-activity marker (the SDK writes its data as JSON); `None` for
+/// another marker.
+fn local_activity_type(marker: &MarkerRecordedEventAttributes) -> Option<String> {
+    if marker.marker_name != crate::actions::LOCAL_ACTIVITY_MARKER {
+        return None;
+    }
+    let data = marker.details.get("data")?.payloads.first()?;
+    let data: serde_json::Value = serde_json::from_slice(&data.data).ok()?;
+    Some(data.get("activity_type")?.as_str()?.to_owned())
 }
 
 #[cfg(test)]
@@ -1114,6 +1136,30 @@ mod tests {
         fn activity(self, ms: u64, kind: &str, started: u64, completed: u64) -> Self {
             let (run, id) = self.scheduled(ms, kind);
             run.activity_done(id, started, completed)
+        }
+
+        /// A local activity of type `kind`, recorded as a marker by the task just completed.
+        fn local_activity(self, ms: u64, kind: &str) -> Self {
+            let data = serde_json::json!({ "seq": 1, "attempt": 1, "activity_type": kind });
+            let completed = self.0.len() as i64;
+            self.push(
+                ms,
+                MarkerRecordedEventAttributes {
+                    marker_name: crate::actions::LOCAL_ACTIVITY_MARKER.to_owned(),
+                    details: std::collections::HashMap::from([(
+                        "data".to_owned(),
+                        Payloads {
+                            payloads: vec![Payload {
+                                data: data.to_string().into_bytes(),
+                                ..Default::default()
+                            }],
+                        },
+                    )]),
+                    workflow_task_completed_event_id: completed,
+                    ..Default::default()
+                }
+                .into(),
+            )
         }
 
         fn timer(self, ms: u64) -> Self {
@@ -1430,6 +1476,29 @@ mod tests {
         assert_eq!(whole.observations_beyond(resync), 0);
         assert_eq!(one.observations_beyond(resync), 0);
         assert_eq!(whole.observations_beyond(Duration::from_secs(10)), 2);
+    }
+
+    #[test]
+    fn a_quiet_turn_observes_in_a_local_activity_its_marker_counts() {
+        // Turns only the timer woke: the observation is a local activity, one marker each; a
+        // marker of another local activity is no observation.
+        let run = Run::new()
+            .started(0)
+            .task(1)
+            .timer(1_000)
+            .task(1_001)
+            .local_activity(1_005, "observe")
+            .timer(301_000)
+            .task(301_001)
+            .local_activity(301_005, "recheck")
+            .local_activity(301_006, "write_status");
+        let turns = IdleTurns::read(&[run.0], t(500), t(400_000));
+        assert_eq!(turns.observations, 2);
+        assert_eq!(
+            turns.observation_intervals(),
+            Some((Duration::from_millis(300_000), 1))
+        );
+        assert_eq!(turns.observations_beyond(Duration::from_secs(300)), 0);
     }
     /// The rollout of the burst tests: started at 1_040, its first task queued 300 ms,
     /// `create_deployment` scheduled in that task and queued 200 ms.

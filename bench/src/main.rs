@@ -15,7 +15,13 @@
 //! - `burst`: many TWDs applied at once: time to all Ready, peak read rate, rate-limit errors,
 //!   controller memory and CPU, workflow history sizes;
 //! - `idle`: the fleet grown to its idle size and left alone: reads, API requests (also per TWD
-//!   per minute), CPU, RSS, and the TWD workflows' history events per idle turn;
+//!   per minute), CPU, RSS, and the TWD workflows' history events and Temporal actions per idle
+//!   turn, per 5 minutes and per day;
+//! - `held`: a few rollouts held in a long Progressive step with nothing happening: their
+//!   rollout and TWD workflows' history events and Temporal actions per held rollout per hour;
+//! - `burst-2r`, `idle-2r`: the burst and the idle fleet again with a second controller replica
+//!   (the replicas divide the read budget between them): reads Temporal served against its
+//!   per-namespace limit, calls it refused for its limits, idle reads per TWD;
 //! - `dashboard`: `kubectl twc dashboard` in headless Chromium over the whole fleet (grown to
 //!   200 if smaller): the overview's first paint and every row shown, and how long after the
 //!   status a change shows on the open page (see `dashboard`);
@@ -30,21 +36,25 @@
 //! Settings (environment): `BENCH_QUICK` (`1`: a few-minutes suite, see [`Options`]),
 //! `BENCH_SCENARIOS` (comma-separated, default all), `BENCH_ROLLOUTS` (30),
 //! `BENCH_STEP_ROLLOUTS` (3), `BENCH_CHANGE_TWDS` (20), `BENCH_CHANGE_ROUNDS` (3),
-//! `BENCH_BURST_TWDS` (100), `BENCH_IDLE_TWDS` (200),
-//! `BENCH_IDLE_SECONDS` (300), `BENCH_DASHBOARD_TWDS` (200), `BENCH_DASHBOARD_LOADS` (5),
-//! `BENCH_DASHBOARD_UPDATES` (10), `BENCH_DRAIN_WORKFLOWS` (200), `BENCH_ANALYSIS_INTERVAL` (the
+//! `BENCH_BURST_TWDS` (100, also of `burst-2r`), `BENCH_IDLE_TWDS` (200),
+//! `BENCH_IDLE_SECONDS` (300, also of `idle-2r`), `BENCH_HELD_TWDS` (5), `BENCH_HELD_SECONDS`
+//! (600: two of the TWD workflow's 5-minute resyncs), `BENCH_DASHBOARD_TWDS` (200),
+//! `BENCH_DASHBOARD_LOADS` (5), `BENCH_DASHBOARD_UPDATES` (10), `BENCH_DRAIN_WORKFLOWS` (200),
+//! `BENCH_ANALYSIS_INTERVAL` (the
 //! check's interval in whole seconds, `5` or `5s`; 5), `BENCH_ANALYSIS_RATE` (HelloWorld
 //! workflows started per second during the analysis; 10), `BENCH_AUTOSCALE_ROUNDS` (scale-ups
 //! timed; 5), `BENCH_AUTOSCALE_IDLE_SECONDS` (the window without load in which backlog reads are
 //! counted; 120), `BENCH_JSON` (benchmarks/results.json), `BENCH_MARKDOWN` (BENCHMARKS.md),
 //! `BENCH_SERVERS` (server versions, for the report).
 
+mod actions;
 mod analysis;
 mod autoscaling;
 mod cluster;
 mod dashboard;
 mod drain;
 mod fleet;
+mod held;
 mod latency;
 mod ledger;
 mod procstat;
@@ -64,12 +74,15 @@ use crate::cluster::Cluster;
 use crate::report::{Results, RunContext};
 
 /// Every scenario, in the order they run.
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 12] = [
     "latency",
     "steps",
     "change-burst",
     "burst",
     "idle",
+    "held",
+    "burst-2r",
+    "idle-2r",
     "dashboard",
     "drain",
     "analysis",
@@ -92,6 +105,8 @@ struct Options {
     burst_twds: usize,
     idle_twds: usize,
     idle_window: Duration,
+    held_twds: usize,
+    held_window: Duration,
     dashboard_twds: usize,
     dashboard_loads: usize,
     dashboard_updates: usize,
@@ -185,6 +200,8 @@ impl Options {
             burst_twds: number("BENCH_BURST_TWDS", 100)?,
             idle_twds: number("BENCH_IDLE_TWDS", pick(200, 40))?,
             idle_window: Duration::from_secs(number("BENCH_IDLE_SECONDS", pick(300, 120))? as u64),
+            held_twds: number("BENCH_HELD_TWDS", 5)?,
+            held_window: Duration::from_secs(number("BENCH_HELD_SECONDS", 600)? as u64),
             dashboard_twds: number("BENCH_DASHBOARD_TWDS", pick(200, 40))?,
             dashboard_loads: number("BENCH_DASHBOARD_LOADS", pick(5, 3))?,
             dashboard_updates: number("BENCH_DASHBOARD_UPDATES", pick(10, 3))?,
@@ -236,6 +253,9 @@ async fn run() -> anyhow::Result<()> {
         change_burst: None,
         burst: None,
         idle: None,
+        held: None,
+        burst_two_replicas: None,
+        idle_two_replicas: None,
         dashboard: None,
         drain: None,
         analysis: None,
@@ -288,7 +308,47 @@ async fn run() -> anyhow::Result<()> {
         let ns = format!("bench-idle-{run}");
         results.idle =
             Some(fleet::idle(&cluster, fleet, &ns, options.idle_twds, options.idle_window).await?);
+        fleet = fleet.max(options.idle_twds);
         save(&mut results, &options)?;
+    }
+    if options.runs("held") {
+        tracing::info!(
+            rollouts = options.held_twds,
+            window = ?options.held_window,
+            "held: rollouts held in a long step, nothing happening"
+        );
+        let ns = format!("bench-held-{run}");
+        results.held =
+            Some(held::run(&cluster, &ns, options.held_twds, options.held_window).await?);
+        fleet += options.held_twds;
+        save(&mut results, &options)?;
+    }
+    if options.runs("burst-2r") || options.runs("idle-2r") {
+        tracing::info!("starting a second controller replica");
+        cluster.start_replica().await?;
+    }
+    if options.runs("burst-2r") {
+        tracing::info!(
+            twds = options.burst_twds,
+            "burst-2r: TWDs applied at once, two controller replicas"
+        );
+        let ns = format!("bench-burst2r-{run}");
+        results.burst_two_replicas = Some(fleet::burst(&cluster, &ns, options.burst_twds).await?);
+        fleet += options.burst_twds;
+        save(&mut results, &options)?;
+    }
+    if options.runs("idle-2r") {
+        tracing::info!(
+            twds = fleet.max(options.idle_twds),
+            "idle-2r: the fleet left alone, two controller replicas"
+        );
+        let ns = format!("bench-idle2r-{run}");
+        results.idle_two_replicas =
+            Some(fleet::idle(&cluster, fleet, &ns, options.idle_twds, options.idle_window).await?);
+        save(&mut results, &options)?;
+    }
+    if cluster.controllers() > 1 {
+        cluster.stop_replicas().await?;
     }
     if options.runs("dashboard") {
         tracing::info!(

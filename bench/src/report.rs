@@ -6,11 +6,13 @@ use std::path::Path;
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::actions::Cost;
 use crate::analysis::{Analysis, Clock};
 use crate::autoscaling::Autoscaling;
 use crate::dashboard::Dashboard;
 use crate::drain::Drain;
 use crate::fleet::{Burst, ChangeBurst, Idle};
+use crate::held::Held;
 use crate::latency::Latency;
 use crate::ledger::{HopSummary, QueueWaits};
 use crate::sampler::CallTime;
@@ -58,6 +60,12 @@ pub struct Results {
     pub burst: Option<Burst>,
     /// Idle cost.
     pub idle: Option<Idle>,
+    /// What held rollouts cost with nothing happening.
+    pub held: Option<Held>,
+    /// The burst with two controller replicas.
+    pub burst_two_replicas: Option<Burst>,
+    /// Idle cost with two controller replicas.
+    pub idle_two_replicas: Option<Idle>,
     /// The dashboard over the whole fleet.
     pub dashboard: Option<Dashboard>,
     /// Draining a retired version on purpose.
@@ -104,7 +112,7 @@ impl Results {
             }
         );
         out.push_str(
-            "Targets are the goals of issue 15; \"Met\" compares the statistic the target names \
+            "Targets are the goals of issues 15 and 29; \"Met\" compares the statistic the target names \
              (p50 unless it says p95; a single measurement when n = 1).\n\n",
         );
         out.push_str("| Figure | Target | p50 | p95 | n | Met |\n|---|---|---|---|---|---|\n");
@@ -448,12 +456,40 @@ impl Results {
                 one(h.events_per_twd_per_5min).as_ref(),
                 Unit::Ratio,
             );
+            row(
+                &format!(
+                    "Idle, {} TWD workflows: history events per TWD workflow per day (per 5 min × 288)",
+                    h.twds
+                ),
+                Target::NONE,
+                one(h.events_per_twd_per_day).as_ref(),
+                Unit::Count,
+            );
+            row(
+                &format!(
+                    "Idle, {} TWD workflows: Temporal actions per TWD workflow per 5 min (estimated from the histories, rules in the text)",
+                    h.twds
+                ),
+                Target::NONE,
+                one(h.actions_per_twd_per_5min).as_ref(),
+                Unit::Ratio,
+            );
+            row(
+                &format!(
+                    "Idle, {} TWD workflows: Temporal actions per TWD workflow per day",
+                    h.twds
+                ),
+                Target::NONE,
+                one(h.actions_per_twd_per_day).as_ref(),
+                Unit::Count,
+            );
             notes.push(format!(
                 "Idle histories: after the {:.0} s window the histories of every TWD workflow in \
                  the sandbox ({} read, {} unreadable; other scenarios' TWDs included) were read \
                  and the events stamped inside the window counted: {} events, {} `TimerFired` \
                  (idle turns), {} workflow tasks completed, {} `observe` and `recheck` \
-                 activities (one worker-deployment read each); {} TWD workflows observed more \
+                 activities, local or not (one worker-deployment read each); {} estimated \
+                 Temporal actions ({}); {} TWD workflows observed more \
                  often than their resync period explains (acting, not idle: retiring a version, \
                  say), {} observations beyond it; the others' {} intervals between consecutive \
                  observations average {:.1} s.",
@@ -464,6 +500,8 @@ impl Results {
                 h.timers_fired,
                 h.workflow_tasks,
                 h.observations,
+                h.cost.actions(),
+                rules(&h.cost),
                 h.busier_twds,
                 h.extra_observations,
                 h.observation_intervals,
@@ -489,6 +527,173 @@ impl Results {
                 i.controller_rss_mib.as_ref(),
                 Unit::Mib,
             );
+        }
+        if let Some(h) = &self.held {
+            let n = h.rollouts;
+            let resync_s = twc_workflows::twd_workflow::DEFAULT_RESYNC.as_secs_f64();
+            // A held rollout wakes once per resync period: a shorter window samples part of one.
+            let whole = h.window_s + 1.0 >= 2.0 * resync_s;
+            let judged = |t: Target| if whole { t } else { t.not_judged() };
+            let what = format!(
+                "Held rollout ({n} Progressive rollouts held at {}, nothing happening, {:.0} s window)",
+                h.step, h.window_s
+            );
+            row(
+                &format!(
+                    "{what}: rollout workflow history events per held rollout per hour (every run)"
+                ),
+                judged(Target::p50(120.0)),
+                h.rollout_events_per_hour.as_ref(),
+                Unit::PerHour,
+            );
+            row(
+                &format!(
+                    "{what}: rollout workflow Temporal actions per held rollout per hour (estimated from the history)"
+                ),
+                Target::NONE,
+                h.rollout_actions_per_hour.as_ref(),
+                Unit::PerHour,
+            );
+            row(
+                &format!("{what}: its TWD workflow's history events per hour"),
+                Target::NONE,
+                h.twd_events_per_hour.as_ref(),
+                Unit::PerHour,
+            );
+            row(
+                &format!("{what}: its TWD workflow's Temporal actions per hour"),
+                Target::NONE,
+                h.twd_actions_per_hour.as_ref(),
+                Unit::PerHour,
+            );
+            let day = |s: Option<&Summary>| s.map_or(0.0, |s| s.mean * 24.0);
+            notes.push(format!(
+                "Held rollouts: {} of {n} still ramped at {} when the {:.0} s window ended{}. \
+                 Inside the window the rollout workflows recorded {} events ({}) standing for \
+                 {} estimated actions ({}); their TWD workflows {} events ({}), {} actions \
+                 ({}). Per held rollout per day (the hourly means × 24): {:.0} actions of the \
+                 rollout workflow and {:.0} of its TWD workflow.",
+                h.still_held,
+                h.step,
+                h.window_s,
+                if h.unread > 0 {
+                    format!("; {} rollouts' histories could not be read", h.unread)
+                } else {
+                    String::new()
+                },
+                h.rollout_workflows.events,
+                event_types(&h.rollout_workflows),
+                h.rollout_workflows.actions(),
+                rules(&h.rollout_workflows),
+                h.twd_workflows.events,
+                event_types(&h.twd_workflows),
+                h.twd_workflows.actions(),
+                rules(&h.twd_workflows),
+                day(h.rollout_actions_per_hour.as_ref()),
+                day(h.twd_actions_per_hour.as_ref()),
+            ));
+        }
+        if let Some(b) = &self.burst_two_replicas {
+            let one = |v: f64| Summary::of(&[v]);
+            let what = format!("Burst of {}, {} controller replicas", b.twds, b.replicas);
+            row(
+                &format!("{what}: every TWD Ready after the last build's first poller"),
+                Target::NONE,
+                one(b.all_ready_after_last_poller_s).as_ref(),
+                Unit::S,
+            );
+            row(
+                &format!("{what}: worker-deployment reads served by Temporal, highest 10 s mean"),
+                Target::below(50.0),
+                one(b.peak_server_reads_per_s).as_ref(),
+                Unit::PerS,
+            );
+            row(
+                &format!("{what}: worker-deployment reads served by Temporal, mean over the burst"),
+                Target::below(50.0),
+                one(b.mean_server_reads_per_s).as_ref(),
+                Unit::PerS,
+            );
+            row(
+                &format!("{what}: peak worker-deployment reads of the controllers together (1 s)"),
+                Target::NONE,
+                one(b.peak_controller_reads_per_s).as_ref(),
+                Unit::PerS,
+            );
+            row(
+                &format!("{what}: calls Temporal refused for rate or concurrency limits"),
+                Target::p50(0.0),
+                one(b.rate_limited_calls).as_ref(),
+                Unit::Count,
+            );
+            row(
+                &format!("{what}: calls Temporal refused because a deployment was busy (retried)"),
+                Target::NONE,
+                one(b.busy_refusals).as_ref(),
+                Unit::Count,
+            );
+            if !b.temporal_calls.is_empty() {
+                notes.push(format!(
+                    "{what}: {}",
+                    call_times("during the burst", &b.temporal_calls)
+                ));
+            }
+        }
+        if let Some(i) = &self.idle_two_replicas {
+            let one = |v: f64| Summary::of(&[v]);
+            let n = i.twds;
+            let resync_s = twc_workflows::twd_workflow::DEFAULT_RESYNC.as_secs_f64();
+            let whole = i.window_s + 1.0 >= 2.0 * resync_s;
+            let reads = |t: Target| if whole { t } else { t.not_judged() };
+            let what = format!("Idle, {n} TWDs, {} controller replicas", i.replicas);
+            let h = &i.twd_workflows;
+            row(
+                &format!(
+                    "{what}: worker-deployment reads per idle TWD per 5 min (from the TWD workflows' observations, as above)"
+                ),
+                reads(Target::p50(1.0)),
+                h.observations_per_twd_per_5min.and_then(one).as_ref(),
+                Unit::Ratio,
+            );
+            row(
+                &format!(
+                    "{what}: controllers' worker-deployment reads per TWD per 5 min (their counters over the window)"
+                ),
+                Target::NONE,
+                one(i.reads_per_twd_per_5min).as_ref(),
+                Unit::Ratio,
+            );
+            row(
+                &format!("{what}: worker-deployment reads served by Temporal per minute"),
+                Target::NONE,
+                i.server_reads_per_min.as_ref(),
+                Unit::PerMin,
+            );
+            row(
+                &format!("{what}: controllers' Kubernetes API requests per TWD per minute"),
+                Target::NONE,
+                one(i.kube_requests_per_twd_per_min).as_ref(),
+                Unit::Ratio,
+            );
+            row(
+                &format!("{what}: history events per TWD workflow per 5 min"),
+                Target::NONE,
+                one(h.events_per_twd_per_5min).as_ref(),
+                Unit::Ratio,
+            );
+            notes.push(format!(
+                "{what}: {} TWD workflows read ({} unreadable), {} observations in the {:.0} s \
+                 window; {} TWD workflows observed more often than their resync period explains \
+                 ({} observations beyond it); the others' {} intervals average {:.1} s.",
+                h.twds,
+                h.unread,
+                h.observations,
+                i.window_s,
+                h.busier_twds,
+                h.extra_observations,
+                h.observation_intervals,
+                h.observation_interval_s / h.observation_intervals.max(1) as f64
+            ));
         }
         if let Some(d) = &self.drain {
             let one = |v: f64| Summary::of(&[v]);
@@ -887,6 +1092,41 @@ fn call_times(when: &str, calls: &[CallTime]) -> String {
     )
 }
 
+/// A cost's estimated actions by rule: `12 timer_started, 12 local_activities`.
+fn rules(cost: &Cost) -> String {
+    let each: Vec<String> = cost
+        .actions_by_rule
+        .iter()
+        .map(|(rule, n)| {
+            let name = serde_json::to_value(rule)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            format!("{n} {name}")
+        })
+        .collect();
+    if each.is_empty() {
+        "none".to_owned()
+    } else {
+        each.join(", ")
+    }
+}
+
+/// A cost's events by type, most frequent first: `` 12 `TimerFired`, 12 `TimerStarted` ``.
+fn event_types(cost: &Cost) -> String {
+    let mut each: Vec<(&String, &usize)> = cost.events_by_type.iter().collect();
+    each.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let each: Vec<String> = each
+        .into_iter()
+        .map(|(kind, n)| format!("{n} `{kind}`"))
+        .collect();
+    if each.is_empty() {
+        "none".to_owned()
+    } else {
+        each.join(", ")
+    }
+}
+
 /// A figure's goal: a bound on its p50 or p95, or none.
 #[derive(Debug, Clone, Copy)]
 struct Target {
@@ -977,6 +1217,7 @@ enum Unit {
     Pct,
     PerS,
     PerMin,
+    PerHour,
     Mib,
     Count,
     Ratio,
@@ -990,6 +1231,7 @@ impl Unit {
             Unit::Pct => format!("{v:.1} %"),
             Unit::PerS => format!("{v:.1}/s"),
             Unit::PerMin => format!("{v:.1}/min"),
+            Unit::PerHour => format!("{v:.0}/hour"),
             Unit::Mib => format!("{v:.1} MiB"),
             Unit::Count => format!("{v:.0}"),
             Unit::Ratio => format!("{v:.2}"),

@@ -8,7 +8,6 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use anyhow::anyhow;
 use twc_sandbox::env::SandboxEnv;
 
 use crate::cluster::{Cluster, scrape};
@@ -26,13 +25,15 @@ pub const READS: &[&str] = &[
 /// Counters as read at one moment.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
 pub struct Counters {
-    /// Worker-deployment reads the controller made (its `twc_temporal_requests_total`).
+    /// Worker-deployment reads the controller made (its `twc_temporal_requests_total`; every
+    /// replica's together).
     pub controller_reads: f64,
     /// Controller Temporal calls refused with ResourceExhausted.
     pub controller_rate_limited: f64,
     /// Worker-deployment reads the Temporal frontend served (`service_requests`).
     pub server_reads: f64,
-    /// Kubernetes API requests the controller made (`twc_kubernetes_requests_total`).
+    /// Kubernetes API requests the controller made (`twc_kubernetes_requests_total`; every
+    /// replica's together).
     pub controller_kube_requests: f64,
     /// Calls the Temporal frontend refused with ResourceExhausted because a worker deployment
     /// was busy applying a change (cause BusyWorkflow: retried, not a budget problem).
@@ -42,28 +43,42 @@ pub struct Counters {
     pub server_rate_limited: f64,
 }
 
+/// Where the counters are read: every running controller replica's `/metrics` (the sandbox's
+/// own first) and the Temporal server's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricsPages {
+    /// The controllers' pages.
+    pub controllers: Vec<String>,
+    /// Temporal's page.
+    pub temporal: String,
+}
+
+impl MetricsPages {
+    /// Every controller's samples (one list: their counters add up) and Temporal's.
+    async fn read(&self) -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
+        let controllers = async {
+            let pages = futures::future::try_join_all(self.controllers.iter().map(|u| scrape(u)));
+            Ok::<_, anyhow::Error>(pages.await?.concat())
+        };
+        tokio::try_join!(controllers, scrape(&self.temporal))
+    }
+}
+
 impl Counters {
-    /// Reads the controller's and the Temporal server's pages.
-    pub async fn read(env: &SandboxEnv) -> anyhow::Result<Self> {
-        let (controller, server) = Self::pages(env).await?;
+    /// Reads the controllers' and the Temporal server's pages; the controllers' counters are
+    /// summed over the replicas.
+    pub async fn read(pages: &MetricsPages) -> anyhow::Result<Self> {
+        let (controller, server) = pages.read().await?;
         Ok(Self::from_pages(&controller, &server))
     }
 
     /// The counters and Temporal's own time per call, from one reading of each page.
-    pub async fn read_with_server_time(env: &SandboxEnv) -> anyhow::Result<(Self, ServerTime)> {
-        let (controller, server) = Self::pages(env).await?;
+    pub async fn read_with_server_time(pages: &MetricsPages) -> anyhow::Result<(Self, ServerTime)> {
+        let (controller, server) = pages.read().await?;
         Ok((
             Self::from_pages(&controller, &server),
             ServerTime::from_page(&server),
         ))
-    }
-
-    async fn pages(env: &SandboxEnv) -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
-        let controller_url = env
-            .controller_metrics_url
-            .as_deref()
-            .ok_or_else(|| anyhow!("the sandbox runs no controller"))?;
-        tokio::try_join!(scrape(controller_url), scrape(&env.temporal_metrics_url))
     }
 
     fn from_pages(controller: &[Sample], server: &[Sample]) -> Self {
@@ -161,9 +176,9 @@ impl ServerTime {
 pub struct Tick {
     /// Seconds since sampling started.
     pub at_s: f64,
-    /// Controller CPU seconds so far.
+    /// CPU seconds so far of the sandbox's own controller.
     pub controller_cpu_s: f64,
-    /// Controller resident set, bytes.
+    /// Resident set of the sandbox's own controller, bytes.
     pub controller_rss: u64,
     /// The counters.
     pub counters: Counters,
@@ -180,7 +195,7 @@ impl Sampler {
     pub fn start(cluster: &Cluster, interval: Duration) -> Self {
         let (stop, mut stopped) = oneshot::channel();
         let pid_file = cluster.env.controller_pid_file.clone();
-        let env = cluster.env.clone();
+        let pages = cluster.metrics_pages();
         let task = tokio::spawn(async move {
             let started = Instant::now();
             let mut ticks = Vec::new();
@@ -196,7 +211,7 @@ impl Sampler {
                     .and_then(|f| std::fs::read_to_string(f).ok())
                     .and_then(|p| p.trim().parse().ok())
                     .and_then(procstat::sample);
-                let Ok(counters) = Counters::read(&env).await else {
+                let Ok(counters) = Counters::read(&pages).await else {
                     continue;
                 };
                 ticks.push(Tick {
@@ -228,7 +243,8 @@ pub async fn wait_quiet(
 ) -> anyhow::Result<()> {
     let activity = |c: Counters| (c.controller_kube_requests, c.controller_reads);
     let deadline = Instant::now() + max;
-    let mut last = activity(Counters::read(&cluster.env).await?);
+    let pages = cluster.metrics_pages();
+    let mut last = activity(Counters::read(&pages).await?);
     let mut since = Instant::now();
     while since.elapsed() < quiet_for {
         if Instant::now() > deadline {
@@ -236,7 +252,7 @@ pub async fn wait_quiet(
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let now = activity(Counters::read(&cluster.env).await?);
+        let now = activity(Counters::read(&pages).await?);
         if now != last {
             last = now;
             since = Instant::now();
@@ -326,6 +342,23 @@ mod tests {
             (8.0, 1.0, 9.0, 5.0)
         );
         assert_eq!((c.server_busy, c.server_rate_limited), (6.0, 2.0));
+    }
+
+    #[test]
+    fn counters_of_two_replicas_add_up() {
+        let replica = |reads: u32, kube: u32| {
+            prom::parse(&format!(
+                "twc_temporal_requests_total{{operation=\"DescribeWorkerDeployment\",outcome=\"success\"}} {reads}\n\
+                 twc_kubernetes_requests_total{{verb=\"get\",resource=\"deployments\",outcome=\"success\"}} {kube}\n\
+                 twc_controller_replicas 2\n"
+            ))
+        };
+        let controllers = [replica(7, 5), replica(3, 4)].concat();
+        let c = Counters::from_pages(&controllers, &[]);
+        assert_eq!(
+            (c.controller_reads, c.controller_kube_requests),
+            (10.0, 9.0)
+        );
     }
 
     #[test]

@@ -363,15 +363,10 @@ impl Sandbox {
     /// as another replica would); its log is `logs/controller-<n>.log`, returned.
     pub fn start_extra_controller(&mut self) -> anyhow::Result<PathBuf> {
         let n = self.extra_controllers.len() + 2;
-        let log = self.env.logs_dir.join(format!("controller-{n}.log"));
-        let process = spawn_controller(
-            &self.env,
-            &self.launch,
-            &format!("controller-{n}"),
-            &log,
-            TelemetryPorts::free()?,
-        )?;
-        self.extra_controllers.push(process);
+        let launch = self.launch.clone();
+        let replica = start_replica_with(&self.env, &format!("controller-{n}"), &launch)?;
+        let log = replica.process.log.clone();
+        self.extra_controllers.push(replica.process);
         Ok(log)
     }
 
@@ -527,6 +522,47 @@ fn start_controller(env: &mut SandboxEnv, launch: &ControllerLaunch) -> anyhow::
     env.controller_log = Some(log);
     env.controller_pid_file = Some(pid_file);
     Ok(process)
+}
+
+/// A controller replica started beside a running sandbox's own controller.
+#[derive(Debug)]
+pub struct Replica {
+    /// The `twc run` process (killed when dropped).
+    pub process: Supervised,
+    /// Its Prometheus metrics (`http://127.0.0.1:<port>/metrics`).
+    pub metrics_url: String,
+}
+
+/// Starts one more controller against the servers `env` describes (`twc run`, same engine
+/// namespace, task queue and identity, as another replica of the Deployment would run, with
+/// extra environment `vars`), named `name`, its output in `logs/<name>.log`. For the sandbox's
+/// own process ([`Sandbox::start_extra_controller`]) and for commands run inside a sandbox
+/// that read its env file (`twc-sandbox exec`), such as the benchmarks.
+pub fn start_replica(
+    env: &SandboxEnv,
+    name: &str,
+    vars: &[(String, String)],
+) -> anyhow::Result<Replica> {
+    let launch = ControllerLaunch {
+        binary: None,
+        vars: vars.to_vec(),
+    };
+    start_replica_with(env, name, &launch)
+}
+
+/// [`start_replica`] with the binary and environment of `launch`.
+fn start_replica_with(
+    env: &SandboxEnv,
+    name: &str,
+    launch: &ControllerLaunch,
+) -> anyhow::Result<Replica> {
+    let log = env.logs_dir.join(format!("{name}.log"));
+    let ports = TelemetryPorts::free()?;
+    let process = spawn_controller(env, launch, name, &log, ports)?;
+    Ok(Replica {
+        process,
+        metrics_url: ports.metrics_url(),
+    })
 }
 
 /// Writes `process`'s ID to `path` (empty when it has already exited).
