@@ -390,7 +390,9 @@ mod tests {
             }
             .into()
         };
-        let cases: Vec<(&str, EventType, Attributes, Option<(Rule, usize)>)> = vec![
+        /// (what, the event's type, its attributes, the rule that bills it and how much).
+        type Case<'a> = (&'a str, EventType, Attributes, Option<(Rule, usize)>);
+        let cases: Vec<Case> = vec![
             (
                 "a client's start",
                 EventType::WorkflowExecutionStarted,
