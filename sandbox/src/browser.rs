@@ -46,10 +46,13 @@ impl Browser {
     /// Starts chromedriver on a free port and a Chromium session with a fresh profile.
     pub async fn start() -> anyhow::Result<Self> {
         let port = free_port().context("finding a free port for chromedriver")?;
+        // A process group of its own: Chromium runs as chromedriver's child and would outlive
+        // a killed chromedriver; dropping the browser kills the whole group.
         let driver = Command::new(chromedriver())
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {} (make chromium installs it)", chromedriver()))?;
@@ -117,7 +120,7 @@ impl Browser {
     pub async fn console_errors(&self) -> anyhow::Result<Vec<String>> {
         let entries = self
             .client
-            .issue_cmd(BrowserLog)
+            .issue_cmd(SessionPost::browser_log())
             .await
             .context("reading the browser log")?;
         Ok(entries
@@ -134,63 +137,70 @@ impl Browser {
     /// page's own).
     pub async fn devtools(&self, cmd: &str, params: Value) -> anyhow::Result<Value> {
         self.client
-            .issue_cmd(DevTools {
-                cmd: cmd.to_owned(),
-                params,
-            })
+            .issue_cmd(SessionPost::devtools(cmd, params))
             .await
             .with_context(|| format!("DevTools {cmd}"))
     }
 }
 
-/// chromedriver's log endpoint (`POST /session/{id}/se/log`, type `browser`).
-#[derive(Debug)]
-struct BrowserLog;
+impl Drop for Browser {
+    /// Kills chromedriver's process group: chromedriver, Chromium and its helpers.
+    fn drop(&mut self) {
+        if let Some(pid) = self
+            ._driver
+            .id()
+            .and_then(|p| libc::pid_t::try_from(p).ok())
+        {
+            // SAFETY: a plain syscall on the process group this handle started (its leader is
+            // not reaped while `_driver` lives, so the group ID is not reused).
+            unsafe {
+                libc::kill(-pid, libc::SIGKILL);
+            }
+        }
+    }
+}
 
-impl WebDriverCompatibleCommand for BrowserLog {
+/// A chromedriver command of its own (not in the WebDriver standard): `POST
+/// /session/{id}/<path>` with a JSON body.
+#[derive(Debug)]
+struct SessionPost {
+    path: &'static str,
+    body: Value,
+}
+
+impl SessionPost {
+    /// The page's console log (`se/log`, type `browser`).
+    fn browser_log() -> Self {
+        Self {
+            path: "se/log",
+            body: json!({ "type": "browser" }),
+        }
+    }
+
+    /// A Chrome DevTools Protocol command (`goog/cdp/execute`).
+    fn devtools(cmd: &str, params: Value) -> Self {
+        Self {
+            path: "goog/cdp/execute",
+            body: json!({ "cmd": cmd, "params": params }),
+        }
+    }
+}
+
+impl WebDriverCompatibleCommand for SessionPost {
     fn endpoint(
         &self,
         base_url: &url::Url,
         session_id: Option<&str>,
     ) -> Result<url::Url, url::ParseError> {
         base_url.join(&format!(
-            "session/{}/se/log",
-            session_id.unwrap_or_default()
+            "session/{}/{}",
+            session_id.unwrap_or_default(),
+            self.path
         ))
     }
 
     fn method_and_body(&self, _request_url: &url::Url) -> (http::Method, Option<String>) {
-        (
-            http::Method::POST,
-            Some(json!({ "type": "browser" }).to_string()),
-        )
-    }
-}
-
-/// chromedriver's DevTools endpoint (`POST /session/{id}/goog/cdp/execute`).
-#[derive(Debug)]
-struct DevTools {
-    cmd: String,
-    params: Value,
-}
-
-impl WebDriverCompatibleCommand for DevTools {
-    fn endpoint(
-        &self,
-        base_url: &url::Url,
-        session_id: Option<&str>,
-    ) -> Result<url::Url, url::ParseError> {
-        base_url.join(&format!(
-            "session/{}/goog/cdp/execute",
-            session_id.unwrap_or_default()
-        ))
-    }
-
-    fn method_and_body(&self, _request_url: &url::Url) -> (http::Method, Option<String>) {
-        (
-            http::Method::POST,
-            Some(json!({ "cmd": self.cmd, "params": self.params }).to_string()),
-        )
+        (http::Method::POST, Some(self.body.to_string()))
     }
 }
 
