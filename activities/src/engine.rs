@@ -1187,7 +1187,8 @@ impl EngineActivities {
         Ok(())
     }
 
-    /// Sends one notification to the targets of the TWD that want it (or to `only`); each
+    /// Sends one notification to the targets of the TWD that want it (or to `only`, never to
+    /// `except`); each
     /// target's result is data for the notification workflow, not an error.
     #[activity(name = "send_notification")]
     pub async fn send_notification(
@@ -1209,7 +1210,10 @@ impl EngineActivities {
                 request.only.as_deref(),
             );
             let mut results = Vec::with_capacity(targets.len());
-            for target in targets {
+            for target in targets
+                .into_iter()
+                .filter(|t| !request.except.contains(&t.name))
+            {
                 let failure = match notify::read_url(&self.kube, &target)
                     .await
                     .map_err(retryable)?

@@ -13,6 +13,7 @@ use crate::harness::twd::{
     apply, connection, get_twd, routing, target_build, wait_ready, wait_reason, worker,
 };
 use crate::harness::wait::wait_for;
+use crate::harness::webhook::{Receiver, events, notifications_of, url_secret, wait_delivered};
 use crate::harness::{env, kube_client, test_namespace};
 use twc_sandbox::env::SandboxEnv;
 use twc_sandbox::load::{LoadConfig, LoadGenerator};
@@ -115,8 +116,10 @@ async fn a_good_build_passes_every_step_and_a_failing_one_is_aborted_at_the_firs
         { "rampPercentage": 75, "pauseDuration": "4s" }
     ]);
     let analysis = json!({ "checks": [ temporal_check("failures", json!({})) ] });
+    // A webhook told of failed analyses.
+    let receiver = Receiver::start().await;
     let manifest = |tag: &str, fail: u32| {
-        analysed_worker(
+        let mut manifest = analysed_worker(
             &ns,
             "hello",
             tag,
@@ -124,9 +127,12 @@ async fn a_good_build_passes_every_step_and_a_failing_one_is_aborted_at_the_firs
             fail,
             steps.clone(),
             Some(analysis.clone()),
-        )
+        );
+        manifest["spec"]["notifications"] = notifications_of("ops", "hook", &["AnalysisFailed"]);
+        manifest
     };
     apply(&connection(&ns)).await;
+    apply(&url_secret(&ns, "hook", &receiver.url)).await;
     apply(&manifest("v1", 0)).await;
     let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
     let v1 = target_build(&twd).unwrap_or_default();
@@ -210,6 +216,19 @@ async fn a_good_build_passes_every_step_and_a_failing_one_is_aborted_at_the_firs
     })
     .await;
     wait_routing(&deployment, &v2).await;
+    // The webhook was told of each failure, with the measurement, and of nothing else.
+    let told = wait_delivered(&receiver, 2, ANALYSIS).await;
+    assert_eq!(
+        events(&told),
+        vec![("AnalysisFailed".to_owned(), "AnalysisFailed".to_owned()); 2],
+        "{told:#?}"
+    );
+    assert!(
+        told.iter().all(|b| b["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("failure share"))),
+        "{told:#?}"
+    );
 }
 
 #[tokio::test]
@@ -222,8 +241,10 @@ async fn a_dry_run_check_records_failures_and_the_rollout_proceeds() {
         "name": "failures", "interval": "3s", "dryRun": true,
         "temporal": { "maxFailurePercent": 5, "minSamples": 8 }
     } ] });
+    // A webhook told of failed analyses.
+    let receiver = Receiver::start().await;
     let manifest = |tag: &str, fail: u32| {
-        analysed_worker(
+        let mut manifest = analysed_worker(
             &ns,
             "hello",
             tag,
@@ -231,9 +252,12 @@ async fn a_dry_run_check_records_failures_and_the_rollout_proceeds() {
             fail,
             steps.clone(),
             Some(analysis.clone()),
-        )
+        );
+        manifest["spec"]["notifications"] = notifications_of("ops", "hook", &["AnalysisFailed"]);
+        manifest
     };
     apply(&connection(&ns)).await;
+    apply(&url_secret(&ns, "hook", &receiver.url)).await;
     apply(&manifest("v1", 0)).await;
     wait_ready(&client, &ns, "hello", ROLLOUT).await;
     let _load = load(env(), &tq, &format!("{ns}-load-")).await;
@@ -473,8 +497,10 @@ async fn a_failing_build_is_caught_by_a_prometheus_query() {
         "name": "failure-ratio", "interval": "3s", "inconclusiveLimit": 15,
         "prometheus": { "address": prometheus.url, "query": FAILURE_RATIO, "maxValue": 0.1 }
     } ] });
+    // A webhook told of failed analyses.
+    let receiver = Receiver::start().await;
     let manifest = |tag: &str, fail: u32| {
-        analysed_worker(
+        let mut manifest = analysed_worker(
             &ns,
             "hello",
             tag,
@@ -482,9 +508,12 @@ async fn a_failing_build_is_caught_by_a_prometheus_query() {
             fail,
             steps.clone(),
             Some(analysis.clone()),
-        )
+        );
+        manifest["spec"]["notifications"] = notifications_of("ops", "hook", &["AnalysisFailed"]);
+        manifest
     };
     apply(&connection(&ns)).await;
+    apply(&url_secret(&ns, "hook", &receiver.url)).await;
     apply(&manifest("v1", 0)).await;
     let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
     let v1 = target_build(&twd).unwrap_or_default();

@@ -14,6 +14,9 @@ use crate::harness::twd::{
     apply, connection, deployments, get_twd, routing, target_build, wait_ready, worker,
 };
 use crate::harness::wait::wait_for;
+use crate::harness::webhook::{
+    Receiver, events as notified, notifications_of, url_secret, wait_delivered,
+};
 use crate::harness::{kube_client, test_namespace};
 
 const ROLLOUT: Duration = Duration::from_secs(180);
@@ -153,8 +156,16 @@ async fn obeying_workflows_move_to_v2_the_rest_are_cancelled_and_v1_is_retired_u
     let tq = format!("drain-{ns}");
     let other_tq = format!("drain-other-{ns}");
     let drain = json!({ "signalAfter": "5s", "cancelAfter": "15s" });
+    // A webhook told of drain actions.
+    let receiver = Receiver::start().await;
+    let told_of_drains = |tag: &str, drain: Value| {
+        let mut manifest = drained_worker(&ns, "hello", tag, &tq, drain);
+        manifest["spec"]["notifications"] = notifications_of("ops", "hook", &["Drain"]);
+        manifest
+    };
     apply(&connection(&ns)).await;
-    apply(&drained_worker(&ns, "hello", "v1", &tq, drain.clone())).await;
+    apply(&url_secret(&ns, "hook", &receiver.url)).await;
+    apply(&told_of_drains("v1", drain.clone())).await;
     apply(&drained_worker(
         &ns,
         "other",
@@ -181,7 +192,7 @@ async fn obeying_workflows_move_to_v2_the_rest_are_cancelled_and_v1_is_retired_u
     wait_runs(&cluster, &all, "RUNNING", "v1").await;
     wait_runs(&cluster, std::slice::from_ref(&bystander), "RUNNING", "v1").await;
 
-    apply(&drained_worker(&ns, "hello", "v2", &tq, drain)).await;
+    apply(&told_of_drains("v2", drain)).await;
     let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
     let v2 = target_build(&twd).unwrap_or_default();
     let on_v2 = format!("{ns}-sub-on-v2");
@@ -194,6 +205,19 @@ async fn obeying_workflows_move_to_v2_the_rest_are_cancelled_and_v1_is_retired_u
     // After cancelAfter: the others are cancelled.
     wait_runs(&cluster, &stubborn, "CANCELED", "v1").await;
     wait_event(&client, &ns, "hello", "DrainCancelled", &v1, DRAIN).await;
+    // The webhook was told of both, in order, naming the build.
+    let told = wait_delivered(&receiver, 2, DRAIN).await;
+    assert_eq!(
+        notified(&told),
+        [("Drain", "DrainSignalled"), ("Drain", "DrainCancelled")]
+            .map(|(e, r)| (e.to_owned(), r.to_owned())),
+        "{told:#?}"
+    );
+    assert!(
+        told.iter()
+            .all(|b| b["message"].as_str().is_some_and(|m| m.contains(&v1))),
+        "{told:#?}"
+    );
     // v1 drains, is scaled down and deleted, Deployment and Temporal version.
     let deployment_name = format!("{ns}/hello");
     wait_for(

@@ -1,7 +1,9 @@
 //! Notifications end to end: a real webhook receiver in the test process gets the events of a
 //! worker deployment's rollouts through `spec.notifications`, once per event (by idempotency
 //! key) and in order, across a controller SIGKILL and after a minute of 500 answers; a target
-//! that fails shows as the `NotificationsDelivered` condition and never holds the rollout.
+//! that fails shows as the `NotificationsDelivered` condition and holds up neither the rollout
+//! nor the other targets; operator and failure events reach a cluster-wide Slack target and
+//! the targets that chose them.
 
 use std::time::Duration;
 
@@ -11,7 +13,7 @@ use crate::chaos::cluster::Private;
 use crate::harness::controls::holds_for;
 use crate::harness::twd::{apply, condition, connection, get_twd, wait_ready, worker};
 use crate::harness::wait::wait_for;
-use crate::harness::webhook::{Receiver, events, notifications, url_secret};
+use crate::harness::webhook::{Receiver, events, notifications, url_secret, wait_delivered};
 use crate::harness::{kube_client, test_namespace};
 
 const ROLLOUT: Duration = Duration::from_secs(120);
@@ -22,23 +24,6 @@ fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
         .iter()
         .map(|(e, r)| ((*e).to_owned(), (*r).to_owned()))
         .collect()
-}
-
-/// Waits until the receiver has delivered `count` notifications (once per key).
-async fn wait_delivered(receiver: &Receiver, count: usize, timeout: Duration) -> Vec<Value> {
-    wait_for(
-        &format!("{count} notifications delivered"),
-        timeout,
-        || async {
-            let delivered = receiver.delivered();
-            if delivered.len() >= count {
-                Ok(delivered)
-            } else {
-                Err(format!("delivered {:?}", events(&delivered)))
-            }
-        },
-    )
-    .await
 }
 
 /// Every POST of a key carries the same body and names that key in its header too.
@@ -154,12 +139,24 @@ async fn every_event_of_a_progressive_rollout_arrives_once_and_in_order_across_a
 async fn a_receiver_failing_for_a_minute_gets_the_events_afterwards_and_the_condition_clears() {
     let receiver = Receiver::start().await;
     receiver.fail_for(Duration::from_secs(60));
+    // A second target that answers: the failing one holds up none of its notifications.
+    let healthy = Receiver::start().await;
     let client = kube_client().await;
     let ns = test_namespace(&client, "notify-500").await;
     apply(&connection(&ns)).await;
     apply(&url_secret(&ns, "hook", &receiver.url)).await;
+    apply(&url_secret(&ns, "team-hook", &healthy.url)).await;
     let mut manifest = worker(&ns, "hello", "v1", json!({ "strategy": "AllAtOnce" }));
-    manifest["spec"]["notifications"] = notifications("ops", "hook");
+    let mut targets = notifications("ops", "hook");
+    if let Some(list) = targets["targets"].as_array_mut() {
+        list.extend(
+            notifications("team", "team-hook")["targets"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
+    }
+    manifest["spec"]["notifications"] = targets;
     apply(&manifest).await;
 
     // The rollout does not wait for the webhook.
@@ -174,16 +171,24 @@ async fn a_receiver_failing_for_a_minute_gets_the_events_afterwards_and_the_cond
     .await;
     assert_eq!(status, "False");
     assert!(
-        message.contains("target ops") && message.contains("500"),
+        message.contains("target ops") && message.contains("500") && !message.contains("team"),
         "{message}"
     );
-    assert!(receiver.delivered().is_empty());
 
     let expected = pairs(&[
         ("RolloutStarted", "DeploymentCreated"),
         ("Promoted", "Promoted"),
         ("RolloutComplete", "RolloutComplete"),
     ]);
+    // The healthy target has every event, in order, while the other still refuses them.
+    let told = wait_delivered(&healthy, expected.len(), Duration::from_secs(45)).await;
+    assert_eq!(events(&told), expected);
+    assert!(
+        receiver.delivered().is_empty() && receiver.failing(),
+        "the failing receiver still refuses: {:?}",
+        events(&receiver.delivered())
+    );
+
     let delivered = wait_delivered(&receiver, expected.len(), Duration::from_secs(150)).await;
     assert_eq!(events(&delivered), expected);
     assert!(
@@ -191,6 +196,8 @@ async fn a_receiver_failing_for_a_minute_gets_the_events_afterwards_and_the_cond
         "the receiver refused some tries"
     );
     assert_duplicates_identical(&receiver);
+    assert_duplicates_identical(&healthy);
+    assert_eq!(events(&healthy.delivered()), expected, "told once each");
     wait_for("the condition cleared", ROLLOUT, || async {
         let twd = get_twd(&client, &ns, "hello").await?;
         match condition(&twd, CONDITION) {
@@ -223,4 +230,126 @@ async fn a_missing_secret_is_a_condition_with_its_reason_and_the_rollout_complet
         message.contains("target ops") && message.contains(&format!("Secret {ns}/missing")),
         "{message}"
     );
+}
+
+/// The Slack texts of `bodies`, each cut after the worker deployment's name.
+fn slack_heads(bodies: &[Value]) -> Vec<String> {
+    bodies
+        .iter()
+        .map(|b| {
+            let text = b["text"].as_str().unwrap_or_default();
+            text.split(':').next().unwrap_or_default().to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn operator_and_failure_events_reach_a_cluster_wide_slack_target_and_the_targets_that_chose_them()
+ {
+    let platform = Receiver::start().await;
+    let team = Receiver::start().await;
+    let mut private = Private::start("notify-cluster").await;
+    // A cluster-wide target, its Secret in the controller's own namespace, told only of the
+    // events a platform team chose.
+    let created = private
+        .cluster
+        .kubectl(&["create", "namespace", "twc-system"], None)
+        .await;
+    assert!(created.success, "{}", created.stderr);
+    private
+        .cluster
+        .apply(&url_secret("twc-system", "platform-hook", &platform.url))
+        .await;
+    let cluster_targets = json!({ "targets": [ {
+        "name": "platform",
+        "format": "Slack",
+        "urlSecretRef": { "name": "platform-hook", "key": "url" },
+        "events": ["WaitingForPromotion", "Paused", "Aborted", "GateFailed"]
+    } ] });
+    if let Err(e) = private
+        .sandbox
+        .restart_controller_with_env(&[
+            ("POD_NAMESPACE", "twc-system"),
+            ("TWC_CLUSTER_NOTIFICATIONS", &cluster_targets.to_string()),
+        ])
+        .await
+    {
+        panic!("restarting the controller with cluster-wide targets: {e:#}");
+    }
+    let cluster = &private.cluster;
+    let ns = cluster.namespace("notify-cluster").await;
+    cluster.apply(&cluster.connection(&ns, "dev")).await;
+    cluster
+        .apply(&url_secret(&ns, "team-hook", &team.url))
+        .await;
+    // The worker deployment's own target wants two events only.
+    let manifest = |tag: &str, rollout: Value| {
+        let mut manifest = worker(&ns, "hello", tag, rollout);
+        manifest["spec"]["notifications"] = json!({ "targets": [ {
+            "name": "team",
+            "urlSecretRef": { "name": "team-hook", "key": "url" },
+            "events": ["Aborted", "GateFailed"]
+        } ] });
+        manifest
+    };
+    cluster
+        .apply(&manifest("v1", json!({ "strategy": "AllAtOnce" })))
+        .await;
+    cluster.wait_ready(&ns, "hello", "v1", ROLLOUT).await;
+
+    // A Manual rollout waits, is paused and aborted by an operator.
+    cluster
+        .apply(&manifest("v2", json!({ "strategy": "Manual" })))
+        .await;
+    cluster
+        .wait_reason(&ns, "hello", "Progressing", "WaitingForPromotion", ROLLOUT)
+        .await;
+    cluster.control(&ns, "hello", "pause").await;
+    cluster
+        .wait_reason(&ns, "hello", "Progressing", "Paused", ROLLOUT)
+        .await;
+    cluster.control(&ns, "hello", "abort").await;
+    cluster
+        .wait_reason(&ns, "hello", "Progressing", "Aborted", ROLLOUT)
+        .await;
+    // The next build's gate fails.
+    let gated = json!({ "strategy": "AllAtOnce", "gate": { "workflowType": "GateFail" } });
+    cluster.apply(&manifest("v3", gated)).await;
+    cluster
+        .wait_reason(&ns, "hello", "Progressing", "GateFailed", ROLLOUT)
+        .await;
+
+    let heads: Vec<String> = ["WaitingForPromotion", "Paused", "Aborted", "GateFailed"]
+        .iter()
+        .map(|event| format!("*{event}* {ns}/hello"))
+        .collect();
+    let told = wait_delivered(&platform, heads.len(), ROLLOUT).await;
+    assert_eq!(slack_heads(&told), heads, "{told:#?}");
+    let expected = pairs(&[("Aborted", "Aborted"), ("GateFailed", "GateFailed")]);
+    let delivered = wait_delivered(&team, expected.len(), ROLLOUT).await;
+    assert_eq!(events(&delivered), expected, "{delivered:#?}");
+    assert_duplicates_identical(&team);
+    holds_for(
+        "nothing more to either target",
+        Duration::from_secs(3),
+        || async {
+            let (p, t) = (platform.delivered(), team.delivered());
+            if p.len() == heads.len() && t.len() == expected.len() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "platform {:?}, team {:?}",
+                    slack_heads(&p),
+                    events(&t)
+                ))
+            }
+        },
+    )
+    .await;
+    let twd = match get_twd(&cluster.client, &ns, "hello").await {
+        Ok(twd) => twd,
+        Err(e) => panic!("reading the worker deployment: {e}"),
+    };
+    assert_eq!(condition(&twd, CONDITION), None, "every target delivered");
+    private.sandbox.stop().await;
 }

@@ -741,6 +741,9 @@ pub struct NotificationRequest {
     pub notification: Notification,
     /// Only these targets (a retry after some failed); `None`: every target that wants it.
     pub only: Option<Vec<String>>,
+    /// Not these targets (they owe earlier notifications and get this one later, in order).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub except: Vec<String>,
 }
 
 /// Result of `send_notification`: one line per target tried.

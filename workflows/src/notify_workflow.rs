@@ -2,12 +2,14 @@
 //! the TWD's workflows signals-with-start it for each event the TWD's webhook targets want; it
 //! sends them one at a time, in the order they came, through the `send_notification`
 //! activity. An event is queued once whatever crashes happen (a retried `emit_event` sends the
-//! same idempotency key, which is dropped), a target that fails is tried again with backoff
-//! for up to an hour (later events wait behind it, so they still arrive in order), and the TWD's
-//! workflow is told which targets are failing (its `NotificationsDelivered` condition). Nothing
-//! here is on a rollout's path: the rollout never waits for a webhook.
+//! same idempotency key, which is dropped). A target that fails in a way a retry may fix gets
+//! a lane of its own: it is tried again with backoff for up to an hour per event, and later
+//! events wait in its lane behind the one it failed, so it gets them in order; every other
+//! target gets them at once. The TWD's workflow is told which targets are failing (its
+//! `NotificationsDelivered` condition). Nothing here is on a rollout's path: the rollout never
+//! waits for a webhook.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -15,7 +17,10 @@ use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::workflows::select;
 use temporalio_sdk::{SyncWorkflowContext, WorkflowContext, WorkflowContextView, WorkflowResult};
 
-use crate::contract::{Notification, NotificationRequest, SendNotification, TargetFailure};
+use crate::contract::{
+    Notification, NotificationFailure, NotificationRequest, SendNotification, TargetFailure,
+    TargetResult,
+};
 use crate::model::TwdRef;
 use crate::plan::notify;
 use crate::support::{self, history_full, now_millis, own_token};
@@ -45,6 +50,9 @@ pub struct CarriedNotify {
     pub done: VecDeque<String>,
     /// Targets failing now.
     pub failing: Vec<TargetFailure>,
+    /// What each target that failed still owes, in order.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub lanes: notify::Lanes,
 }
 
 /// The notification workflow's state.
@@ -67,33 +75,43 @@ impl NotifyWorkflow {
         }
     }
 
-    /// Sends queued notifications in order until idle for an hour.
+    /// Sends queued notifications in order until idle for an hour: each first to every target
+    /// that wants it and owes nothing, then through the lanes of the targets that failed.
     #[run(name = "notify")]
     pub async fn run(ctx: &mut WorkflowContext<Self>) -> WorkflowResult<()> {
         loop {
-            if ctx.state(|s| s.state.queue.is_empty()) {
+            let now = now_millis(ctx);
+            if let Some(next) = ctx.state(|s| s.state.queue.front().cloned()) {
+                first_try(ctx, next).await;
+                ctx.state_mut(|s| {
+                    if let Some(sent) = s.state.queue.pop_front() {
+                        s.state.done.push_back(sent.key);
+                    }
+                    while s.state.done.len() > KEYS_KEPT {
+                        s.state.done.pop_front();
+                    }
+                });
+            } else if let Some(target) = ctx.state(|s| notify::due_lane(&s.state.lanes, now)) {
+                lane_try(ctx, &target).await;
+            } else {
+                // Nothing due: wait for the next notification, the next lane's retry, or an
+                // hour with nothing to send.
                 let seen = ctx.state(|s| s.received);
+                let wait = ctx
+                    .state(|s| notify::next_due(&s.state.lanes))
+                    .map_or(IDLE, |at| {
+                        Duration::from_millis(u64::try_from(at.saturating_sub(now)).unwrap_or(0))
+                    });
                 let woken = select! {
-                    _ = ctx.timer(support::timer(IDLE)) => false,
+                    _ = ctx.timer(support::timer(wait)) => false,
                     _ = ctx.wait_condition_with_options(move |s: &Self| s.received != seen, support::condition_options()) => true,
                 };
-                if !woken && ctx.state(|s| s.state.queue.is_empty()) {
+                let idle = ctx.state(|s| s.state.queue.is_empty() && s.state.lanes.is_empty());
+                if !woken && idle {
                     return Ok(());
                 }
                 continue;
             }
-            let Some(next) = ctx.state(|s| s.state.queue.front().cloned()) else {
-                continue;
-            };
-            deliver(ctx, next).await;
-            ctx.state_mut(|s| {
-                if let Some(sent) = s.state.queue.pop_front() {
-                    s.state.done.push_back(sent.key);
-                }
-                while s.state.done.len() > KEYS_KEPT {
-                    s.state.done.pop_front();
-                }
-            });
             if history_full(ctx, None) {
                 let input = ctx.state(|s| NotifyInput {
                     twd: s.twd.clone(),
@@ -122,56 +140,93 @@ pub fn notify_workflow_id(twd: &TwdRef) -> String {
     format!("notify/{}/{}", twd.namespace, twd.name)
 }
 
-/// Sends `notification` to every target that wants it, then again to those that failed in a
-/// way a retry may fix, with backoff, for up to [`notify::GIVE_UP_AFTER`].
-async fn deliver(ctx: &mut WorkflowContext<NotifyWorkflow>, notification: Notification) {
-    let twd = ctx.state(|s| s.twd.clone());
-    let started = now_millis(ctx);
-    let give_up_at =
-        started.saturating_add(i64::try_from(notify::GIVE_UP_AFTER.as_millis()).unwrap_or(0));
-    let mut only = None;
+/// The first try of `notification`: every target that wants it but those that owe earlier
+/// ones (they get it through their lanes, in order). Targets that fail in a way a retry may fix
+/// get a lane. An activity that could not run at all (the TWD could not be read after its
+/// retries) is tried again with backoff, for up to [`notify::GIVE_UP_AFTER`].
+async fn first_try(ctx: &mut WorkflowContext<NotifyWorkflow>, notification: Notification) {
+    let give_up_at = now_millis(ctx)
+        .saturating_add(i64::try_from(notify::GIVE_UP_AFTER.as_millis()).unwrap_or(0));
     let mut tries = 0u32;
     loop {
-        let request = NotificationRequest {
-            twd: twd.clone(),
-            notification: notification.clone(),
-            only: only.clone(),
-        };
-        let summary = format!("notify {}", notification.event.as_str());
-        let outcome = ctx
-            .execute_activity(
-                SendNotification,
-                request,
-                support::with_summary(send_options(), &summary),
-            )
-            .await;
-        let next = match outcome {
-            Ok(outcome) => {
-                report_health(ctx, &twd, &outcome.results).await;
-                let retry = notify::retry_targets(&outcome.results);
-                if retry.is_empty() {
-                    return;
-                }
-                Some(retry)
-            }
-            // The activity itself failed after its retries (the TWD could not be read): the
-            // same targets again later.
-            Err(_) => only.clone(),
-        };
-        if now_millis(ctx) >= give_up_at {
+        let except: Vec<String> = ctx.state(|s| s.state.lanes.keys().cloned().collect());
+        let sent = send(ctx, &notification, None, except).await;
+        let now = now_millis(ctx);
+        if let Some(results) = sent {
+            ctx.state_mut(|s| {
+                notify::after_first_try(&mut s.state.lanes, &notification, &results, now);
+            });
+            return;
+        }
+        if now >= give_up_at {
             return;
         }
         let _ = ctx.timer(support::timer(notify::retry_delay(tries))).await;
-        tries += 1;
-        only = next;
+        tries = tries.saturating_add(1);
     }
+}
+
+/// One try of the oldest notification `target` owes (an activity that could not run counts as
+/// a failure a retry may fix).
+async fn lane_try(ctx: &mut WorkflowContext<NotifyWorkflow>, target: &str) {
+    let Some(owed) = ctx.state(|s| {
+        s.state
+            .lanes
+            .get(target)
+            .and_then(|lane| lane.pending.front().cloned())
+    }) else {
+        return;
+    };
+    let only = Some(vec![target.to_owned()]);
+    let line = match send(ctx, &owed.notification, only, Vec::new()).await {
+        Some(results) => results.into_iter().find(|r| r.target == target),
+        None => Some(TargetResult {
+            target: target.to_owned(),
+            failure: Some(TargetFailure {
+                target: target.to_owned(),
+                reason: NotificationFailure::NotificationDeliveryFailed,
+                message: "not sent: the worker deployment could not be read".to_owned(),
+            }),
+        }),
+    };
+    let now = now_millis(ctx);
+    ctx.state_mut(|s| notify::after_lane_try(&mut s.state.lanes, target, line.as_ref(), now));
+}
+
+/// Sends `notification` to the targets that want it (only `only` when given, none of
+/// `except`) and reports their health; the results of the targets tried, `None` when the
+/// activity could not run at all.
+async fn send(
+    ctx: &mut WorkflowContext<NotifyWorkflow>,
+    notification: &Notification,
+    only: Option<Vec<String>>,
+    except: Vec<String>,
+) -> Option<Vec<TargetResult>> {
+    let twd = ctx.state(|s| s.twd.clone());
+    let request = NotificationRequest {
+        twd: twd.clone(),
+        notification: notification.clone(),
+        only,
+        except,
+    };
+    let summary = format!("notify {}", notification.event.as_str());
+    let outcome = ctx
+        .execute_activity(
+            SendNotification,
+            request,
+            support::with_summary(send_options(), &summary),
+        )
+        .await
+        .ok()?;
+    report_health(ctx, &twd, &outcome.results).await;
+    Some(outcome.results)
 }
 
 /// Tells the TWD's workflow which targets are failing when that changed.
 async fn report_health(
     ctx: &mut WorkflowContext<NotifyWorkflow>,
     twd: &TwdRef,
-    results: &[crate::contract::TargetResult],
+    results: &[TargetResult],
 ) {
     let before = ctx.state(|s| s.state.failing.clone());
     let after = notify::failing_after(&before, results);

@@ -74,19 +74,27 @@ impl Receiver {
         self.lock().failing_until = Some(Instant::now() + duration);
     }
 
+    /// Whether it still answers 500 (within its [`Receiver::fail_for`]).
+    pub fn failing(&self) -> bool {
+        self.lock()
+            .failing_until
+            .is_some_and(|until| Instant::now() < until)
+    }
+
     /// Every POST received so far, in order.
     pub fn received(&self) -> Vec<Received> {
         self.lock().received.clone()
     }
 
     /// Bodies of the POSTs answered 2xx, in order, once per idempotency key (a duplicate of a
-    /// key already delivered is left out, as a receiver honouring the key would).
+    /// key already delivered is left out, as a receiver honouring the key would). The key is
+    /// the header's: a Slack payload has none of its own.
     pub fn delivered(&self) -> Vec<Value> {
         let mut seen = std::collections::HashSet::new();
         self.received()
             .into_iter()
             .filter(|r| (200..300).contains(&r.status))
-            .filter(|r| seen.insert(r.body["idempotencyKey"].to_string()))
+            .filter(|r| seen.insert(r.key_header.clone()))
             .map(|r| r.body)
             .collect()
     }
@@ -150,6 +158,30 @@ pub fn notifications(name: &str, secret: &str) -> Value {
         "name": name,
         "urlSecretRef": { "name": secret, "key": "url" }
     } ] })
+}
+
+/// [`notifications`] with one target that wants only `events`.
+pub fn notifications_of(name: &str, secret: &str, events: &[&str]) -> Value {
+    let mut spec = notifications(name, secret);
+    spec["targets"][0]["events"] = json!(events);
+    spec
+}
+
+/// Waits until `receiver` has delivered `count` notifications (once per key); returns them.
+pub async fn wait_delivered(receiver: &Receiver, count: usize, timeout: Duration) -> Vec<Value> {
+    crate::harness::wait::wait_for(
+        &format!("{count} notifications delivered"),
+        timeout,
+        || async {
+            let delivered = receiver.delivered();
+            if delivered.len() >= count {
+                Ok(delivered)
+            } else {
+                Err(format!("delivered {:?}", events(&delivered)))
+            }
+        },
+    )
+    .await
 }
 
 /// The `(event, reason)` pairs of `bodies`, in order.

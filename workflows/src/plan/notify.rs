@@ -2,13 +2,16 @@
 //! when, which targets are failing, and the condition that shows them on the TWD. The
 //! notification workflow sequences these; the `send_notification` activity does the sending.
 
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 
-use crate::contract::{TargetFailure, TargetResult};
+use serde::{Deserialize, Serialize};
+
+use crate::contract::{Notification, TargetFailure, TargetResult};
 use crate::model::UnixMillis;
 use crate::plan::conditions;
 
@@ -74,6 +77,105 @@ pub fn failing_after(failing: &[TargetFailure], results: &[TargetResult]) -> Vec
     next.extend(results.iter().filter_map(|r| r.failure.clone()));
     next.sort_by(|a, b| a.target.cmp(&b.target));
     next
+}
+
+/// Notifications a target still owes after a try it failed in a way a retry can fix, oldest
+/// first: while it has any, it gets later notifications only through its lane, in order, so a
+/// target that keeps failing holds up its own notifications and no other target's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lane {
+    /// Owed notifications, oldest first, each with when it is given up.
+    pub pending: VecDeque<Owed>,
+    /// Failed tries of the oldest.
+    pub tries: u32,
+    /// When the oldest is tried (again).
+    pub next_at: UnixMillis,
+}
+
+/// A notification a target owes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owed {
+    /// The notification.
+    pub notification: Notification,
+    /// Given up at this time ([`GIVE_UP_AFTER`] after its first try).
+    pub give_up_at: UnixMillis,
+}
+
+/// The lanes of the failing targets, by target name.
+pub type Lanes = BTreeMap<String, Lane>;
+
+/// After the first try of `notification` (sent to every target that wants it except those
+/// with a lane, at `now`): the targets that failed and may recover get a lane with it, and
+/// every lane gets it behind what it already owes (its target was not tried; the `only` try
+/// of the lane tells whether that target wants it).
+pub fn after_first_try(
+    lanes: &mut Lanes,
+    notification: &Notification,
+    results: &[TargetResult],
+    now: UnixMillis,
+) {
+    let owed = Owed {
+        notification: notification.clone(),
+        give_up_at: now.saturating_add(millis(GIVE_UP_AFTER)),
+    };
+    for lane in lanes.values_mut() {
+        lane.pending.push_back(owed.clone());
+    }
+    for target in retry_targets(results) {
+        lanes.entry(target).or_insert_with(|| Lane {
+            pending: VecDeque::from([owed.clone()]),
+            tries: 0,
+            next_at: now.saturating_add(millis(retry_delay(0))),
+        });
+    }
+}
+
+/// After a try of the oldest notification `target` owes, at `now` (`result`: its line of the
+/// outcome, `None` when the target was not tried: it no longer wants that event, or is gone):
+/// delivered, refused for good or given up, the lane moves on to the next at once (and is
+/// removed when empty); failed in a way a retry can fix, the same one is tried again later.
+pub fn after_lane_try(
+    lanes: &mut Lanes,
+    target: &str,
+    result: Option<&TargetResult>,
+    now: UnixMillis,
+) {
+    let Some(lane) = lanes.get_mut(target) else {
+        return;
+    };
+    let retry = result
+        .and_then(|r| r.failure.as_ref())
+        .is_some_and(|f| f.reason.retryable());
+    let given_up = lane.pending.front().is_none_or(|o| now >= o.give_up_at);
+    if retry && !given_up {
+        lane.tries = lane.tries.saturating_add(1);
+        lane.next_at = now.saturating_add(millis(retry_delay(lane.tries)));
+        return;
+    }
+    lane.pending.pop_front();
+    lane.tries = 0;
+    lane.next_at = now;
+    if lane.pending.is_empty() {
+        lanes.remove(target);
+    }
+}
+
+/// The lane whose oldest notification is due at `now` (the earliest due first).
+pub fn due_lane(lanes: &Lanes, now: UnixMillis) -> Option<String> {
+    lanes
+        .iter()
+        .filter(|(_, lane)| lane.next_at <= now)
+        .min_by_key(|(_, lane)| lane.next_at)
+        .map(|(target, _)| target.clone())
+}
+
+/// When the next lane is due, if any lane owes anything.
+pub fn next_due(lanes: &Lanes) -> Option<UnixMillis> {
+    lanes.values().map(|lane| lane.next_at).min()
+}
+
+fn millis(d: Duration) -> UnixMillis {
+    UnixMillis::try_from(d.as_millis()).unwrap_or(UnixMillis::MAX)
 }
 
 /// `status` with the `NotificationsDelivered` condition while some target fails (False, the
@@ -264,5 +366,118 @@ mod tests {
         assert_eq!(condition.observed_generation, Some(3));
         let cleared = with_condition(status, &[], 3, 0);
         assert!(cleared.conditions.iter().all(|c| c.type_ != CONDITION_TYPE));
+    }
+
+    fn notification(key: &str) -> Notification {
+        Notification {
+            key: key.to_owned(),
+            event: twc_crds::notifications::NotificationEvent::StepReached,
+            reason: "Ramping".to_owned(),
+            message: key.to_owned(),
+            workflow_id: "rollout/ns/hello/v2".to_owned(),
+            at: 0,
+        }
+    }
+
+    fn owed(lanes: &Lanes, target: &str) -> Vec<String> {
+        lanes
+            .get(target)
+            .map(|l| {
+                l.pending
+                    .iter()
+                    .map(|o| o.notification.key.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_failing_target_owes_its_notifications_in_its_own_lane_and_the_others_go_on() {
+        let mut lanes = Lanes::new();
+        // e1: `slack` fails (retryable), `hook` is told, `bad` has no Secret (not retried).
+        let e1 = notification("e1");
+        after_first_try(
+            &mut lanes,
+            &e1,
+            &[
+                result("slack", Some(Delivery)),
+                result("hook", None),
+                result("bad", Some(Secret)),
+            ],
+            1_000,
+        );
+        assert_eq!(lanes.keys().collect::<Vec<_>>(), ["slack"]);
+        assert_eq!(owed(&lanes, "slack"), ["e1"]);
+        assert_eq!(next_due(&lanes), Some(2_000), "retried after 1 s");
+        assert_eq!(due_lane(&lanes, 1_500), None);
+        assert_eq!(due_lane(&lanes, 2_000).as_deref(), Some("slack"));
+        // e2 is sent to the others at once (`slack` is left out of its first try) and queued
+        // behind e1 for `slack`.
+        after_first_try(
+            &mut lanes,
+            &notification("e2"),
+            &[result("hook", None)],
+            1_200,
+        );
+        assert_eq!(owed(&lanes, "slack"), ["e1", "e2"]);
+        // `slack` fails e1 again: backoff doubles; then delivers it: e2 is due at once.
+        after_lane_try(
+            &mut lanes,
+            "slack",
+            Some(&result("slack", Some(Delivery))),
+            2_000,
+        );
+        assert_eq!((lanes["slack"].tries, lanes["slack"].next_at), (1, 4_000));
+        after_lane_try(&mut lanes, "slack", Some(&result("slack", None)), 4_000);
+        assert_eq!(owed(&lanes, "slack"), ["e2"]);
+        assert_eq!(
+            (lanes["slack"].tries, due_lane(&lanes, 4_000).as_deref()),
+            (0, Some("slack"))
+        );
+        // A target that no longer wants e2 (no line for it) moves on: the lane is gone.
+        after_lane_try(&mut lanes, "slack", None, 4_100);
+        assert!(lanes.is_empty(), "{lanes:?}");
+        assert_eq!(next_due(&lanes), None);
+    }
+
+    #[test]
+    fn an_owed_notification_is_given_up_an_hour_after_its_first_try_and_the_next_follows() {
+        let mut lanes = Lanes::new();
+        let hour = millis(GIVE_UP_AFTER);
+        after_first_try(
+            &mut lanes,
+            &notification("e1"),
+            &[result("slack", Some(Delivery))],
+            0,
+        );
+        after_first_try(&mut lanes, &notification("e2"), &[], hour / 2);
+        let failed = result("slack", Some(Delivery));
+        after_lane_try(&mut lanes, "slack", Some(&failed), hour - 1);
+        assert_eq!(owed(&lanes, "slack"), ["e1", "e2"], "still within the hour");
+        after_lane_try(&mut lanes, "slack", Some(&failed), hour);
+        assert_eq!(owed(&lanes, "slack"), ["e2"], "e1 given up");
+        assert_eq!((lanes["slack"].tries, lanes["slack"].next_at), (0, hour));
+        // A refusal that no retry fixes ends that notification at once too.
+        after_lane_try(
+            &mut lanes,
+            "slack",
+            Some(&result("slack", Some(Secret))),
+            hour + 1,
+        );
+        assert!(lanes.is_empty());
+    }
+
+    #[test]
+    fn the_earliest_due_lane_goes_first() {
+        let mut lanes = Lanes::new();
+        let failed = |t: &str| result(t, Some(Delivery));
+        after_first_try(&mut lanes, &notification("e1"), &[failed("a")], 500);
+        after_lane_try(&mut lanes, "a", Some(&failed("a")), 1_500);
+        after_first_try(&mut lanes, &notification("e2"), &[failed("b")], 2_000);
+        assert_eq!(owed(&lanes, "a"), ["e1", "e2"]);
+        assert_eq!(owed(&lanes, "b"), ["e2"]);
+        assert_eq!((lanes["a"].next_at, lanes["b"].next_at), (3_500, 3_000));
+        assert_eq!(due_lane(&lanes, 5_000).as_deref(), Some("b"));
+        assert_eq!(next_due(&lanes), Some(3_000));
     }
 }
