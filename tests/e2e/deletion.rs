@@ -19,6 +19,7 @@ use crate::chaos::cluster::{Cluster, status_text};
 use crate::harness::controls::holds_for;
 use crate::harness::tls::TlsFront;
 use crate::harness::twd::{condition, get_twd, legacy, worker};
+use crate::harness::webhook::{Receiver, notifications_of, url_secret, wait_delivered};
 use crate::long_horizon::{delete_namespace, holds_finalizer, leftovers};
 
 /// A rollout, or a TWD's first blocked condition, shows well within this.
@@ -266,11 +267,19 @@ async fn a_twd_deleted_alone_waits_for_its_temporal_until_the_connection_is_fixe
     let cluster = Cluster::shared().await;
     let front = TlsFront::start_verifying(&cluster.env.temporal_address).await;
     let ns = cluster.namespace("waits").await;
+    // A webhook told when a deletion is blocked.
+    let receiver = Receiver::start().await;
+    cluster.apply(&url_secret(&ns, "hook", &receiver.url)).await;
     for (name, connection) in [("fixed", "fixme"), ("dropped", "dropme")] {
         cluster
             .apply(&unreachable_connection(&ns, connection))
             .await;
-        cluster.apply(&twd(&ns, name, connection)).await;
+        let mut manifest = twd(&ns, name, connection);
+        if name == "fixed" {
+            manifest["spec"]["notifications"] =
+                notifications_of("ops", "hook", &["DeletionBlocked"]);
+        }
+        cluster.apply(&manifest).await;
     }
     refused_connection(&cluster, &front, &ns, "strict").await;
     cluster.apply(&twd(&ns, "refused", "strict")).await;
@@ -311,6 +320,18 @@ async fn a_twd_deleted_alone_waits_for_its_temporal_until_the_connection_is_fixe
             .await;
         eprintln!("deletion: {name} waits: {message}");
     }
+    let told = wait_delivered(&receiver, 1, SETTLE).await;
+    assert_eq!(
+        (told[0]["event"].as_str(), told[0]["reason"].as_str()),
+        (Some("DeletionBlocked"), Some("DeletionBlocked")),
+        "{told:#?}"
+    );
+    assert!(
+        told[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("TemporalConnection {ns}/fixme"))),
+        "{told:#?}"
+    );
     holds_for(
         "the TWDs deleted on their own keep waiting past the release bound",
         RELEASE_AFTER + Duration::from_secs(10),

@@ -15,6 +15,7 @@ use crate::harness::twd::{
     wait_reason, worker,
 };
 use crate::harness::wait::wait_for;
+use crate::harness::webhook::{Receiver, notifications_of, url_secret, wait_delivered};
 use crate::harness::{env, kube_client, test_namespace};
 
 /// Every TWD of these tests has this name.
@@ -567,13 +568,26 @@ async fn workers_that_never_poll_exceed_the_progress_deadline_with_the_crash_mes
     let client = kube_client().await;
     let ns = test_namespace(&client, "deadline").await;
     apply(&connection(&ns)).await;
+    // A webhook told when a build misses its deadline.
+    let receiver = Receiver::start().await;
+    apply(&url_secret(&ns, "hook", &receiver.url)).await;
     let crashing = twd_with(&ns, "v1", all_at_once(), |m| {
         m["spec"]["progressDeadlineSeconds"] = json!(10);
+        m["spec"]["notifications"] = notifications_of("ops", "hook", &["ProgressDeadlineExceeded"]);
         container_env(m, &[("SAMPLE_CRASH_AT_START", "1")]);
     });
     apply(&crashing).await;
     let message = assert_blocked(&client, &ns, "ProgressDeadlineExceeded").await;
     assert!(message.contains("exited with code 1"), "{message}");
+    let told = wait_delivered(&receiver, 1, ROLLOUT).await;
+    assert_eq!(
+        (told[0]["event"].as_str(), told[0]["reason"].as_str()),
+        (
+            Some("ProgressDeadlineExceeded"),
+            Some("ProgressDeadlineExceeded")
+        ),
+        "{told:#?}"
+    );
     let twd = get_twd(&client, &ns, NAME)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
