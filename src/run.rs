@@ -258,7 +258,10 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
             .max(1),
         metrics: Arc::clone(&metrics),
         traces: config.traces.clone(),
+        connections: watcher::ConnectionView::default(),
     };
+    // The activities read the connections' finalizers from the watcher's stores.
+    let known_connections = watcher_config.connections.clone();
     let watched = watcher_config.namespaces.clone();
     let mut stop_watcher = stop_rx.clone();
     let watcher_health = Arc::clone(&health);
@@ -312,6 +315,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     ));
     let activities = EngineActivities::new(kube, config.identity.clone(), Arc::clone(&metrics))
         .with_cluster_access(cluster_access)
+        .with_known_connections(Arc::new(known_connections))
         .with_read_rate(args.temporal_read_rate, replicas)
         .with_take_over(twc_activities::temporal::TakeOver::new(
             args.take_over_manager_from.clone(),

@@ -93,6 +93,9 @@ pub struct EngineActivities {
     /// The engine's task queue, where notification workflows run (default: the queue of the
     /// activity that queues one).
     engine_task_queue: Option<String>,
+    /// The connections' finalizers as the watcher in this process sees them, which spares the
+    /// lists of every turn's re-assertion (none: it lists).
+    known_connections: Option<Arc<dyn k8s::KnownConnections>>,
 }
 
 /// A TWD resolved for work against its Temporal.
@@ -160,7 +163,15 @@ impl EngineActivities {
             webhooks: Arc::new(notify::WebhookClient::default()),
             cluster_notifications: Arc::new(notify::ClusterTargets::default()),
             engine_task_queue: None,
+            known_connections: None,
         }
+    }
+
+    /// The same activities reading the connections' finalizers from `known` (the watcher's
+    /// stores in this process) to list connections only when one may be left to release.
+    pub fn with_known_connections(mut self, known: Arc<dyn k8s::KnownConnections>) -> Self {
+        self.known_connections = Some(known);
+        self
     }
 
     /// The same activities starting notification workflows on the engine's `task_queue` and
@@ -566,9 +577,14 @@ impl EngineActivities {
         twd: TwdRef,
     ) -> Result<(), ActivityError> {
         with_heartbeats(&ctx, async {
-            k8s::ensure_finalizers(&self.kube, self.cluster_access, &twd)
-                .await
-                .map_err(retryable)
+            k8s::ensure_finalizers(
+                &self.kube,
+                self.cluster_access,
+                &twd,
+                self.known_connections.as_deref(),
+            )
+            .await
+            .map_err(retryable)
         })
         .await
     }
@@ -1528,9 +1544,14 @@ impl EngineActivities {
         twd: TwdRef,
     ) -> Result<twc_workflows::contract::ReassertOutcome, ActivityError> {
         with_heartbeats(&ctx, async {
-            k8s::reassert_resources(&self.kube, self.cluster_access, &twd)
-                .await
-                .map_err(retryable)
+            k8s::reassert_resources(
+                &self.kube,
+                self.cluster_access,
+                &twd,
+                self.known_connections.as_deref(),
+            )
+            .await
+            .map_err(retryable)
         })
         .await
     }
@@ -1545,7 +1566,14 @@ impl EngineActivities {
     ) -> Result<RecheckOutcome, ActivityError> {
         with_heartbeats(&ctx, async {
             let reasserted =
-                match k8s::reassert_resources(&self.kube, self.cluster_access, &twd).await {
+                match k8s::reassert_resources(
+                    &self.kube,
+                    self.cluster_access,
+                    &twd,
+                    self.known_connections.as_deref(),
+                )
+                .await
+                {
                     Ok(outcome) => outcome,
                     Err(e) => {
                         tracing::warn!(twd = %twd.key(), "re-asserting resources failed (retried at a later turn): {e}");

@@ -4,10 +4,11 @@
 //! does the first list after a (re)start: the workflows of the TWDs have seen their connections.
 //! A connection first seen later (created, or while the watch was down) does.
 //!
-//! Each watch feeds a reflector store of its own (which drops what a re-list no longer shows);
-//! an event is compared with the store before the store takes it. Nothing here waits on
-//! Temporal: a nudge is a mark in the name's memory and a reconcile request to its holder's
-//! controller.
+//! Each watch feeds a reflector store of its own (which drops what a re-list no longer shows,
+//! and keeps no `managedFields`: [`super::slim`]); an event is compared with the store before
+//! the store takes it. The activities read the stores too, through [`super::known`]. Nothing
+//! here waits on Temporal: a nudge is a mark in the name's memory and a reconcile request to its
+//! holder's controller.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -24,6 +25,7 @@ use twc_crds::{ClusterConnection, Connection, TemporalConnection};
 
 use super::lists::Watch;
 use super::reconcile::Context;
+use super::slim;
 
 /// What the users of a connection act on: its generation, and whether it is being deleted.
 pub type Fingerprint = (i64, bool);
@@ -71,17 +73,21 @@ pub fn nudges(before: Option<Fingerprint>, now: Fingerprint, listed_once: bool) 
     }
 }
 
-/// Watches the connections of `api` until the watch ends (the future returned); marks
-/// `counted`, if any, once the first list ends.
+/// Watches the connections of `api` into the store of `writer` until the watch ends (the
+/// future returned); marks `counted`, if any, once the first list ends.
 pub fn watch<C: ConnectionResource>(
     api: Api<C>,
+    mut writer: reflector::store::Writer<C>,
     context: std::sync::Arc<Context>,
     counted: Option<Watch>,
 ) -> impl Future<Output = ()> + Send {
-    let (reader, mut writer) = reflector::store::<C>();
+    let reader = writer.as_reader();
     async move {
-        let mut events =
-            std::pin::pin!(watcher::watcher(api, watcher::Config::default()).default_backoff());
+        let mut events = std::pin::pin!(
+            watcher::watcher(api, watcher::Config::default())
+                .default_backoff()
+                .modify(|connection: &mut C| slim::metadata(connection.meta_mut()))
+        );
         let mut listed_once = false;
         while let Some(event) = events.next().await {
             let event = match event {

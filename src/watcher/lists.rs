@@ -1,6 +1,8 @@
 //! Which watches of a scope have finished their first list: reconciles wait for both worker
 //! kinds (a claim decided without the older object of a name would be wrong), readiness for
-//! both worker kinds and both namespaced connection kinds, each counted on its own.
+//! both worker kinds and both namespaced connection kinds, each counted on its own. The
+//! activities' view of the connections ([`super::known`]) answers only for watches listed once
+//! (ClusterConnections too, which readiness does not count).
 //!
 //! Marked by the watches themselves when their first list ends, and read through a
 //! `tokio::sync::watch` channel, which wakes every waiter: a reflector store's
@@ -20,6 +22,8 @@ pub enum Watch {
     TemporalConnections,
     /// `Connection`s.
     Connections,
+    /// `ClusterConnection`s (not counted by readiness).
+    ClusterConnections,
 }
 
 /// The watches of a scope whose first list has ended.
@@ -29,6 +33,7 @@ pub struct FirstLists {
     wds: bool,
     temporal_connections: bool,
     connections: bool,
+    cluster_connections: bool,
 }
 
 impl FirstLists {
@@ -39,6 +44,7 @@ impl FirstLists {
             Watch::WorkerDeployments => self.wds = true,
             Watch::TemporalConnections => self.temporal_connections = true,
             Watch::Connections => self.connections = true,
+            Watch::ClusterConnections => self.cluster_connections = true,
         }
     }
 
@@ -50,6 +56,11 @@ impl FirstLists {
     /// Every watch readiness counts is listed.
     pub fn all(&self) -> bool {
         self.workers() && self.temporal_connections && self.connections
+    }
+
+    /// Both worker kinds and the ClusterConnections are listed.
+    pub fn cluster(&self) -> bool {
+        self.workers() && self.cluster_connections
     }
 }
 
@@ -71,6 +82,11 @@ impl Lists {
     /// Records that `watch` finished its first list.
     pub fn mark(&self, watch: Watch) {
         self.sender.send_modify(|lists| lists.mark(watch));
+    }
+
+    /// The first lists ended so far.
+    pub fn now(&self) -> FirstLists {
+        *self.sender.borrow()
     }
 
     /// Waits until `done` holds of the first lists.

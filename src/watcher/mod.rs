@@ -21,13 +21,19 @@
 //! remembers per name ([`names`]) is dropped, and the gauges forgotten, when the name's last
 //! object is deleted, or within [`PRUNE_EVERY`] of a re-list that misses it. It reports when
 //! every counted watch has finished its first list ([`lists`], readiness).
+//!
+//! The stores keep no `managedFields` and nothing else the watcher does not read ([`slim`]).
+//! The activities of this process read the connections' finalizers from the stores
+//! ([`known`]), which spares every turn's lists of connections.
 
 mod actions;
 mod connections;
+mod known;
 mod lists;
 mod names;
 mod reconcile;
 mod signal;
+mod slim;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -49,6 +55,8 @@ use twc_crds::{
 };
 use twc_workflows::model::TwdRef;
 
+pub use self::known::ConnectionView;
+use self::known::ScopeStores;
 use self::lists::{FirstLists, Lists, Watch};
 use self::names::{Names, Workers};
 use self::reconcile::{Context, Triggers, WorkerResource};
@@ -70,6 +78,8 @@ pub struct WatcherConfig {
     pub metrics: Arc<Metrics>,
     /// Where spec signals are recorded as spans, if tracing is on.
     pub traces: Option<twc_worker::traces::Traces>,
+    /// Where each watch scope's stores are given to the activities.
+    pub connections: ConnectionView,
 }
 
 /// Reconciles of one worker kind (in one watch scope) run at once.
@@ -180,26 +190,44 @@ fn scope(
     });
     let twd_controller = controller(kube, namespace, twd_writer, twds, &context);
     let wd_controller = controller(kube, namespace, wd_writer, wds, &context);
+    let (old_store, old_writer) = reflector::store::<TemporalConnection>();
     let old_watch = connections::watch(
         scoped::<TemporalConnection>(kube, namespace),
+        old_writer,
         Arc::clone(&context),
         Some(Watch::TemporalConnections),
     );
+    let (new_store, new_writer) = reflector::store::<Connection>();
     let new_watch = connections::watch(
         scoped::<Connection>(kube, namespace),
+        new_writer,
         Arc::clone(&context),
         Some(Watch::Connections),
     );
     // A controller restricted to namespaces may not read ClusterConnections. Not part of
     // readiness: a ClusterConnection CRD installed after the controller is picked up by the
     // watch's retries.
-    let cluster_watch = match namespace {
+    let (cluster_store, cluster_watch) = match namespace {
         None => {
             let api = Api::<ClusterConnection>::all(kube.clone());
-            connections::watch(api, Arc::clone(&context), None).boxed()
+            let (store, writer) = reflector::store::<ClusterConnection>();
+            let watch = connections::watch(
+                api,
+                writer,
+                Arc::clone(&context),
+                Some(Watch::ClusterConnections),
+            );
+            (Some(store), watch.boxed())
         }
-        Some(_) => futures::future::pending().boxed(),
+        Some(_) => (None, futures::future::pending().boxed()),
     };
+    config.connections.add(ScopeStores {
+        namespace: namespace.map(str::to_owned),
+        workers: workers.clone(),
+        temporal_connections: old_store,
+        connections: new_store,
+        cluster_connections: cluster_store,
+    });
     let ready = async move {
         lists.wait_for(FirstLists::all).await;
         true
@@ -239,6 +267,7 @@ fn controller<K: WorkerResource>(
     let mut listed_once = false;
     let objects = watcher::watcher(scoped::<K>(kube, namespace), watcher::Config::default())
         .default_backoff()
+        .modify(|object: &mut K| object.slim())
         .reflect(writer)
         .inspect(move |event| match event {
             Ok(watcher::Event::Delete(object)) => context.deleted(object.meta()),

@@ -28,7 +28,7 @@ use super::WatcherConfig;
 use super::actions::{self, Taken};
 use super::lists::Watch;
 use super::names::{self, NameMemory, Names, SpecPlan, Stored, Workers};
-use super::signal;
+use super::{signal, slim};
 
 /// How soon a failed reconcile (Temporal or Kubernetes unreachable, say) is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
@@ -77,6 +77,9 @@ pub trait WorkerResource:
 
     /// The object as the stores of both kinds are read.
     fn stored(self: Arc<Self>) -> Stored;
+
+    /// Drops what no reader of the stores uses, before its store takes it ([`slim`]).
+    fn slim(&mut self);
 }
 
 impl WorkerResource for TemporalWorkerDeployment {
@@ -85,6 +88,11 @@ impl WorkerResource for TemporalWorkerDeployment {
     fn stored(self: Arc<Self>) -> Stored {
         Stored::Twd(self)
     }
+
+    fn slim(&mut self) {
+        slim::metadata(&mut self.metadata);
+        slim::status(self.status.as_mut());
+    }
 }
 
 impl WorkerResource for WorkerDeployment {
@@ -92,6 +100,11 @@ impl WorkerResource for WorkerDeployment {
 
     fn stored(self: Arc<Self>) -> Stored {
         Stored::Wd(self)
+    }
+
+    fn slim(&mut self) {
+        slim::metadata(&mut self.metadata);
+        slim::status(self.status.as_mut());
     }
 }
 

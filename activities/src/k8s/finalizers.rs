@@ -10,6 +10,12 @@
 //!
 //! Finalizer lists are merge-patched with the resourceVersion just read and retried on
 //! conflict, so finalizers that others add at the same time are never lost.
+//!
+//! Every turn of every TWD re-asserts its finalizers ([`restore_finalizers`]). With a view of
+//! the connections that a watch in the same process keeps ([`KnownConnections`]), a turn lists
+//! the connections (and the TWDs) only when the view shows one that may be left to release;
+//! otherwise it reads the connection the TWD uses by name. The view only spares lists: what is
+//! added or removed is still decided on what the turn reads, as without it.
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
@@ -19,7 +25,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use twc_crds::labels::DELETE_PROTECTION_FINALIZER;
-use twc_crds::worker_deployment::ConnectionKind;
+use twc_crds::worker_deployment::{ConnectionKind, ConnectionReference};
 use twc_crds::{ClusterConnection, WorkerObject};
 use twc_workflows::model::TwdRef;
 
@@ -27,6 +33,27 @@ use super::connection::ClusterAccess;
 use super::error::{K8sError, ObjectName};
 use super::retry::retry_on_conflict;
 use super::twd::{get_twd, list_workers, read_claimants, worker_api, worker_object_name};
+
+/// The connections' finalizers as a watch of them in this process sees them (the controller's
+/// watcher keeps stores of every kind of connection, and of the TWDs), to spare the lists of
+/// [`restore_finalizers`] when there is nothing to release.
+///
+/// An answer may be a moment behind the API server. It is only ever used to skip work that
+/// would find nothing to do: a view that misses a connection to release delays its release to
+/// a later turn (of any TWD of the namespace, or of the cluster); one that shows a connection
+/// to release that is not lets the turn list and find that out, as without the view.
+pub trait KnownConnections: Send + Sync {
+    /// Whether a Connection or TemporalConnection of `namespace` other than the one `used`
+    /// names holds the finalizer while no TWD of the namespace needs it (one that is live, or
+    /// still holds its own finalizer, and references it). `None` when the watches of the
+    /// namespace have not listed the connections and the TWDs yet (or do not watch it).
+    fn may_release(&self, namespace: &str, used: &ConnectionReference) -> Option<bool>;
+
+    /// Whether a ClusterConnection other than `used` (empty: none) is being deleted and holds
+    /// the finalizer while no TWD of any namespace needs it. `None` when the ClusterConnections
+    /// and the TWDs of every namespace have not been listed yet (or are not watched).
+    fn may_release_cluster(&self, used: &str) -> Option<bool>;
+}
 
 /// Adds the finalizer to the TWD and to the connection it references (neither when the TWD is
 /// being deleted; not to a connection that is missing or being deleted), then releases
@@ -36,9 +63,10 @@ pub async fn ensure_finalizers(
     client: &Client,
     access: ClusterAccess,
     twd: &TwdRef,
+    known: Option<&dyn KnownConnections>,
 ) -> Result<(), K8sError> {
     match get_twd(client, twd).await? {
-        Some(resource) => restore_finalizers(client, access, &resource)
+        Some(resource) => restore_finalizers(client, access, &resource, known)
             .await
             .map(drop),
         None => Ok(()),
@@ -67,26 +95,38 @@ fn connection_api(client: &Client, namespace: &str, kind: ConnectionKind) -> Api
 
 /// [`ensure_finalizers`] for a TWD just read: returns the objects it added the finalizer to.
 /// When nothing is missing it only lists the namespace's connections (and its TWDs when
-/// another connection still holds the finalizer).
+/// another connection still holds the finalizer); with `known` saying no other connection may
+/// be released, it only reads the one the TWD uses.
 pub async fn restore_finalizers(
     client: &Client,
     access: ClusterAccess,
     resource: &WorkerObject,
+    known: Option<&dyn KnownConnections>,
 ) -> Result<Vec<ObjectName>, K8sError> {
     let namespace = resource.namespace().unwrap_or_default();
     if resource.metadata.deletion_timestamp.is_some() {
         return Ok(Vec::new());
     }
     let reference = &resource.spec.worker_options.connection_ref;
-    let connections = list_connections(client, &namespace).await?;
     let uses = |c: &NamespacedConnection| c.kind == reference.kind && c.name == reference.name;
+    // Listed unless the watch of the connections shows none of the others to release.
+    let connections = match known.and_then(|k| k.may_release(&namespace, reference)) {
+        Some(false) => None,
+        Some(true) | None => Some(list_connections(client, &namespace).await?),
+    };
+    // The used connection when it may lack the finalizer: as listed, or, not listed, read by
+    // `add_finalizer` (which adds nothing to one that is missing, being deleted or protected).
+    let unprotected = match &connections {
+        Some(connections) => connections
+            .iter()
+            .find(|c| uses(c) && !c.protected && !c.deleting)
+            .map(|c| c.kind),
+        None => reference.kind.is_in_namespace().then_some(reference.kind),
+    };
     let mut added = Vec::new();
-    if let Some(used) = connections
-        .iter()
-        .find(|c| uses(c) && !c.protected && !c.deleting)
-    {
-        let object = used.object(&namespace);
-        let api = connection_api(client, &namespace, used.kind);
+    if let Some(kind) = unprotected {
+        let object = ObjectName::new(kind.as_str(), &namespace, &reference.name);
+        let api = connection_api(client, &namespace, kind);
         if add_finalizer(&api, &object).await? {
             added.push(object);
         }
@@ -100,27 +140,41 @@ pub async fn restore_finalizers(
         }
     }
     // This TWD is live and uses its connection; only other protected connections may be unused.
-    let others: Vec<&NamespacedConnection> = connections.iter().filter(|c| !uses(c)).collect();
-    release_unused(client, &namespace, &others).await?;
+    if let Some(connections) = &connections {
+        let others: Vec<&NamespacedConnection> = connections.iter().filter(|c| !uses(c)).collect();
+        release_unused(client, &namespace, &others).await?;
+    }
     if access == ClusterAccess::Granted {
-        added.extend(restore_cluster_finalizer(client, resource).await?);
+        added.extend(restore_cluster_finalizer(client, resource, known).await?);
     }
     Ok(added)
 }
 
 /// The ClusterConnection side of [`restore_finalizers`]: protects the one the TWD uses, and
-/// releases others that are being deleted and that no TWD uses any more.
+/// releases others that are being deleted and that no TWD uses any more (listed only when
+/// `known` does not say there is none).
 async fn restore_cluster_finalizer(
     client: &Client,
     resource: &WorkerObject,
+    known: Option<&dyn KnownConnections>,
 ) -> Result<Option<ObjectName>, K8sError> {
     let reference = &resource.spec.worker_options.connection_ref;
     let used = match reference.kind {
         ConnectionKind::ClusterConnection => reference.name.as_str(),
         ConnectionKind::TemporalConnection | ConnectionKind::Connection => "",
     };
-    let connections = list_cluster_connections(client).await?;
     let api: Api<ClusterConnection> = Api::all(client.clone());
+    if known.and_then(|k| k.may_release_cluster(used)) == Some(false) {
+        // Nothing to release: only the used one, if any, is read (`add_finalizer` adds nothing
+        // to one that is missing, being deleted or protected).
+        if used.is_empty() {
+            return Ok(None);
+        }
+        let object = ObjectName::cluster_scoped("ClusterConnection", used);
+        let added = add_finalizer(&api, &object).await?;
+        return Ok(added.then_some(object));
+    }
+    let connections = list_cluster_connections(client).await?;
     let mut added = None;
     if connections.iter().any(|c| {
         c.name_any() == used && !has_finalizer(c) && c.metadata.deletion_timestamp.is_none()

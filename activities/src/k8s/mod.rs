@@ -38,7 +38,7 @@ pub use deployments::{
 };
 pub use error::{K8sError, ObjectName, ResolveError};
 pub use events::{emit_event, emit_event_on};
-pub use finalizers::{ensure_finalizers, release_finalizers, restore_finalizers};
+pub use finalizers::{KnownConnections, ensure_finalizers, release_finalizers, restore_finalizers};
 pub use gate_input::{GateField, gate_input, step_gate};
 pub use injection::ServerCa;
 pub use reassert::reassert_resources;

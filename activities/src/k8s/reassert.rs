@@ -5,7 +5,9 @@
 //!
 //! Called every few seconds during rollouts, so when nothing needs changing it only reads: the
 //! TWD, the namespace's connections (and the ClusterConnections, unless restricted to
-//! namespaces), the connection and its Secret, and the TWD's Deployments.
+//! namespaces; with the watcher's view of the connections, [`KnownConnections`], only the one
+//! the TWD uses, unless another may be left to release), the connection and its Secret, and
+//! the TWD's Deployments.
 //! What to change is decided by pure functions over the objects read ([`bring_up_to_date`]).
 
 use std::collections::BTreeMap;
@@ -28,7 +30,7 @@ use super::connection::{ClusterAccess, resolve_connection};
 use super::deployment_builder::{build_deployment, selector_labels};
 use super::deployments::{apply_connection, list_owned_deployments, update_deployment};
 use super::error::{K8sError, ObjectName, ResolveError};
-use super::finalizers::restore_finalizers;
+use super::finalizers::{KnownConnections, restore_finalizers};
 use super::injection::connection_spec_hash;
 use super::injection::{ServerCa, TLS_VOLUME};
 use super::twd::read_claim;
@@ -67,10 +69,12 @@ impl ChangeReason {
 /// or being deleted. The Deployments are left alone when the connection or its Secret is
 /// missing or unusable (the TWD's conditions say why); Kubernetes errors, including a
 /// connection the API server could not serve now, are returned for the caller to retry.
+/// `known` spares the finalizers' lists ([`restore_finalizers`]).
 pub async fn reassert_resources(
     client: &Client,
     access: ClusterAccess,
     twd: &TwdRef,
+    known: Option<&dyn KnownConnections>,
 ) -> Result<ReassertOutcome, K8sError> {
     let Some(claim) = read_claim(client, twd).await? else {
         return Ok(ReassertOutcome::default());
@@ -83,7 +87,7 @@ pub async fn reassert_resources(
         return Ok(ReassertOutcome { changes });
     }
     changes.extend(
-        restore_finalizers(client, access, &resource)
+        restore_finalizers(client, access, &resource, known)
             .await?
             .into_iter()
             .map(|object| {
