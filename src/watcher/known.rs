@@ -169,7 +169,7 @@ mod tests {
             namespace: namespace.map(str::to_owned),
             name: Some(name.to_owned()),
             uid: Some(format!("{}/{name}", namespace.unwrap_or_default())),
-            deletion_timestamp: deleting.then(|| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
+            deletion_timestamp: deleting.then_some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
             finalizers: held.then(|| vec![DELETE_PROTECTION_FINALIZER.to_owned()]),
             ..Default::default()
         }
