@@ -160,9 +160,16 @@ fn parse_cluster_notifications(
     Ok(spec)
 }
 
+/// Stack of each of the runtime's worker threads.
+const WORKER_STACK_BYTES: usize = 8 << 20;
+
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // Activities hold Kubernetes objects by value in deeply nested futures; an unoptimized
+        // build overflowed tokio's 2 MiB default once. Only the pages a thread touches are
+        // resident, so the headroom costs no memory.
+        .thread_stack_size(WORKER_STACK_BYTES)
         .build()
         .context("starting tokio")?;
     runtime.block_on(run_async(args))

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use temporalio_macros::{workflow, workflow_methods};
-use temporalio_sdk::workflows::select;
 use temporalio_sdk::{SyncWorkflowContext, WorkflowContext, WorkflowContextView, WorkflowResult};
 
 use crate::contract::{
@@ -102,10 +101,11 @@ impl NotifyWorkflow {
                     .map_or(IDLE, |at| {
                         Duration::from_millis(u64::try_from(at.saturating_sub(now)).unwrap_or(0))
                     });
-                let woken = select! {
-                    _ = ctx.timer(support::timer(wait)) => false,
-                    _ = ctx.wait_condition_with_options(move |s: &Self| s.received != seen, support::condition_options()) => true,
-                };
+                let timer = ctx.timer(support::timer(wait));
+                let received = move |s: &Self| s.received != seen;
+                let woken = support::unless(ctx, timer, received, |_| true)
+                    .await
+                    .is_none();
                 let idle = ctx.state(|s| s.state.queue.is_empty() && s.state.lanes.is_empty());
                 if !woken && idle {
                     return Ok(());

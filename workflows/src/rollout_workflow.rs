@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use temporalio_common::MemoValues;
 use temporalio_common::search_attributes::SearchAttributeKey;
 use temporalio_macros::{workflow, workflow_methods};
-use temporalio_sdk::workflows::{join, select};
+use temporalio_sdk::workflows::join;
 use temporalio_sdk::{
     ActivityOptions, CancellableFuture, ContinueAsNewOptions, SyncWorkflowContext, WorkflowContext,
     WorkflowContextView, WorkflowResult,
@@ -1423,18 +1423,8 @@ fn set_outcome(ctx: &mut WorkflowContext<RolloutWorkflow>, outcome: &str) {
 async fn wait_for_change(ctx: &mut WorkflowContext<RolloutWorkflow>, timeout: Duration) {
     let seen = ctx.state(|s| (s.observed_wakeups, s.observed_deployment_changes));
     let timer = ctx.timer(support::timer(timeout));
-    let mut timer = std::pin::pin!(timer);
-    let fired = select! {
-        _ = timer.as_mut() => true,
-        _ = ctx.wait_condition_with_options(
-            move |s: &RolloutWorkflow| (s.wakeups, s.deployment_changes) != seen,
-            support::condition_options(),
-        ) => false,
-    };
-    if !fired {
-        timer.as_ref().get_ref().cancel();
-        let _ = timer.await;
-    }
+    let changed = move |s: &RolloutWorkflow| (s.wakeups, s.deployment_changes) != seen;
+    let _ = support::unless(ctx, timer, changed, |_| true).await;
 }
 
 /// Holds until something that can change the decision happens, `due` passes (a step's end,
@@ -1452,16 +1442,13 @@ where
     F: CancellableFuture,
 {
     let seen = ctx.state(|s| s.observed_wakeups);
-    let mut future = std::pin::pin!(future);
-    let finished = select! {
-        output = future.as_mut() => Some(output),
-        _ = ctx.wait_condition_with_options(move |s: &RolloutWorkflow| s.wakeups != seen, support::condition_options()) => None,
-    };
-    if finished.is_none() {
-        future.as_ref().get_ref().cancel();
-        let _ = future.await;
-    }
-    finished
+    support::unless(
+        ctx,
+        future,
+        move |s: &RolloutWorkflow| s.wakeups != seen,
+        |_| true,
+    )
+    .await
 }
 
 /// An activity failed after its retries: a transient error (expected conditions come back as

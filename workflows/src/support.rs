@@ -4,12 +4,45 @@
 
 use std::time::Duration;
 
+use temporalio_sdk::workflows::select;
 use temporalio_sdk::{
-    ActivityOptions, LocalActivityOptions, SignalWorkflowOptions, TimerOptions,
+    ActivityOptions, CancellableFuture, LocalActivityOptions, SignalWorkflowOptions, TimerOptions,
     WaitConditionOptions, WorkflowCancellationToken, WorkflowContext,
 };
 
 use crate::model::{BlockReason, Blocked, UnixMillis};
+
+/// The `twd` workflow cancels a wait's timer that a signal beat (since v0.1.0; see
+/// `CHANGELOG.md`).
+pub(crate) const PATCH_CANCEL_BEATEN_TIMERS: &str = "cancel-beaten-timers";
+
+/// Waits for `future` (a timer or an activity) unless `woken` comes to hold first; then the
+/// future is cancelled when `cancel` says so, and `None` is returned.
+///
+/// temporalio-workflow 1.1.1 does not cancel a future that is dropped: a dropped timer still
+/// fires when it is due, a `TimerFired` and a workflow task for nothing (and one per signal
+/// that woke a wait). `cancel` is asked only when the future was beaten, so a workflow whose
+/// older histories did not cancel can say whether this history does (a patch).
+pub(crate) async fn unless<W, F>(
+    ctx: &WorkflowContext<W>,
+    future: F,
+    woken: impl FnMut(&W) -> bool,
+    cancel: impl FnOnce(&WorkflowContext<W>) -> bool,
+) -> Option<F::Output>
+where
+    F: CancellableFuture,
+{
+    let mut future = std::pin::pin!(future);
+    let finished = select! {
+        output = future.as_mut() => Some(output),
+        _ = ctx.wait_condition_with_options(woken, condition_options()) => None,
+    };
+    if finished.is_none() && cancel(ctx) {
+        future.as_ref().get_ref().cancel();
+        let _ = future.await;
+    }
+    finished
+}
 
 /// Runs an activity; a failure after its retries becomes `PlanExecutionFailed`.
 pub(crate) async fn run_activity<W, A>(

@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use temporalio_macros::{workflow, workflow_methods};
-use temporalio_sdk::workflows::select;
 use temporalio_sdk::{SyncWorkflowContext, WorkflowContext, WorkflowContextView, WorkflowResult};
 use twc_crds::worker_deployment::TemporalWorkerDeploymentStatus;
 
@@ -33,7 +32,9 @@ pub use crate::plan::deletion::CleanupProgress;
 use crate::plan::twd::{self, ReportShown, Shown, TwdDecision, TwdState, Woke};
 pub use crate::plan::twd::{ActiveRollout, CarriedTwd, SpecSignal};
 use crate::rollout_workflow::RolloutWorkflow;
-use crate::support::{self, history_full, now_millis, run_activity, short_options};
+use crate::support::{
+    self, PATCH_CANCEL_BEATEN_TIMERS, history_full, now_millis, run_activity, short_options,
+};
 
 /// Default level-triggered resync interval when nothing else is due.
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(300);
@@ -223,9 +224,12 @@ async fn wait(ctx: &WorkflowContext<TwdWorkflow>, next_wake: Duration, seen: u64
     if next_wake.is_zero() {
         return Woke::AtOnce;
     }
-    select! {
-        _ = ctx.timer(support::timer(next_wake)) => Woke::Timer,
-        _ = ctx.wait_condition_with_options(move |s: &TwdWorkflow| s.wakeups != seen, support::condition_options()) => Woke::Signal,
+    let timer = ctx.timer(support::timer(next_wake));
+    let signalled = move |s: &TwdWorkflow| s.wakeups != seen;
+    let cancel = |ctx: &WorkflowContext<TwdWorkflow>| ctx.patched(PATCH_CANCEL_BEATEN_TIMERS);
+    match support::unless(ctx, timer, signalled, cancel).await {
+        Some(_) => Woke::Timer,
+        None => Woke::Signal,
     }
 }
 

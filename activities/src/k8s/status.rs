@@ -59,7 +59,15 @@ pub async fn write_twd_status_seen(
     let Some(holder) = get_twd(client, twd).await? else {
         return Ok((StatusWrite::NotFound, None));
     };
-    write_worker_status(client, holder.kind, twd, status).await
+    // The holder just read is the first try's object: read again only after a conflict.
+    write_status_from(
+        client,
+        holder.kind,
+        twd,
+        status,
+        Some(Box::new(holder.object)),
+    )
+    .await
 }
 
 /// Makes the status of the object of `kind` named like `twd` `status` (see [`write_twd_status`]).
@@ -69,16 +77,35 @@ pub async fn write_worker_status(
     twd: &TwdRef,
     status: TemporalWorkerDeploymentStatus,
 ) -> Result<(StatusWrite, Option<Box<TemporalWorkerDeployment>>), K8sError> {
+    write_status_from(client, kind, twd, status, None).await
+}
+
+/// [`write_worker_status`], its first try on `read` when given (the object as just read),
+/// every later try (after a conflict) on the object read again.
+async fn write_status_from(
+    client: &Client,
+    kind: WorkerKind,
+    twd: &TwdRef,
+    status: TemporalWorkerDeploymentStatus,
+    read: Option<Box<TemporalWorkerDeployment>>,
+) -> Result<(StatusWrite, Option<Box<TemporalWorkerDeployment>>), K8sError> {
     let object = worker_object_name(kind, &twd.namespace, &twd.name);
     let api = worker_api(client, &twd.namespace, kind);
+    let first = std::sync::Mutex::new(read);
     retry_on_conflict("write status of", &object, || async {
-        let Some(read) = get_if_exists(&api, &twd.name)
-            .await
-            .map_err(K8sError::api("get", &object))?
-        else {
-            return Ok((StatusWrite::NotFound, None));
+        let given = first.lock().ok().and_then(|mut first| first.take());
+        let current = match given {
+            Some(current) => *current,
+            None => {
+                let Some(read) = get_if_exists(&api, &twd.name)
+                    .await
+                    .map_err(K8sError::api("get", &object))?
+                else {
+                    return Ok((StatusWrite::NotFound, None));
+                };
+                parse_worker(kind, read, &object)?.object
+            }
         };
-        let current = parse_worker(kind, read, &object)?.object;
         let mut desired = status.clone();
         let current_conditions = current
             .status

@@ -1,7 +1,6 @@
 //! The deletion path of the TWD workflow: stop the rollout, clean Temporal and Kubernetes up
 //! with backoff ([`crate::plan::deletion`]), release the finalizers.
 
-use temporalio_sdk::workflows::select;
 use temporalio_sdk::{WorkflowContext, WorkflowResult};
 
 use super::{TwdWorkflow, continue_as_new, event, nudge, write_status};
@@ -13,7 +12,9 @@ use crate::model::TwdRef;
 use crate::plan::conditions;
 use crate::plan::deletion::{self, DeletionStep};
 use crate::plan::twd::Shown;
-use crate::support::{self, history_full, now_millis, run_activity, short_options};
+use crate::support::{
+    self, PATCH_CANCEL_BEATEN_TIMERS, history_full, now_millis, run_activity, short_options,
+};
 
 /// Deletion: stop the rollout, clean Temporal and Kubernetes, release the finalizers; true
 /// once the TWD is released, false when a spec signal of a live object of its name (the other
@@ -92,10 +93,10 @@ async fn delete_with_backoff(
             }
         };
         let seen = ctx.state(|s| s.spec_signals);
-        select! {
-            _ = ctx.timer(support::timer(pause)) => {},
-            _ = ctx.wait_condition_with_options(move |s: &TwdWorkflow| s.spec_signals != seen, support::condition_options()) => {},
-        };
+        let timer = ctx.timer(support::timer(pause));
+        let changed = move |s: &TwdWorkflow| s.spec_signals != seen;
+        let cancel = |ctx: &WorkflowContext<TwdWorkflow>| ctx.patched(PATCH_CANCEL_BEATEN_TIMERS);
+        let _ = support::unless(ctx, timer, changed, cancel).await;
         if history_full(ctx, ctx.state(|s| s.input.history_event_bound)) {
             continue_as_new(ctx)?;
         }
