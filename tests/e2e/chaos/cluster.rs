@@ -187,20 +187,7 @@ impl Cluster {
         else {
             return Ok(Routing::default());
         };
-        let text = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_owned);
-        let rc = &v["routingConfig"];
-        Ok(Routing {
-            current: text(&rc["currentVersionBuildID"]),
-            ramping: text(&rc["rampingVersionBuildID"]),
-            percentage: rc["rampingVersionPercentage"].as_f64().unwrap_or(0.0),
-            versions: v["versionSummaries"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|s| text(&s["BuildID"]))
-                .collect(),
-            exists: true,
-        })
+        Ok(Routing::from_describe(&v))
     }
 
     /// `temporal worker deployment describe --output json` of `deployment_name` in Temporal

@@ -217,6 +217,26 @@ pub struct Routing {
     pub exists: bool,
 }
 
+impl Routing {
+    /// The routing of `temporal worker deployment describe --output json`'s answer.
+    pub fn from_describe(v: &Value) -> Self {
+        let text = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_owned);
+        let rc = &v["routingConfig"];
+        Self {
+            current: text(&rc["currentVersionBuildID"]),
+            ramping: text(&rc["rampingVersionBuildID"]),
+            percentage: rc["rampingVersionPercentage"].as_f64().unwrap_or(0.0),
+            versions: v["versionSummaries"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| text(&s["BuildID"]))
+                .collect(),
+            exists: true,
+        }
+    }
+}
+
 /// DescribeWorkerDeployment through the temporal CLI.
 pub async fn routing(deployment_name: &str) -> Result<Routing, String> {
     let out = temporal(&[
@@ -236,20 +256,7 @@ pub async fn routing(deployment_name: &str) -> Result<Routing, String> {
         return Err(out.stderr);
     }
     let v: Value = serde_json::from_str(&out.stdout).map_err(|e| format!("{e}: {}", out.stdout))?;
-    let text = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_owned);
-    let rc = &v["routingConfig"];
-    Ok(Routing {
-        current: text(&rc["currentVersionBuildID"]),
-        ramping: text(&rc["rampingVersionBuildID"]),
-        percentage: rc["rampingVersionPercentage"].as_f64().unwrap_or(0.0),
-        versions: v["versionSummaries"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|s| text(&s["BuildID"]))
-            .collect(),
-        exists: true,
-    })
+    Ok(Routing::from_describe(&v))
 }
 
 /// How many times each pod of `namespace` started, by pod log, from the pod runner's logs under
