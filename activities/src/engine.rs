@@ -1543,16 +1543,20 @@ impl EngineActivities {
         ctx: ActivityContext,
         twd: TwdRef,
     ) -> Result<twc_workflows::contract::ReassertOutcome, ActivityError> {
-        with_heartbeats(&ctx, async {
-            k8s::reassert_resources(
-                &self.kube,
-                self.cluster_access,
-                &twd,
-                self.known_connections.as_deref(),
-            )
-            .await
-            .map_err(retryable)
-        })
+        with_heartbeats(&ctx, async { self.reassert(&twd).await.map_err(retryable) }).await
+    }
+
+    /// Re-asserts the TWD's resources ([`k8s::reassert_resources`]).
+    async fn reassert(
+        &self,
+        twd: &TwdRef,
+    ) -> Result<twc_workflows::contract::ReassertOutcome, k8s::K8sError> {
+        k8s::reassert_resources(
+            &self.kube,
+            self.cluster_access,
+            twd,
+            self.known_connections.as_deref(),
+        )
         .await
     }
 
@@ -1565,15 +1569,7 @@ impl EngineActivities {
         twd: TwdRef,
     ) -> Result<RecheckOutcome, ActivityError> {
         with_heartbeats(&ctx, async {
-            let reasserted =
-                match k8s::reassert_resources(
-                    &self.kube,
-                    self.cluster_access,
-                    &twd,
-                    self.known_connections.as_deref(),
-                )
-                .await
-                {
+            let reasserted = match self.reassert(&twd).await {
                     Ok(outcome) => outcome,
                     Err(e) => {
                         tracing::warn!(twd = %twd.key(), "re-asserting resources failed (retried at a later turn): {e}");
