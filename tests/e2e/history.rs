@@ -3,13 +3,13 @@
 //! weeks in production (a step held for days under signals, a TWD workflow living for years, a
 //! spec change the watcher never delivered) happens within a test.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 use twc_crds::worker_deployment::RolloutPhase;
 
-use crate::chaos::cluster::{Cluster, Private, status_text};
+use crate::chaos::cluster::{Cluster, Private, fresh, status_text};
 use crate::harness::controls::kubectl_twc_in;
 use crate::harness::twd::{condition, get_twd, target_build, worker};
 use crate::harness::wait::wait_for;
@@ -280,7 +280,7 @@ async fn held_rollouts_continue_as_new_under_signals_and_finish() {
         "the paused rollout still ramps at its step: {routing:?}"
     );
     // A spec change that keeps the build (replicas) nudges the held rollout too.
-    let mut scaled = worker(&ns, "held", "v2", progressive);
+    let mut scaled = worker(&ns, "held", "v2", progressive.clone());
     scaled["spec"]["replicas"] = json!(2);
     cluster.apply(&scaled).await;
     cluster.signal_control(&rollout_id, "resume").await;
@@ -323,7 +323,9 @@ async fn held_rollouts_continue_as_new_under_signals_and_finish() {
 
     // A Manual rollout waiting days for a person, poked by controls that do not apply yet.
     let manual = json!({ "strategy": "Manual" });
-    cluster.apply(&worker(&ns, "manual", "v1", manual)).await;
+    cluster
+        .apply(&worker(&ns, "manual", "v1", manual.clone()))
+        .await;
     cluster
         .wait_reason(&ns, "manual", "Ready", "WaitingForPromotion", ROLLOUT)
         .await;
@@ -349,16 +351,47 @@ async fn held_rollouts_continue_as_new_under_signals_and_finish() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_bounded(&manual_id, &manual_runs);
 
-    // The TWD workflows continued as new too, and stayed within the bound.
-    for name in ["held", "manual"] {
+    // The TWD workflows continue as new too, and stay within the bound. A run continues at the
+    // end of the turn that finds its history over the bound; a spec change that keeps the build
+    // (replicas) is such a turn, so they are made until each has continued.
+    for (name, tag, rollout) in [("held", "v2", progressive), ("manual", "v1", manual)] {
         let twd_id = format!("twd/{ns}/{name}");
-        let twd_runs = runs(cluster, &twd_id)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(twd_runs.len() >= 2, "{twd_id}: {twd_runs:?}");
+        let deadline = Instant::now() + ROLLOUT;
+        let mut replicas = 3;
+        let twd_runs = loop {
+            let twd_runs = runs(cluster, &twd_id)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            if twd_runs.len() >= 2 {
+                break twd_runs;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{twd_id} did not continue as new: {twd_runs:?}"
+            );
+            let mut scaled = worker(&ns, name, tag, rollout.clone());
+            scaled["spec"]["replicas"] = json!(replicas);
+            cluster.apply(&scaled).await;
+            wait_observed(cluster, &ns, name).await;
+            replicas = 5 - replicas;
+        };
         assert_bounded(&twd_id, &twd_runs);
     }
     private.sandbox.stop().await;
+}
+
+/// Waits until the worker deployment's status was written for its current generation.
+async fn wait_observed(cluster: &Cluster, ns: &str, name: &str) {
+    cluster
+        .wait(&format!("{ns}/{name} observed"), ROLLOUT, || async {
+            let twd = get_twd(&cluster.client, ns, name).await?;
+            if fresh(&twd) {
+                Ok(())
+            } else {
+                Err(status_text(&twd))
+            }
+        })
+        .await;
 }
 
 #[tokio::test]
