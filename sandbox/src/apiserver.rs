@@ -40,6 +40,14 @@ pub enum ApiServerError {
         /// What the wait saw.
         source: WaitError,
     },
+    /// The process exited while starting, every time it was started.
+    #[error("kube-apiserver exited while starting ({status}; log: {log})")]
+    Exited {
+        /// Log file to read.
+        log: PathBuf,
+        /// How it exited.
+        status: String,
+    },
     /// `apiserver.json` (written before the kubeconfig) is missing or unreadable.
     #[error("reading {path}: {message}")]
     Info {
@@ -88,31 +96,57 @@ pub async fn start_on(
     port: Option<u16>,
 ) -> Result<ApiServer, ApiServerError> {
     let kubeconfig = dir.join("kubeconfig");
-    // A kubeconfig left by an earlier run must not be mistaken for readiness.
-    let _ = std::fs::remove_file(&kubeconfig);
-    let mut command = Command::new(binary);
-    command.arg("--dir").arg(dir);
-    if let Some(port) = port {
-        command.arg("--port").arg(port.to_string());
+    let mut attempt = 1;
+    loop {
+        // A kubeconfig left by an earlier run must not be mistaken for readiness.
+        let _ = std::fs::remove_file(&kubeconfig);
+        let mut command = Command::new(binary);
+        command.arg("--dir").arg(dir);
+        if let Some(port) = port {
+            command.arg("--port").arg(port.to_string());
+        }
+        let mut process = spawn_logged("kube-apiserver", command, log)?;
+        let started = wait_until(
+            "kube-apiserver kubeconfig",
+            Duration::from_secs(120),
+            || {
+                let ready = kubeconfig.exists();
+                let exited = if ready { None } else { process.exited() };
+                async move { if ready { Some(Ok(())) } else { exited.map(Err) } }
+            },
+        )
+        .await
+        .map_err(|source| ApiServerError::NotReady {
+            log: log.to_owned(),
+            source,
+        })?;
+        match started {
+            Ok(()) => {
+                let port = read_port(&dir.join("apiserver.json"))?;
+                return Ok(ApiServer {
+                    kubeconfig,
+                    port,
+                    process,
+                });
+            }
+            // etcd's ports are picked free, then bound: another process may take one in
+            // between ("address already in use"). A new start picks new ones.
+            Err(status) if attempt < START_ATTEMPTS => {
+                tracing::warn!(%status, attempt, log = %log.display(), "kube-apiserver exited while starting; starting it again");
+                attempt += 1;
+            }
+            Err(status) => {
+                return Err(ApiServerError::Exited {
+                    log: log.to_owned(),
+                    status,
+                });
+            }
+        }
     }
-    let process = spawn_logged("kube-apiserver", command, log)?;
-    wait_until(
-        "kube-apiserver kubeconfig",
-        Duration::from_secs(120),
-        || async { kubeconfig.exists().then_some(()) },
-    )
-    .await
-    .map_err(|source| ApiServerError::NotReady {
-        log: log.to_owned(),
-        source,
-    })?;
-    let port = read_port(&dir.join("apiserver.json"))?;
-    Ok(ApiServer {
-        kubeconfig,
-        port,
-        process,
-    })
 }
+
+/// Starts of the kube-apiserver tried before giving up on one that exits while starting.
+const START_ATTEMPTS: u32 = 3;
 
 /// The `port` of `apiserver.json`.
 fn read_port(path: &Path) -> Result<u16, ApiServerError> {
