@@ -789,7 +789,7 @@ impl EngineActivities {
                     AVAILABILITY_RECHECK
                 };
                 tokio::select! {
-                    () = tokio::time::sleep(interval) => looks.by_timer += 1,
+                    () = tokio::time::sleep(crate::backoff::spread(interval)) => looks.by_timer += 1,
                     _ = changes.next() => looks.by_change += 1,
                 }
             }
@@ -973,7 +973,7 @@ impl EngineActivities {
                         blocked: None,
                     });
                 }
-                tokio::time::sleep(POLL_INTERVAL).await;
+                tokio::time::sleep(crate::backoff::spread(POLL_INTERVAL)).await;
             };
             // The wait above may be long: a build superseded meanwhile gets no gates (its rollout
             // stops the gates it knows of, and would miss these).

@@ -2,6 +2,7 @@
 //! gate workflows), and the reads of canary analysis (Temporal visibility, Prometheus). Every
 //! operation is idempotent and safe to retry.
 
+pub mod backoff;
 pub mod connection;
 pub mod engine;
 pub mod http;

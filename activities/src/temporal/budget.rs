@@ -4,9 +4,12 @@
 //! `DescribeWorkerDeploymentVersion`, `DescribeTaskQueue`, ...) per namespace
 //! (`frontend.globalNamespaceWorkerDeploymentReadRPS`, default 50/s). Every read of this module
 //! first takes a token from the bucket of its (server, namespace), so many rollouts at once queue
-//! here instead of tripping the server's limit.
+//! here instead of tripping the server's limit. The bucket is `governor`'s (GCRA) on tokio's
+//! clock.
 
 use std::{
+    num::NonZeroU32,
+    ops::Add,
     sync::{
         Arc, Mutex, PoisonError,
         atomic::{AtomicU32, Ordering},
@@ -14,6 +17,13 @@ use std::{
     time::Duration,
 };
 
+use governor::{
+    Quota, RateLimiter,
+    clock::{Clock, Reference},
+    middleware::NoOpMiddleware,
+    nanos::Nanos,
+    state::{InMemoryState, NotKeyed},
+};
 use tokio::time::Instant;
 
 /// Default reads per second per Temporal namespace (the server's default limit is 50/s).
@@ -50,23 +60,27 @@ impl Default for Replicas {
     }
 }
 
-/// A FIFO-fair token bucket: each caller reserves a token (the balance may go negative) and sleeps
-/// until its token is due, so the lock is never held across an await. Its rate is divided
-/// between the live [`Replicas`] (the burst too, so together they stay under the server's
-/// limit).
+/// A token bucket (`governor`'s GCRA) whose rate and burst are divided between the live
+/// [`Replicas`], so together they stay under the server's limit. A caller waits on tokio's
+/// clock until its token is due.
 #[derive(Debug)]
 pub struct TokenBucket {
     rate: f64,
-    burst: f64,
+    burst: u32,
     replicas: Replicas,
+    /// The limiter of this replica's share, the replica count it was made for, and when it
+    /// last granted a token.
     state: Mutex<BucketState>,
 }
 
 #[derive(Debug)]
 struct BucketState {
-    tokens: f64,
-    last: Instant,
+    replicas: u32,
+    limiter: Arc<Limiter>,
+    last_grant: Option<Instant>,
 }
+
+type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<TokioInstant>>;
 
 impl TokenBucket {
     /// A bucket refilling `rate_per_sec` tokens per second up to `burst`, starting full.
@@ -83,15 +97,17 @@ impl TokenBucket {
         } else {
             DEFAULT_READ_RATE
         };
-        let burst = f64::from(burst.max(1));
+        let burst = burst.max(1);
+        let count = replicas.count();
         Self {
             rate,
             burst,
-            replicas,
             state: Mutex::new(BucketState {
-                tokens: burst,
-                last: Instant::now(),
+                replicas: count,
+                limiter: Arc::new(limiter(rate, burst, count)),
+                last_grant: None,
             }),
+            replicas,
         }
     }
 
@@ -101,43 +117,85 @@ impl TokenBucket {
     }
 
     /// This replica's share of the burst (at least one token).
-    fn burst(&self) -> f64 {
-        (self.burst / f64::from(self.replicas.count())).max(1.0)
+    fn burst(&self) -> u32 {
+        (self.burst / self.replicas.count()).max(1)
     }
 
-    /// Waits until a token is available and takes it. If the future is dropped while waiting,
-    /// the reserved token is not returned (the bucket errs on the slow side).
-    pub async fn acquire(&self) {
-        let wait = self.reserve();
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
+    /// The limiter of the current replica count (a new one, starting full, when it changed).
+    fn limiter(&self) -> Arc<Limiter> {
+        let count = self.replicas.count();
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.replicas != count {
+            state.replicas = count;
+            state.limiter = Arc::new(limiter(self.rate, self.burst, count));
         }
+        Arc::clone(&state.limiter)
     }
 
-    /// Whether the bucket has refilled to its burst (no caller waits or has spent a token
-    /// since): it then behaves as a new bucket would.
+    /// Waits until a token is available and takes it.
+    pub async fn acquire(&self) {
+        let limiter = self.limiter();
+        while let Err(not_until) = limiter.check() {
+            tokio::time::sleep(not_until.wait_time_from(TokioClock.now())).await;
+        }
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.last_grant = Some(Instant::now());
+    }
+
+    /// Whether the bucket has surely refilled to its burst (no token granted for as long as a
+    /// whole burst takes to come back): it then behaves as a new bucket would. Callers still
+    /// waiting hold the bucket (see the pool's eviction), so only grants count here.
     pub fn is_full(&self) -> bool {
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let elapsed = Instant::now()
-            .saturating_duration_since(state.last)
-            .as_secs_f64();
-        state.tokens + elapsed * self.rate() >= self.burst()
+        state.last_grant.is_none_or(|granted| {
+            let refill = Duration::from_secs_f64(f64::from(self.burst()) / self.rate());
+            Instant::now().saturating_duration_since(granted) >= refill
+        })
+    }
+}
+
+/// A limiter of `count` replicas' share of `rate` and `burst` (at least one token).
+fn limiter(rate: f64, burst: u32, count: u32) -> Limiter {
+    let share = rate / f64::from(count);
+    let period = Duration::from_secs_f64(1.0 / share);
+    let burst = NonZeroU32::new(burst / count).unwrap_or(NonZeroU32::MIN);
+    let quota = Quota::with_period(period)
+        .unwrap_or_else(|| Quota::per_second(NonZeroU32::MIN))
+        .allow_burst(burst);
+    RateLimiter::direct_with_clock(quota, TokioClock)
+}
+
+/// Tokio's clock for `governor`, so the bucket follows paused time in tests.
+#[derive(Debug, Clone, Copy)]
+struct TokioClock;
+
+impl Clock for TokioClock {
+    type Instant = TokioInstant;
+
+    fn now(&self) -> TokioInstant {
+        TokioInstant(Instant::now())
+    }
+}
+
+/// A tokio instant as a `governor` clock reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct TokioInstant(Instant);
+
+impl Add<Nanos> for TokioInstant {
+    type Output = Self;
+
+    fn add(self, nanos: Nanos) -> Self {
+        Self(self.0 + Duration::from(nanos))
+    }
+}
+
+impl Reference for TokioInstant {
+    fn duration_since(&self, earlier: Self) -> Nanos {
+        self.0.saturating_duration_since(earlier.0).into()
     }
 
-    /// Takes a token now and returns how long the caller must wait before using it.
-    fn reserve(&self) -> Duration {
-        let now = Instant::now();
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let elapsed = now.saturating_duration_since(state.last).as_secs_f64();
-        let rate = self.rate();
-        state.tokens = (state.tokens + elapsed * rate).min(self.burst());
-        state.last = now;
-        state.tokens -= 1.0;
-        if state.tokens >= 0.0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64(-state.tokens / rate)
-        }
+    fn saturating_sub(&self, duration: Nanos) -> Self {
+        self.0.checked_sub(duration.into()).map_or(*self, Self)
     }
 }
 
@@ -167,8 +225,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn replicas_divide_the_rate_and_the_burst() {
-        // (live replicas, time for 20 tokens from a full bucket of 40/s, burst 10).
-        let cases = [(1, 250), (2, 750), (4, 1750)];
+        // (live replicas, time for 20 tokens from a full bucket of 40/s, burst 10): each
+        // replica's burst is its whole share of tokens (4 replicas: 2 each, at 10/s).
+        let cases = [(1, 250), (2, 750), (4, 1800)];
         for (count, millis) in cases {
             let replicas = Replicas::one();
             replicas.set(count);
@@ -221,15 +280,18 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn full_once_refilled_to_the_burst() {
+    async fn full_once_a_whole_burst_could_have_refilled() {
         let bucket = TokenBucket::new(4.0, 2);
         assert!(bucket.is_full(), "a new bucket is full");
         bucket.acquire().await;
         assert!(!bucket.is_full(), "one of two tokens spent");
-        tokio::time::advance(Duration::from_millis(200)).await;
-        assert!(!bucket.is_full(), "0.8 of a token back");
-        tokio::time::advance(Duration::from_millis(60)).await;
-        assert!(bucket.is_full(), "a whole token back after 250 ms at 4/s");
+        tokio::time::advance(Duration::from_millis(490)).await;
+        assert!(
+            !bucket.is_full(),
+            "a burst of 2 at 4/s takes 500 ms to come back"
+        );
+        tokio::time::advance(Duration::from_millis(10)).await;
+        assert!(bucket.is_full(), "500 ms after the last grant");
     }
 
     #[test]

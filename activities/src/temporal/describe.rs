@@ -4,6 +4,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
+
 use serde::{Deserialize, Serialize};
 use temporalio_client::grpc::WorkflowService;
 use temporalio_common::protos::temporal::api::{
@@ -203,30 +205,34 @@ pub(crate) fn is_busy_deployment(err: &TemporalError) -> bool {
     }
 }
 
-/// Runs `call` until it is not refused as [`is_busy_deployment`], for at most
-/// [`BUSY_PATIENCE`]. Right after a routing change the server refuses reads of the deployment
-/// for a moment; reporting that as a blocked rollout would make the TWD's conditions flap, and
+/// Runs `call` until it is not refused as [`is_busy_deployment`], waiting at most
+/// [`BUSY_PATIENCE`] in all between tries (exponential from [`BUSY_FIRST_DELAY`] up to
+/// [`BUSY_MAX_DELAY`], jittered so that the reads of many rollouts refused at once do not come
+/// back at once). Right after a routing change the server refuses reads of the deployment for
+/// a moment; reporting that as a blocked rollout would make the TWD's conditions flap, and
 /// long back-off steps would delay the read well past the end of the busy period.
 pub(crate) async fn with_busy_retries<T, F, Fut>(
     deployment_name: &str,
-    mut call: F,
+    call: F,
 ) -> Result<T, TemporalError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, TemporalError>>,
 {
-    let started = tokio::time::Instant::now();
-    let mut delay = BUSY_FIRST_DELAY;
-    loop {
-        match call().await {
-            Err(err) if is_busy_deployment(&err) && started.elapsed() + delay < BUSY_PATIENCE => {
-                debug!(%deployment_name, error = %err, ?delay, "worker deployment busy; reading again");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(BUSY_MAX_DELAY);
-            }
-            other => return other,
-        }
-    }
+    let backoff = ExponentialBuilder::new()
+        .with_min_delay(BUSY_FIRST_DELAY)
+        .with_max_delay(BUSY_MAX_DELAY)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .with_total_delay(Some(BUSY_PATIENCE));
+    call.retry(backoff)
+        .sleep(tokio::time::sleep)
+        .when(is_busy_deployment)
+        .notify(|err, delay| {
+            debug!(%deployment_name, error = %err, ?delay, "worker deployment busy; reading again");
+        })
+        .await
 }
 
 async fn describe_worker_deployment_once(
@@ -648,13 +654,16 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_busy_deployment_is_read_again_at_doubling_intervals_within_the_patience() {
-        use std::sync::atomic::{AtomicU32, Ordering};
+    async fn a_busy_deployment_is_read_again_at_growing_jittered_intervals_within_the_patience() {
+        use std::sync::{Mutex, PoisonError};
         use temporalio_client::tonic::Status;
-        let calls = AtomicU32::new(0);
+        let tries = Mutex::new(Vec::new());
         let started = tokio::time::Instant::now();
         let result: Result<(), TemporalError> = with_busy_retries("ns/d", || {
-            calls.fetch_add(1, Ordering::Relaxed);
+            tries
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(started.elapsed());
             async {
                 Err(TemporalError::rpc(
                     "DescribeWorkerDeployment",
@@ -667,9 +676,25 @@ mod tests {
         })
         .await;
         assert!(result.is_err_and(|e| is_busy_deployment(&e)));
-        // Retries after 0.1, 0.3, 0.7, 1.5, 2.5 and 3.5 s; the next would pass the 4 s patience.
-        assert_eq!(calls.load(Ordering::Relaxed), 7);
-        assert_eq!(started.elapsed(), Duration::from_millis(3500));
+        let tries = tries.into_inner().unwrap_or_else(PoisonError::into_inner);
+        let gaps: Vec<Duration> = tries.windows(2).map(|w| w[1] - w[0]).collect();
+        // Each wait is its exponential step (0.1, 0.2, 0.4, ... s, at most 1 s) plus a jitter
+        // of up to as much again (to the millisecond: backon computes in f32); all of them
+        // within the patience.
+        assert!(gaps.len() >= 3, "{gaps:?}");
+        let slack = Duration::from_millis(1);
+        for (i, gap) in gaps.iter().enumerate() {
+            let step = (BUSY_FIRST_DELAY * 2u32.pow(i as u32)).min(BUSY_MAX_DELAY);
+            assert!(
+                *gap + slack >= step && *gap <= step * 2 + slack,
+                "wait {i}: {gap:?} for {step:?}"
+            );
+        }
+        assert!(
+            started.elapsed() <= BUSY_PATIENCE,
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

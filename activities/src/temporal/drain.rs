@@ -535,7 +535,7 @@ pub async fn drain_version(
             }
             BatchOperationState::Running | BatchOperationState::Unspecified => {}
         }
-        tokio::time::sleep(BATCH_POLL_INTERVAL).await;
+        tokio::time::sleep(crate::backoff::spread(BATCH_POLL_INTERVAL)).await;
     }
 }
 

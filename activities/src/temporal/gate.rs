@@ -44,6 +44,15 @@ pub const GATE_EXECUTION_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
 /// Consecutive transient failures [`wait_gates`] tolerates per gate before giving up.
 const MAX_CONSECUTIVE_ERRORS: u32 = 8;
+/// The first wait after a failed poll of a gate.
+const ERROR_FIRST_DELAY: Duration = Duration::from_secs(2);
+/// The longest wait between failed polls of a gate (before jitter).
+const ERROR_MAX_DELAY: Duration = Duration::from_secs(32);
+
+/// The waits between failed polls of a gate: 2 s, 4 s, ... up to 32 s, jittered.
+fn error_backoff() -> impl Iterator<Item = Duration> {
+    crate::backoff::exponential(ERROR_FIRST_DELAY, ERROR_MAX_DELAY)
+}
 
 /// Status string of a running gate.
 pub const RUNNING: &str = "Running";
@@ -366,6 +375,7 @@ async fn wait_gate(
 ) -> Result<GateRun, TemporalError> {
     let mut page_token = Vec::new();
     let mut errors = 0u32;
+    let mut error_delays = error_backoff();
     while run.status == RUNNING {
         let request = GetWorkflowExecutionHistoryRequest {
             namespace: namespace.to_owned(),
@@ -403,11 +413,13 @@ async fn wait_gate(
                 }
                 warn!(workflow_id = %run.workflow_id, error = %err, "polling a gate workflow failed; retrying");
                 page_token = request.next_page_token;
-                tokio::time::sleep(Duration::from_secs(1 << errors.min(5))).await;
+                let delay = error_delays.next().unwrap_or(ERROR_MAX_DELAY);
+                tokio::time::sleep(delay).await;
                 continue;
             }
         };
         errors = 0;
+        error_delays = error_backoff();
         let close = response
             .history
             .and_then(|h| h.events.into_iter().last())
@@ -519,7 +531,7 @@ pub async fn stop_build_gates(
         if running.is_empty() || tokio::time::Instant::now() >= deadline {
             break;
         }
-        tokio::time::sleep(STOP_POLL_INTERVAL).await;
+        tokio::time::sleep(crate::backoff::spread(STOP_POLL_INTERVAL)).await;
     }
     for workflow_id in &running {
         terminate_gate(client, namespace, workflow_id).await?;

@@ -760,8 +760,9 @@ mod tests {
         // A new key sweeps: the held bucket and the one still refilling stay.
         pool.budget("h:1", "new");
         assert_eq!(count(), 3, "only the untouched, unheld bucket goes");
-        // Refilled after 100 ms at 10/s: the spent bucket goes too, the held one stays.
-        tokio::time::advance(Duration::from_millis(150)).await;
+        // Surely refilled 200 ms after its grant (a burst of 2 at 10/s): the spent bucket goes
+        // too, the held one stays.
+        tokio::time::advance(Duration::from_millis(200)).await;
         pool.budget("h:1", "newer");
         let keys: HashSet<String> = pool
             .inner
