@@ -237,20 +237,37 @@ impl EngineActivities {
         &self,
         twd: &TwdRef,
     ) -> Result<Option<Result<Resolved, Unresolved>>, ActivityError> {
-        let Some(resource) = k8s::get_twd(&self.kube, twd).await.map_err(retryable)? else {
+        let resource = k8s::get_twd(&self.kube, twd).await.map_err(retryable)?;
+        self.resolve_read(twd, resource, None).await
+    }
+
+    /// [`EngineActivities::resolve_detailed`] of the TWD as just read (`None`: gone), with its
+    /// connection when the caller just resolved it too (then it is not read again).
+    async fn resolve_read(
+        &self,
+        twd: &TwdRef,
+        resource: Option<WorkerObject>,
+        resolved: Option<(k8s::Connection, crate::connection::ConnectionConfig)>,
+    ) -> Result<Option<Result<Resolved, Unresolved>>, ActivityError> {
+        let Some(resource) = resource else {
             return Ok(None);
         };
         let spec = spec_view(&resource);
         let reference = &resource.spec.worker_options.connection_ref;
-        let config = match k8s::resolve_connection(
-            &self.kube,
-            self.cluster_access,
-            &twd.namespace,
-            reference,
-            &spec.temporal_namespace,
-        )
-        .await
-        {
+        let resolved = match resolved {
+            Some(resolved) => Ok(resolved),
+            None => {
+                k8s::resolve_connection(
+                    &self.kube,
+                    self.cluster_access,
+                    &twd.namespace,
+                    reference,
+                    &spec.temporal_namespace,
+                )
+                .await
+            }
+        };
+        let config = match resolved {
             Ok((_, config)) => config,
             Err(ResolveError::Transient(e)) => return Err(retryable(e)),
             Err(ResolveError::Blocked(blocked)) => {
@@ -516,18 +533,36 @@ impl EngineActivities {
     /// What `observe` returns, read now.
     async fn observe_now(&self, twd: &TwdRef) -> Result<Observation, ActivityError> {
         let observed_at = now_millis();
-        let Some(resolved) = self.resolve(twd).await? else {
-            return Ok(Observation {
-                spec: None,
-                deployments: Vec::new(),
-                temporal: Ok(TemporalState::default()),
-                observed_at,
-            });
+        let resource = k8s::get_twd(&self.kube, twd).await.map_err(retryable)?;
+        self.observe_read(twd, observed_at, resource, None).await
+    }
+
+    /// [`EngineActivities::observe_now`] of the TWD as read at `observed_at` (`None`: gone),
+    /// with its connection when the caller just resolved it.
+    async fn observe_read(
+        &self,
+        twd: &TwdRef,
+        observed_at: i64,
+        resource: Option<WorkerObject>,
+        resolved: Option<(k8s::Connection, crate::connection::ConnectionConfig)>,
+    ) -> Result<Observation, ActivityError> {
+        let gone = || Observation {
+            spec: None,
+            deployments: Vec::new(),
+            temporal: Ok(TemporalState::default()),
+            observed_at,
         };
-        let (spec, temporal, deployments) = match resolved {
+        let Some(resource) = resource else {
+            return Ok(gone());
+        };
+        let uid = resource.metadata.uid.clone().unwrap_or_default();
+        let view = spec_view(&resource);
+        let Some(resolved) = self.resolve_read(twd, Some(resource), resolved).await? else {
+            return Ok(gone());
+        };
+        let (spec, temporal, deployments) = match resolved.map_err(Unresolved::into_blocked) {
             Ok(r) => {
                 // Temporal and the Deployments are read at once.
-                let uid = r.resource.metadata.uid.clone().unwrap_or_default();
                 let deployment_name = twd.key();
                 let (state, deployments) = tokio::join!(
                     temporal::describe_worker_deployment(
@@ -545,20 +580,10 @@ impl EngineActivities {
                 (r.spec, state, deployments.map_err(retryable)?)
             }
             Err(blocked) => {
-                let resource = k8s::get_twd(&self.kube, twd).await.map_err(retryable)?;
-                let Some(resource) = resource else {
-                    return Ok(Observation {
-                        spec: None,
-                        deployments: Vec::new(),
-                        temporal: Ok(TemporalState::default()),
-                        observed_at,
-                    });
-                };
-                let uid = resource.metadata.uid.clone().unwrap_or_default();
                 let deployments = k8s::list_versioned_deployments(&self.kube, twd, &uid)
                     .await
                     .map_err(retryable)?;
-                (spec_view(&resource), Err(blocked), deployments)
+                (view, Err(blocked), deployments)
             }
         };
         Ok(Observation {
@@ -1569,14 +1594,35 @@ impl EngineActivities {
         twd: TwdRef,
     ) -> Result<RecheckOutcome, ActivityError> {
         with_heartbeats(&ctx, async {
-            let reasserted = match self.reassert(&twd).await {
-                    Ok(outcome) => outcome,
-                    Err(e) => {
-                        tracing::warn!(twd = %twd.key(), "re-asserting resources failed (retried at a later turn): {e}");
-                        twc_workflows::contract::ReassertOutcome::default()
-                    }
-                };
-            let observation = self.observe_now(&twd).await?;
+            // The claim is read once for both halves, and so is the connection when nothing
+            // was changed (else the observation reads what the changes left).
+            let observed_at = now_millis();
+            let claim = k8s::read_claim(&self.kube, &twd)
+                .await
+                .map_err(retryable)?;
+            let holder = claim.as_ref().map(|c| c.holder.clone());
+            let reasserted = match k8s::reassert_claimed(
+                &self.kube,
+                self.cluster_access,
+                &twd,
+                claim,
+                self.known_connections.as_deref(),
+            )
+            .await
+            {
+                Ok(reasserted) => reasserted,
+                Err(e) => {
+                    tracing::warn!(twd = %twd.key(), "re-asserting resources failed (retried at a later turn): {e}");
+                    k8s::Reasserted::default()
+                }
+            };
+            let observation = if reasserted.outcome.changes.is_empty() {
+                self.observe_read(&twd, observed_at, holder, reasserted.resolved)
+                    .await?
+            } else {
+                self.observe_now(&twd).await?
+            };
+            let reasserted = reasserted.outcome;
             Ok(RecheckOutcome {
                 reasserted,
                 observation,

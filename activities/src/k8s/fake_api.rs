@@ -8,7 +8,19 @@ pub(crate) type Answer = (u16, String);
 
 /// A client of a server answering each `GET <path>` of `routes`, and 404 to anything else.
 pub(crate) fn client(routes: Vec<(String, Answer)>) -> kube::Client {
+    recording_client(routes).0
+}
+
+/// [`client`], also recording each request as `<METHOD> <path>`.
+pub(crate) fn recording_client(
+    routes: Vec<(String, Answer)>,
+) -> (kube::Client, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = std::sync::Arc::clone(&seen);
     let service = tower::service_fn(move |request: http::Request<Body>| {
+        if let Ok(mut log) = log.lock() {
+            log.push(format!("{} {}", request.method(), request.uri().path()));
+        }
         let (code, body) = routes
             .iter()
             .find(|(path, _)| path == request.uri().path())
@@ -19,7 +31,7 @@ pub(crate) fn client(routes: Vec<(String, Answer)>) -> kube::Client {
                 .body(Body::from(body.into_bytes()))
         }
     });
-    kube::Client::new(service, "default")
+    (kube::Client::new(service, "default"), seen)
 }
 
 /// What the API server says of an object that does not exist: a 404 Status naming it.

@@ -29,7 +29,7 @@ use twc_crds::worker_deployment::{ConnectionKind, ConnectionReference};
 use twc_crds::{ClusterConnection, WorkerObject};
 use twc_workflows::model::TwdRef;
 
-use super::connection::ClusterAccess;
+use super::connection::{ClusterAccess, Connection};
 use super::error::{K8sError, ObjectName};
 use super::retry::retry_on_conflict;
 use super::twd::{get_twd, list_workers, read_claimants, worker_api, worker_object_name};
@@ -66,7 +66,7 @@ pub async fn ensure_finalizers(
     known: Option<&dyn KnownConnections>,
 ) -> Result<(), K8sError> {
     match get_twd(client, twd).await? {
-        Some(resource) => restore_finalizers(client, access, &resource, known)
+        Some(resource) => restore_finalizers(client, access, &resource, known, None)
             .await
             .map(drop),
         None => Ok(()),
@@ -96,12 +96,14 @@ fn connection_api(client: &Client, namespace: &str, kind: ConnectionKind) -> Api
 /// [`ensure_finalizers`] for a TWD just read: returns the objects it added the finalizer to.
 /// When nothing is missing it only lists the namespace's connections (and its TWDs when
 /// another connection still holds the finalizer); with `known` saying no other connection may
-/// be released, it only reads the one the TWD uses.
+/// be released, it only reads the one the TWD uses, and not even that when `used` is the
+/// connection the caller just read for the TWD (protected or being deleted: nothing to add).
 pub async fn restore_finalizers(
     client: &Client,
     access: ClusterAccess,
     resource: &WorkerObject,
     known: Option<&dyn KnownConnections>,
+    used: Option<&Connection>,
 ) -> Result<Vec<ObjectName>, K8sError> {
     let namespace = resource.namespace().unwrap_or_default();
     if resource.metadata.deletion_timestamp.is_some() {
@@ -121,7 +123,8 @@ pub async fn restore_finalizers(
             .iter()
             .find(|c| uses(c) && !c.protected && !c.deleting)
             .map(|c| c.kind),
-        None => reference.kind.is_in_namespace().then_some(reference.kind),
+        None => (reference.kind.is_in_namespace() && used.is_none_or(needs_protection))
+            .then_some(reference.kind),
     };
     let mut added = Vec::new();
     if let Some(kind) = unprotected {
@@ -145,7 +148,7 @@ pub async fn restore_finalizers(
         release_unused(client, &namespace, &others).await?;
     }
     if access == ClusterAccess::Granted {
-        added.extend(restore_cluster_finalizer(client, resource, known).await?);
+        added.extend(restore_cluster_finalizer(client, resource, known, used).await?);
     }
     Ok(added)
 }
@@ -157,6 +160,7 @@ async fn restore_cluster_finalizer(
     client: &Client,
     resource: &WorkerObject,
     known: Option<&dyn KnownConnections>,
+    read: Option<&Connection>,
 ) -> Result<Option<ObjectName>, K8sError> {
     let reference = &resource.spec.worker_options.connection_ref;
     let used = match reference.kind {
@@ -167,7 +171,7 @@ async fn restore_cluster_finalizer(
     if known.and_then(|k| k.may_release_cluster(used)) == Some(false) {
         // Nothing to release: only the used one, if any, is read (`add_finalizer` adds nothing
         // to one that is missing, being deleted or protected).
-        if used.is_empty() {
+        if used.is_empty() || read.is_some_and(|c| !needs_protection(c)) {
             return Ok(None);
         }
         let object = ObjectName::cluster_scoped("ClusterConnection", used);
@@ -365,6 +369,16 @@ fn has_finalizer<K: Resource>(object: &K) -> bool {
         .any(|f| f == DELETE_PROTECTION_FINALIZER)
 }
 
+/// Whether a connection just read lacks the delete-protection finalizer and is not being
+/// deleted (only then may [`add_finalizer`] add it).
+fn needs_protection(connection: &Connection) -> bool {
+    let protected = match connection {
+        Connection::Namespaced(c) => has_finalizer(c),
+        Connection::Cluster(c) => has_finalizer(c),
+    };
+    !protected && !connection.is_deleting()
+}
+
 /// Adds the finalizer unless the object is missing, being deleted, or already has it; returns
 /// whether it added it.
 async fn add_finalizer<K>(api: &Api<K>, object: &ObjectName) -> Result<bool, K8sError>
@@ -441,8 +455,10 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use k8s_openapi::jiff::Timestamp;
     use kube::api::ObjectMeta;
+    use twc_crds::worker_deployment::ConnectionReference;
 
     use super::*;
+    use crate::k8s::fake_api;
 
     /// A TWD `namespace/name`, being deleted or not, holding its finalizer or not.
     fn twd(namespace: &str, name: &str, deleting: bool, held: bool) -> WorkerObject {
@@ -505,6 +521,67 @@ mod tests {
         ];
         for (what, users, leaving, expected) in cases {
             assert_eq!(still_used(&users, leaving), expected, "{what}");
+        }
+    }
+
+    /// Says that no other connection of any namespace may be released.
+    struct NothingToRelease;
+
+    impl KnownConnections for NothingToRelease {
+        fn may_release(&self, _: &str, _: &ConnectionReference) -> Option<bool> {
+            Some(false)
+        }
+
+        fn may_release_cluster(&self, _: &str) -> Option<bool> {
+            Some(false)
+        }
+    }
+
+    /// The TemporalConnection `dev` of `team-a`, protected or not.
+    fn connection(protected: bool) -> Connection {
+        Connection::Namespaced(twc_crds::TemporalConnection {
+            metadata: ObjectMeta {
+                namespace: Some("team-a".into()),
+                name: Some("dev".into()),
+                finalizers: protected.then(|| vec![DELETE_PROTECTION_FINALIZER.to_owned()]),
+                ..Default::default()
+            },
+            spec: twc_crds::TemporalConnectionSpec {
+                host_port: "temporal:7233".into(),
+                tls: None,
+                mutual_tls_secret_ref: None,
+                api_key_secret_ref: None,
+                worker_credentials: None,
+            },
+            status: None,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_connection_just_read_as_protected_is_not_read_again() {
+        let get = "GET /apis/temporal.io/v1alpha1/namespaces/team-a/temporalconnections/dev";
+        // (what the caller read of the used connection, the requests made)
+        let cases = [
+            ("nothing", None, vec![get]),
+            ("protected", Some(connection(true)), vec![]),
+            ("unprotected", Some(connection(false)), vec![get]),
+        ];
+        for (what, used, expected) in cases {
+            let path = get.trim_start_matches("GET ").to_owned();
+            let missing = fake_api::not_found("temporalconnections", "dev");
+            let (client, seen) = fake_api::recording_client(vec![(path, missing)]);
+            let resource = twd("team-a", "hello", false, true);
+            let added = restore_finalizers(
+                &client,
+                ClusterAccess::Restricted,
+                &resource,
+                Some(&NothingToRelease),
+                used.as_ref(),
+            )
+            .await;
+            assert!(added.is_ok_and(|a| a.is_empty()), "{what}");
+            let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+            assert_eq!(seen, expected, "{what}");
         }
     }
 }

@@ -41,7 +41,7 @@ pub use events::{emit_event, emit_event_on};
 pub use finalizers::{KnownConnections, ensure_finalizers, release_finalizers, restore_finalizers};
 pub use gate_input::{GateField, gate_input, step_gate};
 pub use injection::ServerCa;
-pub use reassert::reassert_resources;
+pub use reassert::{Reasserted, reassert_claimed, reassert_resources};
 pub use status::{
     StatusWrite, write_connection_status, write_twd_status, write_twd_status_seen,
     write_worker_status,

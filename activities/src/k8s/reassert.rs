@@ -22,18 +22,20 @@ use twc_workflows::contract::{ReassertOutcome, ResourceChange};
 use twc_workflows::model::{SpecView, TwdRef};
 use twc_workflows::plan::spec_view::spec_view;
 
+use crate::connection::ConnectionConfig;
+
 use super::adoption::{
     ADOPTED_CONNECTION_HASH, ADOPTED_TEMPLATE_HASH, runs_template, stamp_deployment,
 };
 use super::claims::settle_others;
-use super::connection::{ClusterAccess, resolve_connection};
+use super::connection::{ClusterAccess, Connection, resolve_connection};
 use super::deployment_builder::{build_deployment, selector_labels};
 use super::deployments::{apply_connection, list_owned_deployments, update_deployment};
 use super::error::{K8sError, ObjectName, ResolveError};
 use super::finalizers::{KnownConnections, restore_finalizers};
 use super::injection::connection_spec_hash;
 use super::injection::{ServerCa, TLS_VOLUME};
-use super::twd::read_claim;
+use super::twd::{Claim, read_claim};
 
 /// Why `reassert_resources` changed something: the reason of the Normal event it becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,18 +78,59 @@ pub async fn reassert_resources(
     twd: &TwdRef,
     known: Option<&dyn KnownConnections>,
 ) -> Result<ReassertOutcome, K8sError> {
-    let Some(claim) = read_claim(client, twd).await? else {
-        return Ok(ReassertOutcome::default());
+    let claim = read_claim(client, twd).await?;
+    Ok(reassert_claimed(client, access, twd, claim, known)
+        .await?
+        .outcome)
+}
+
+/// What [`reassert_claimed`] did, and the connection it resolved on the way (for an
+/// observation that follows, when nothing changed).
+#[derive(Debug, Default)]
+pub struct Reasserted {
+    /// What was changed.
+    pub outcome: ReassertOutcome,
+    /// The TWD's connection and the config to reach Temporal with, when both were read and
+    /// usable.
+    pub resolved: Option<(Connection, ConnectionConfig)>,
+}
+
+/// [`reassert_resources`] of the claim just read (`None`: no object of either kind has the
+/// name), so a caller that goes on to observe reads it once.
+pub async fn reassert_claimed(
+    client: &Client,
+    access: ClusterAccess,
+    twd: &TwdRef,
+    claim: Option<Claim>,
+    known: Option<&dyn KnownConnections>,
+) -> Result<Reasserted, K8sError> {
+    let Some(claim) = claim else {
+        return Ok(Reasserted::default());
     };
     // Objects of the other kind of this name: refused, or handed over from (their Deployments
     // are the holder's from here on).
     let mut changes = settle_others(client, &claim).await?;
     let resource = claim.holder;
     if resource.metadata.deletion_timestamp.is_some() {
-        return Ok(ReassertOutcome { changes });
+        return Ok(Reasserted {
+            outcome: ReassertOutcome { changes },
+            resolved: None,
+        });
     }
+    let view = spec_view(&resource);
+    let reference = &resource.spec.worker_options.connection_ref;
+    // Resolved first: the connection just read spares the finalizers' own read of it.
+    let resolved = resolve_connection(
+        client,
+        access,
+        &twd.namespace,
+        reference,
+        &view.temporal_namespace,
+    )
+    .await;
+    let used = resolved.as_ref().ok().map(|(connection, _)| connection);
     changes.extend(
-        restore_finalizers(client, access, &resource, known)
+        restore_finalizers(client, access, &resource, known, used)
             .await?
             .into_iter()
             .map(|object| {
@@ -96,24 +139,18 @@ pub async fn reassert_resources(
                 ))
             }),
     );
-    let view = spec_view(&resource);
-    let reference = &resource.spec.worker_options.connection_ref;
-    let (connection, ca) = match resolve_connection(
-        client,
-        access,
-        &twd.namespace,
-        reference,
-        &view.temporal_namespace,
-    )
-    .await
-    {
-        Ok((connection, config)) => (connection, ServerCa::of(&config)),
+    let (connection, config) = match resolved {
+        Ok(resolved) => resolved,
         Err(ResolveError::Blocked(blocked)) => {
             tracing::debug!(twd = %twd.key(), reason = blocked.reason.as_str(), "Deployments not re-asserted: {}", blocked.message);
-            return Ok(ReassertOutcome { changes });
+            return Ok(Reasserted {
+                outcome: ReassertOutcome { changes },
+                resolved: None,
+            });
         }
         Err(ResolveError::Transient(error)) => return Err(*error),
     };
+    let ca = ServerCa::of(&config);
     let desired = Desired {
         twd: &resource,
         connection: connection.spec(),
@@ -153,7 +190,10 @@ pub async fn reassert_resources(
     for change in &changes {
         tracing::info!(twd = %twd.key(), reason = %change.reason, "{}", change.message);
     }
-    Ok(ReassertOutcome { changes })
+    Ok(Reasserted {
+        outcome: ReassertOutcome { changes },
+        resolved: Some((connection, config)),
+    })
 }
 
 /// What the TWD and its connection want of its versioned Deployments.
