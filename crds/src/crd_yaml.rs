@@ -343,6 +343,8 @@ mod tests {
                 ".spec.rollout.steps[].gate.inputFrom.configMapKeyRef".to_owned(),
                 ".spec.rollout.steps[].gate.inputFrom.secretKeyRef".to_owned(),
                 ".spec.notifications.targets[].urlSecretRef".to_owned(),
+                ".spec.rollout.analysis.checks[].prometheus.auth.bearerTokenSecretRef".to_owned(),
+                ".spec.rollout.analysis.checks[].prometheus.tls.caSecretRef".to_owned(),
             ])
             .collect();
         expected.sort();

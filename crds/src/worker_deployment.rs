@@ -490,6 +490,8 @@ pub struct TemporalCheck {
         .message("a prometheus check needs maxValue or minValue"),
     validation = Rule::new("!has(self.maxValue) || !has(self.minValue) || self.minValue <= self.maxValue")
         .message("minValue must not be above maxValue"),
+    validation = Rule::new("!has(self.tls) || self.address.startsWith('https://')")
+        .message("prometheus.tls applies to an https:// address only"),
 )]
 pub struct PrometheusCheck {
     /// Base URL of the Prometheus HTTP API, such as `http://prometheus.monitoring:9090`.
@@ -504,6 +506,61 @@ pub struct PrometheusCheck {
     /// Lowest value that passes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_value: Option<f64>,
+    /// Credentials sent with each query (managed Prometheus services and servers behind an
+    /// authenticating proxy require them), read from a Secret in the TWD's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<PrometheusAuth>,
+    /// TLS settings of an `https://` address whose certificate a private CA signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<PrometheusTls>,
+}
+
+/// How queries authenticate: exactly one of a bearer token or basic auth.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.bearerTokenSecretRef) != has(self.basicAuthSecretRef)")
+        .message("prometheus.auth needs exactly one of bearerTokenSecretRef or basicAuthSecretRef"),
+)]
+pub struct PrometheusAuth {
+    /// A Secret key holding a token, sent as `Authorization: Bearer <token>` (surrounding
+    /// whitespace dropped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token_secret_ref: Option<SecretKeySelector>,
+    /// A Secret with the keys `username` and `password` (type `kubernetes.io/basic-auth` or
+    /// `Opaque`), sent as HTTP basic auth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic_auth_secret_ref: Option<crate::connection::SecretReference>,
+}
+
+/// The credentials a [`PrometheusAuth`] names, as one choice.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PrometheusAuthRef<'a> {
+    /// A token in a Secret key.
+    BearerToken(&'a SecretKeySelector),
+    /// A `kubernetes.io/basic-auth` Secret.
+    BasicAuth(&'a crate::connection::SecretReference),
+}
+
+impl PrometheusAuth {
+    /// The one credential source set; `None` when both or neither are (admission refuses
+    /// both).
+    pub fn secret_ref(&self) -> Option<PrometheusAuthRef<'_>> {
+        match (&self.bearer_token_secret_ref, &self.basic_auth_secret_ref) {
+            (Some(selector), None) => Some(PrometheusAuthRef::BearerToken(selector)),
+            (None, Some(reference)) => Some(PrometheusAuthRef::BasicAuth(reference)),
+            _ => None,
+        }
+    }
+}
+
+/// TLS settings of a Prometheus address.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PrometheusTls {
+    /// Secret key holding the PEM CA bundle that signed the server's certificate; it replaces
+    /// the system's CA certificates for this address.
+    pub ca_secret_ref: SecretKeySelector,
 }
 
 /// A workflow run on the new version (pinned to it) that must succeed before promotion.
@@ -1090,6 +1147,57 @@ pub mod test_support {
             sunset: SunsetSpec::default(),
             autoscaling: None,
             notifications: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::CustomResourceExt;
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn prometheus_auth_names_exactly_one_secret_or_none() {
+        // (auth as written, the Secret it names: Some((kind, name)) or None)
+        let cases = [
+            (
+                json!({ "bearerTokenSecretRef": { "name": "grafana", "key": "token" } }),
+                Some(("bearer", "grafana")),
+            ),
+            (
+                json!({ "basicAuthSecretRef": { "name": "prom-auth" } }),
+                Some(("basic", "prom-auth")),
+            ),
+            (
+                json!({ "bearerTokenSecretRef": { "name": "t", "key": "token" },
+                        "basicAuthSecretRef": { "name": "b" } }),
+                None,
+            ),
+            (json!({}), None),
+        ];
+        for (auth, expected) in cases {
+            let parsed: PrometheusAuth =
+                serde_json::from_value(auth.clone()).unwrap_or_else(|e| panic!("{auth}: {e}"));
+            let named = parsed.secret_ref().map(|r| match r {
+                PrometheusAuthRef::BearerToken(s) => ("bearer", s.name.as_str()),
+                PrometheusAuthRef::BasicAuth(s) => ("basic", s.name.as_str()),
+            });
+            assert_eq!(named, expected, "{auth}");
+        }
+    }
+
+    #[test]
+    fn the_crd_refuses_ambiguous_prometheus_auth_and_tls_on_plain_http() {
+        let crd = serde_json::to_string(&TemporalWorkerDeployment::crd()).unwrap_or_default();
+        for rule in [
+            "has(self.bearerTokenSecretRef) != has(self.basicAuthSecretRef)",
+            "prometheus.auth needs exactly one of bearerTokenSecretRef or basicAuthSecretRef",
+            "!has(self.tls) || self.address.startsWith('https://')",
+            "prometheus.tls applies to an https:// address only",
+        ] {
+            assert!(crd.contains(rule), "{rule}");
         }
     }
 }

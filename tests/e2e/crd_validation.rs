@@ -303,6 +303,35 @@ async fn invalid_manifests_are_rejected_with_a_clear_message() {
             "minValue must not be above maxValue",
         ),
         (
+            "prometheus auth with both secret refs",
+            worker(&ns, "a"),
+            analysis(json!({ "checks": [ { "name": "p", "prometheus": {
+                "address": "https://p:9090", "query": "up", "maxValue": 1,
+                "auth": {
+                    "bearerTokenSecretRef": { "name": "t", "key": "token" },
+                    "basicAuthSecretRef": { "name": "b" }
+                }
+            } } ] })),
+            "prometheus.auth needs exactly one of bearerTokenSecretRef or basicAuthSecretRef",
+        ),
+        (
+            "prometheus auth with no secret ref",
+            worker(&ns, "a"),
+            analysis(json!({ "checks": [ { "name": "p", "prometheus": {
+                "address": "https://p:9090", "query": "up", "maxValue": 1, "auth": {}
+            } } ] })),
+            "prometheus.auth needs exactly one of bearerTokenSecretRef or basicAuthSecretRef",
+        ),
+        (
+            "prometheus tls on an http address",
+            worker(&ns, "a"),
+            analysis(json!({ "checks": [ { "name": "p", "prometheus": {
+                "address": "http://p:9090", "query": "up", "maxValue": 1,
+                "tls": { "caSecretRef": { "name": "ca", "key": "ca.crt" } }
+            } } ] })),
+            "prometheus.tls applies to an https:// address only",
+        ),
+        (
             "analysis interval below 1s",
             worker(&ns, "a"),
             analysis(json!({ "checks": [
