@@ -488,12 +488,42 @@ impl EngineActivities {
                     name: &request.twd.name,
                 };
                 let query = prometheus::substitute(query, &placeholders);
+                // Credentials and CA come from the live spec (the check's view carries no
+                // Secret names) and its Secrets, read at each measurement.
+                let spec = resolved
+                    .resource
+                    .object
+                    .spec
+                    .rollout
+                    .analysis
+                    .iter()
+                    .flat_map(|analysis| &analysis.checks)
+                    .find(|c| c.name == check.name)
+                    .and_then(|c| c.prometheus.as_ref());
+                let access = match spec {
+                    Some(spec) => {
+                        k8s::prometheus_access::prometheus_access(
+                            &self.kube,
+                            &request.twd.namespace,
+                            spec,
+                        )
+                        .await
+                    }
+                    None => Ok(prometheus::PrometheusAccess::default()),
+                };
+                let access = match access {
+                    Ok(access) => access,
+                    Err(problem) => {
+                        return prometheus::unreadable_access(&check.name, &query, &problem);
+                    }
+                };
                 let check = prometheus::PrometheusCheck {
                     name: &check.name,
                     address,
                     query: &query,
                     min_value: *min_value,
                     max_value: *max_value,
+                    access: &access,
                 };
                 prometheus::measure(&self.prometheus, &check).await
             }

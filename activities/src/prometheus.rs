@@ -5,21 +5,29 @@
 //! verdict ([`parse_answer`], [`judge`]): one value is compared with the bounds; no data, several
 //! series, an unreachable server or a failed evaluation are inconclusive (the next measurement
 //! may have a verdict); a query Prometheus cannot parse, or one that cannot give a single value
-//! at all, is `Invalid` (a spec error). Plain HTTP and HTTPS (system roots) over one pooled
-//! client; every query is bounded by a timeout.
+//! at all, is `Invalid` (a spec error). Plain HTTP and HTTPS over pooled clients (one verifying
+//! with the system's CA certificates, one per private CA a check names); a query may carry a
+//! bearer token or basic auth ([`PrometheusAccess`]), and a server that refuses them (HTTP 401
+//! or 403) is named as such with the Secret they came from. Every query is bounded by a timeout.
 
-use std::{sync::OnceLock, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{Mutex, OnceLock, PoisonError},
+    time::Duration,
+};
 
+use base64::{Engine as _, engine::general_purpose::STANDARD as BASE64};
 use bytes::Bytes;
 use http::{
-    Request, Uri,
-    header::{ACCEPT, USER_AGENT},
+    HeaderValue, Request, StatusCode, Uri,
+    header::{ACCEPT, AUTHORIZATION, USER_AGENT},
 };
 use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use serde::Deserialize;
-use tracing::info;
+use sha2::{Digest, Sha256};
+use tracing::{info, warn};
 use twc_crds::worker_deployment::PROMQL_PLACEHOLDERS;
 use twc_workflows::contract::{Measurement, Verdict};
 use url::Url;
@@ -268,7 +276,15 @@ pub enum PrometheusError {
         /// Why.
         reason: String,
     },
-    /// No HTTPS client could be set up in this process.
+    /// The check's credentials cannot be sent (characters a header cannot hold).
+    #[error("cannot query Prometheus at {url}: {problem}")]
+    Credentials {
+        /// The query endpoint.
+        url: String,
+        /// What is wrong, and where the credentials come from (never their bytes).
+        problem: String,
+    },
+    /// No HTTPS client could be set up (for a private CA: its bundle cannot be used).
     #[error("cannot query Prometheus at {url}: {message}")]
     Tls {
         /// The query endpoint.
@@ -283,6 +299,16 @@ pub enum PrometheusError {
         url: String,
         /// The error with its causes.
         message: String,
+    },
+    /// The server refused the check's credentials, or wants some: HTTP 401 or 403.
+    #[error("Prometheus at {url} refused the query's credentials (HTTP {status}): {what}")]
+    Refused {
+        /// The query endpoint.
+        url: String,
+        /// HTTP status.
+        status: u16,
+        /// What the check sent, and what to fix.
+        what: String,
     },
     /// No answer within the timeout.
     #[error("Prometheus at {url} did not answer within {}s", .timeout.as_secs_f64())]
@@ -351,11 +377,83 @@ pub fn query_uri(address: &str, query: &str) -> Result<(Uri, String), Prometheus
 
 type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
 
-/// A client of Prometheus servers: one connection pool for all of them, HTTPS verified with the
-/// system's CA certificates. Cheap to share; set up on first use.
+/// Credentials a query carries (never shown: `Debug` names the kind and the user only).
+#[derive(Clone, PartialEq, Eq)]
+pub enum Credentials {
+    /// `Authorization: Bearer <token>`.
+    Bearer(String),
+    /// HTTP basic auth.
+    Basic {
+        /// User name.
+        username: String,
+        /// Password.
+        password: String,
+    },
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Bearer(_) => f.write_str("Bearer(..)"),
+            Self::Basic { username, .. } => write!(f, "Basic({username:?}, ..)"),
+        }
+    }
+}
+
+impl Credentials {
+    /// The `Authorization` header, marked sensitive (kept out of logs and HPACK tables).
+    pub fn header(&self) -> Result<HeaderValue, String> {
+        let text = match self {
+            Self::Bearer(token) => format!("Bearer {token}"),
+            Self::Basic { username, password } => {
+                format!("Basic {}", BASE64.encode(format!("{username}:{password}")))
+            }
+        };
+        let mut value = HeaderValue::from_str(&text)
+            .map_err(|_| "the credentials hold characters an HTTP header cannot".to_owned())?;
+        value.set_sensitive(true);
+        Ok(value)
+    }
+}
+
+/// Credentials and where they were read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authorization {
+    /// Sent with each query.
+    pub credentials: Credentials,
+    /// Where they come from, for messages: `basic auth in Secret shop/prom`.
+    pub source: String,
+}
+
+/// A private CA bundle and where it was read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaBundle {
+    /// PEM certificates that replace the system's CA certificates.
+    pub pem: Vec<u8>,
+    /// Where it comes from, for messages: `key "ca.crt" of Secret shop/prom-ca`.
+    pub source: String,
+}
+
+/// How a check reaches its Prometheus beyond the address: credentials and a private CA, read
+/// from the Secrets its spec names (nothing of either by default).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrometheusAccess {
+    /// The `Authorization` of each query.
+    pub authorization: Option<Authorization>,
+    /// The CA that verifies an `https://` address.
+    pub ca: Option<CaBundle>,
+}
+
+/// Clients with a private CA kept at once; more are dropped and made again on use.
+const MAX_CA_CLIENTS: usize = 32;
+
+/// A client of Prometheus servers: one connection pool verifying HTTPS with the system's CA
+/// certificates, and one per private CA. Cheap to share; set up on first use.
 #[derive(Debug)]
 pub struct PrometheusClient {
     http: OnceLock<Result<HttpClient, String>>,
+    /// Clients by the SHA-256 of their CA bundle.
+    with_ca: Mutex<HashMap<String, HttpClient>>,
     timeout: Duration,
 }
 
@@ -370,39 +468,81 @@ impl PrometheusClient {
     pub fn new(timeout: Duration) -> Self {
         Self {
             http: OnceLock::new(),
+            with_ca: Mutex::new(HashMap::new()),
             timeout,
         }
     }
 
-    fn http(&self) -> Result<&HttpClient, String> {
-        self.http
-            .get_or_init(|| crate::http::client("Prometheus addresses"))
-            .as_ref()
-            .map_err(Clone::clone)
+    /// The client that verifies HTTPS with `ca` (the system's CA certificates when `None`).
+    fn http(&self, ca: Option<&CaBundle>) -> Result<HttpClient, String> {
+        let Some(ca) = ca else {
+            return self
+                .http
+                .get_or_init(|| crate::http::client("Prometheus addresses"))
+                .clone();
+        };
+        let key = hex::encode(Sha256::digest(&ca.pem));
+        let mut clients = self.with_ca.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(client) = clients.get(&key) {
+            return Ok(client.clone());
+        }
+        let client = crate::http::client_with_ca(&ca.pem)
+            .map_err(|problem| format!("{problem} (the CA in {})", ca.source))?;
+        if clients.len() >= MAX_CA_CLIENTS {
+            clients.clear();
+        }
+        clients.insert(key, client.clone());
+        Ok(client)
     }
 
-    /// Runs `query` as an instant query on the Prometheus at `address`.
+    /// Runs `query` as an instant query on the Prometheus at `address`, with `access`'s
+    /// credentials and CA.
     pub async fn instant_query(
         &self,
         address: &str,
         query: &str,
+        access: &PrometheusAccess,
     ) -> Result<Answer, PrometheusError> {
         let (uri, url) = query_uri(address, query)?;
-        let http = self.http().map_err(|message| PrometheusError::Tls {
-            url: url.clone(),
-            message,
-        })?;
-        let request = Request::get(uri)
+        let http = self
+            .http(access.ca.as_ref())
+            .map_err(|message| PrometheusError::Tls {
+                url: url.clone(),
+                message,
+            })?;
+        let mut request = Request::get(uri)
             .header(ACCEPT, "application/json")
-            .header(USER_AGENT, concat!("twc/", env!("CARGO_PKG_VERSION")))
+            .header(USER_AGENT, concat!("twc/", env!("CARGO_PKG_VERSION")));
+        if let Some(authorization) = &access.authorization {
+            let value = authorization.credentials.header().map_err(|problem| {
+                PrometheusError::Credentials {
+                    url: url.clone(),
+                    problem: format!("{problem} (the {})", authorization.source),
+                }
+            })?;
+            request = request.header(AUTHORIZATION, value);
+        }
+        let request = request
             .body(Empty::new())
             .map_err(|e| PrometheusError::InvalidAddress {
                 address: url.clone(),
                 reason: e.to_string(),
             })?;
+        // A failed handshake with a private CA names it: the server's certificate may be of
+        // another CA.
+        let verified_with = access
+            .ca
+            .as_ref()
+            .map(|ca| {
+                format!(
+                    " (server certificate verified with the CA in {})",
+                    ca.source
+                )
+            })
+            .unwrap_or_default();
         let unreachable = |message: String| PrometheusError::Unreachable {
             url: url.clone(),
-            message,
+            message: format!("{message}{verified_with}"),
         };
         let exchange = async {
             let response = http
@@ -432,6 +572,13 @@ impl PrometheusClient {
                 url: url.clone(),
                 timeout: self.timeout,
             })??;
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            return Err(PrometheusError::Refused {
+                url,
+                status: status.as_u16(),
+                what: refusal_advice(access.authorization.as_ref()),
+            });
+        }
         parse_answer(&body).map_err(|reason| PrometheusError::Unexpected {
             url,
             status: status.as_u16(),
@@ -459,12 +606,46 @@ pub struct PrometheusCheck<'a> {
     pub min_value: Option<f64>,
     /// Highest passing value.
     pub max_value: Option<f64>,
+    /// Credentials and CA.
+    pub access: &'a PrometheusAccess,
+}
+
+/// What to fix after a 401 or 403: the credentials sent and where they come from, or that none
+/// were sent.
+fn refusal_advice(authorization: Option<&Authorization>) -> String {
+    match authorization {
+        Some(authorization) => format!(
+            "check the {} (spec.rollout.analysis.checks[].prometheus.auth)",
+            authorization.source
+        ),
+        None => {
+            "the check sends none; set spec.rollout.analysis.checks[].prometheus.auth".to_owned()
+        }
+    }
+}
+
+/// The measurement of a check whose credentials or CA could not be read: inconclusive (a
+/// Secret created or fixed counts from the next measurement), with what is wrong.
+pub fn unreadable_access(name: &str, query: &str, problem: &dyn std::fmt::Display) -> Measurement {
+    warn!(check = %name, %problem, "cannot read the credentials of a Prometheus check");
+    Measurement {
+        check: name.to_owned(),
+        verdict: Verdict::Inconclusive,
+        value: None,
+        baseline: None,
+        samples: None,
+        message: format!("cannot read the credentials of the check: {problem}"),
+        queries: vec![query.to_owned()],
+    }
 }
 
 /// Measures a Prometheus check: one instant query, [`judge`]d; an unusable address is
 /// `Invalid`, a query that could not be run `Inconclusive` with the error.
 pub async fn measure(client: &PrometheusClient, check: &PrometheusCheck<'_>) -> Measurement {
-    let (verdict, value, message) = match client.instant_query(check.address, check.query).await {
+    let answer = client
+        .instant_query(check.address, check.query, check.access)
+        .await;
+    let (verdict, value, message) = match answer {
         Ok(answer) => judge(&answer, check.min_value, check.max_value),
         Err(err @ PrometheusError::InvalidAddress { .. }) => {
             (Verdict::Invalid, None, err.to_string())
@@ -736,7 +917,7 @@ mod tests {
     }
 
     /// A one-connection HTTP server answering `status` with `body`; returns its address and
-    /// the request line it received.
+    /// the request head it received (request line and headers).
     async fn serve_once(
         status: &'static str,
         body: &'static str,
@@ -760,11 +941,7 @@ mod tests {
                 body.len()
             );
             stream.write_all(response.as_bytes()).await.expect("write");
-            String::from_utf8_lossy(&request)
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_owned()
+            String::from_utf8_lossy(&request).into_owned()
         });
         (address, served)
     }
@@ -784,6 +961,7 @@ mod tests {
             query: &query,
             min_value: Some(0.9),
             max_value: None,
+            access: &PrometheusAccess::default(),
         };
         let measurement = measure(&client, &check).await;
         assert_eq!(
@@ -795,9 +973,201 @@ mod tests {
             measurement.queries,
             vec![r#"avg(ok{build="v2-abc"})"#.to_owned()]
         );
+        let head = served.await.expect("served");
         assert_eq!(
-            served.await.expect("served"),
-            "GET /api/v1/query?query=avg%28ok%7Bbuild%3D%22v2-abc%22%7D%29 HTTP/1.1"
+            head.lines().next(),
+            Some("GET /api/v1/query?query=avg%28ok%7Bbuild%3D%22v2-abc%22%7D%29 HTTP/1.1")
+        );
+        assert!(
+            !head.to_ascii_lowercase().contains("authorization"),
+            "{head}"
+        );
+    }
+
+    fn basic(username: &str, password: &str) -> Credentials {
+        Credentials::Basic {
+            username: username.into(),
+            password: password.into(),
+        }
+    }
+
+    #[test]
+    fn credentials_make_a_sensitive_authorization_header() {
+        // (credentials, the header's value or part of the message)
+        let cases = [
+            (Credentials::Bearer("t0ken".into()), Ok("Bearer t0ken")),
+            // base64("user:pass")
+            (basic("user", "pass"), Ok("Basic dXNlcjpwYXNz")),
+            // base64("user:p:ss w\u{f6}rd"): any password, even with a colon or non-ASCII.
+            (
+                basic("user", "p:ss w\u{f6}rd"),
+                Ok("Basic dXNlcjpwOnNzIHfDtnJk"),
+            ),
+            (
+                Credentials::Bearer("t0k\nen".into()),
+                Err("the credentials hold characters an HTTP header cannot"),
+            ),
+        ];
+        for (credentials, expected) in cases {
+            match (credentials.header(), expected) {
+                (Ok(value), Ok(text)) => {
+                    assert_eq!(value.to_str().ok(), Some(text), "{credentials:?}");
+                    assert!(value.is_sensitive(), "{credentials:?}");
+                }
+                (Err(message), Err(part)) => {
+                    assert!(message.contains(part), "{message}");
+                    assert!(!message.contains("t0k"), "{message}");
+                }
+                (got, want) => panic!("{credentials:?}: got {got:?}, want {want:?}"),
+            }
+        }
+        let shown = format!("{:?}", basic("user", "hunter2"));
+        assert!(
+            !shown.contains("hunter2") && shown.contains("user"),
+            "{shown}"
+        );
+        assert_eq!(
+            format!("{:?}", Credentials::Bearer("t0ken".into())),
+            "Bearer(..)"
+        );
+    }
+
+    #[tokio::test]
+    async fn credentials_go_in_the_authorization_header() {
+        const ANSWER: &str =
+            r#"{"status":"success","data":{"resultType":"scalar","result":[1,"1"]}}"#;
+        let cases = [
+            (
+                Credentials::Bearer("t0ken".into()),
+                "authorization: Bearer t0ken",
+            ),
+            (basic("user", "pass"), "authorization: Basic dXNlcjpwYXNz"),
+        ];
+        for (credentials, header) in cases {
+            let (address, served) = serve_once("200 OK", ANSWER).await;
+            let access = PrometheusAccess {
+                authorization: Some(Authorization {
+                    credentials: credentials.clone(),
+                    source: "basic auth in Secret shop/prom".into(),
+                }),
+                ca: None,
+            };
+            let answer = PrometheusClient::default()
+                .instant_query(&address, "up", &access)
+                .await;
+            assert_eq!(answer.ok(), Some(Answer::Value(1.0)), "{credentials:?}");
+            let head = served.await.expect("served");
+            assert!(head.lines().any(|l| l == header), "{head}");
+        }
+    }
+
+    #[tokio::test]
+    async fn refused_credentials_are_named_with_where_they_come_from() {
+        // (status, where the credentials come from, part of the message)
+        let cases = [
+            (
+                "401 Unauthorized",
+                Some("basic auth in Secret shop/prom"),
+                "refused the query's credentials (HTTP 401): check the basic auth in Secret \
+                 shop/prom (spec.rollout.analysis.checks[].prometheus.auth)",
+            ),
+            (
+                "403 Forbidden",
+                Some("bearer token in key \"token\" of Secret shop/prom"),
+                "refused the query's credentials (HTTP 403): check the bearer token in key \
+                 \"token\" of Secret shop/prom",
+            ),
+            (
+                "401 Unauthorized",
+                None,
+                "refused the query's credentials (HTTP 401): the check sends none; set \
+                 spec.rollout.analysis.checks[].prometheus.auth",
+            ),
+        ];
+        for (status, source, expected) in cases {
+            let (address, _served) = serve_once(status, "Unauthorized").await;
+            let access = PrometheusAccess {
+                authorization: source.map(|source| Authorization {
+                    credentials: basic("user", "wrong-password"),
+                    source: source.to_owned(),
+                }),
+                ca: None,
+            };
+            let check = PrometheusCheck {
+                name: "c",
+                address: &address,
+                query: "up",
+                min_value: None,
+                max_value: Some(1.0),
+                access: &access,
+            };
+            let measurement = measure(&PrometheusClient::default(), &check).await;
+            assert_eq!(measurement.verdict, Verdict::Inconclusive, "{status}");
+            assert!(
+                measurement.message.contains(expected),
+                "{}",
+                measurement.message
+            );
+            assert!(
+                !measurement.message.contains("wrong-password"),
+                "{}",
+                measurement.message
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_ca_bundle_that_holds_no_certificate_is_named_with_its_secret() {
+        let access = PrometheusAccess {
+            authorization: None,
+            ca: Some(CaBundle {
+                pem: b"not a certificate".to_vec(),
+                source: "key \"ca.crt\" of Secret shop/prom-ca".into(),
+            }),
+        };
+        let err = PrometheusClient::default()
+            .instant_query("https://prometheus.example", "up", &access)
+            .await
+            .expect_err("no CA");
+        assert!(
+            err.to_string().contains(
+                "the CA bundle holds no PEM certificate (the CA in key \"ca.crt\" of Secret \
+                 shop/prom-ca)"
+            ),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_server_certificate_the_private_ca_did_not_sign_names_the_ca() {
+        // Plain HTTP where the address says https, verified with a private CA: the handshake
+        // fails, and the message says which CA was used.
+        let plain = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = format!("https://{}", plain.local_addr().expect("address"));
+        let _plain = tokio::spawn(async move {
+            if let Ok((mut stream, _)) = plain.accept().await {
+                let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+            }
+        });
+        let access = PrometheusAccess {
+            authorization: None,
+            ca: Some(CaBundle {
+                pem: include_bytes!("k8s/testdata/client.crt").to_vec(),
+                source: "key \"ca.crt\" of Secret shop/prom-ca".into(),
+            }),
+        };
+        let err = PrometheusClient::new(Duration::from_secs(5))
+            .instant_query(&address, "up", &access)
+            .await
+            .expect_err("no TLS");
+        let message = err.to_string();
+        assert!(
+            message.starts_with(&format!("cannot query Prometheus at {address}"))
+                && message.ends_with(
+                    "(server certificate verified with the CA in key \"ca.crt\" of Secret \
+                     shop/prom-ca)"
+                ),
+            "{message}"
         );
     }
 
@@ -814,6 +1184,7 @@ mod tests {
             query: "sum(",
             min_value: None,
             max_value: Some(1.0),
+            access: &PrometheusAccess::default(),
         };
         let measurement = measure(&PrometheusClient::default(), &check).await;
         assert_eq!(measurement.verdict, Verdict::Invalid);
@@ -862,6 +1233,7 @@ mod tests {
                 query: "up",
                 min_value: None,
                 max_value: Some(1.0),
+                access: &PrometheusAccess::default(),
             };
             let measurement = measure(&client, &check).await;
             assert_eq!(measurement.verdict, Verdict::Inconclusive, "{address}");

@@ -1,6 +1,6 @@
 //! Checks credential Secrets before anything connects with them: mutual-TLS certificates must
-//! parse and stay valid for a few more minutes, API keys must be there. Messages name the Secret
-//! and the key and never contain secret material.
+//! parse and stay valid for a few more minutes, API keys, bearer tokens and basic-auth pairs
+//! must be there. Messages name the Secret and the key and never contain secret material.
 
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use x509_cert::Certificate;
 use x509_cert::der::Decode;
 
 use crate::connection::ConnectionAuth;
+use crate::prometheus::Credentials;
 
 /// A client certificate must stay valid at least this long to be used.
 pub const MIN_CERT_VALIDITY: Duration = Duration::from_secs(5 * 60);
@@ -52,16 +53,45 @@ pub fn mutual_tls_auth(secret: &Secret, now: Timestamp) -> Result<ConnectionAuth
 pub fn api_key_auth(secret: &Secret, key: &str) -> Result<ConnectionAuth, String> {
     let what = describe(secret);
     check_type(secret, &["Opaque"], &what)?;
-    let bytes = data(secret, key).ok_or_else(|| format!("{what} has no key {key:?}"))?;
-    let api_key = std::str::from_utf8(bytes)
-        .map_err(|_| format!("{what}: key {key:?} is not UTF-8 text"))?
-        .trim();
-    if api_key.is_empty() {
-        return Err(format!("{what}: key {key:?} is empty"));
-    }
+    let api_key = text(secret, key, &what)?;
     Ok(ConnectionAuth::ApiKey {
         key: api_key.to_owned(),
     })
+}
+
+/// Reads a bearer token from a Secret key (a Prometheus check's `auth.bearerTokenSecretRef`);
+/// surrounding whitespace is dropped.
+pub fn bearer_token(secret: &Secret, key: &str) -> Result<Credentials, String> {
+    let what = describe(secret);
+    let token = text(secret, key, &what)?;
+    Ok(Credentials::Bearer(token.to_owned()))
+}
+
+/// Reads `username` and `password` from a Secret (a Prometheus check's
+/// `auth.basicAuthSecretRef`; type `kubernetes.io/basic-auth` or `Opaque`). The password is
+/// taken as it is; surrounding whitespace of the user name is dropped.
+pub fn basic_auth(secret: &Secret) -> Result<Credentials, String> {
+    let what = describe(secret);
+    check_type(secret, &["kubernetes.io/basic-auth", "Opaque"], &what)?;
+    let username = text(secret, "username", &what)?.to_owned();
+    let password =
+        data(secret, "password").ok_or_else(|| format!("{what} has no key \"password\""))?;
+    let password = std::str::from_utf8(password)
+        .map_err(|_| format!("{what}: key \"password\" is not UTF-8 text"))?
+        .to_owned();
+    Ok(Credentials::Basic { username, password })
+}
+
+/// The trimmed UTF-8 text of a Secret key, which must not be empty.
+fn text<'a>(secret: &'a Secret, key: &str, what: &str) -> Result<&'a str, String> {
+    let bytes = data(secret, key).ok_or_else(|| format!("{what} has no key {key:?}"))?;
+    let text = std::str::from_utf8(bytes)
+        .map_err(|_| format!("{what}: key {key:?} is not UTF-8 text"))?
+        .trim();
+    if text.is_empty() {
+        return Err(format!("{what}: key {key:?} is empty"));
+    }
+    Ok(text)
 }
 
 /// Reads a PEM CA bundle from a Secret key (`spec.tls.caSecretRef`).
@@ -400,6 +430,133 @@ mod tests {
         );
         let tls = secret(Some("kubernetes.io/tls"), &[("key", b"sk")]);
         assert!(api_key_auth(&tls, "key").is_err());
+    }
+
+    #[test]
+    fn bearer_tokens_are_read_trimmed_and_must_be_there() {
+        let secret_with = |bytes: &[u8]| secret(None, &[("token", bytes)]);
+        // (Secret, key, the token read or part of the message)
+        let cases: [(Secret, &str, Result<&str, &str>); 5] = [
+            (
+                secret_with(b"  s3cr3t-token\n"),
+                "token",
+                Ok("s3cr3t-token"),
+            ),
+            (
+                secret_with(b"s3cr3t-token"),
+                "other",
+                Err("Secret demo/client-cert has no key \"other\""),
+            ),
+            (
+                secret_with(b" \n"),
+                "token",
+                Err("Secret demo/client-cert: key \"token\" is empty"),
+            ),
+            (
+                secret_with(b"\xffs3cr3t"),
+                "token",
+                Err("key \"token\" is not UTF-8 text"),
+            ),
+            (
+                secret(Some("kubernetes.io/tls"), &[("token", b"s3cr3t-token")]),
+                "token",
+                Ok("s3cr3t-token"),
+            ),
+        ];
+        for (s, key, expected) in cases {
+            match (bearer_token(&s, key), expected) {
+                (Ok(got), Ok(token)) => assert_eq!(got, Credentials::Bearer(token.into())),
+                (Err(message), Err(part)) => {
+                    assert!(
+                        message.contains(part),
+                        "{message:?} should contain {part:?}"
+                    );
+                    assert!(!message.contains("s3cr3t"), "{message}");
+                }
+                (got, want) => panic!("key {key}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn basic_auth_is_read_from_username_and_password_without_showing_them() {
+        // (Secret, the pair read or part of the message)
+        let cases: [(Secret, Result<(&str, &str), &str>); 6] = [
+            (
+                secret(
+                    Some("kubernetes.io/basic-auth"),
+                    &[("username", b"grafana\n"), ("password", b" pa ss ")],
+                ),
+                Ok(("grafana", " pa ss ")),
+            ),
+            (
+                secret(None, &[("username", b"u"), ("password", b"hunter2")]),
+                Ok(("u", "hunter2")),
+            ),
+            (
+                secret(None, &[("username", b"u")]),
+                Err("Secret demo/client-cert has no key \"password\""),
+            ),
+            (
+                secret(None, &[("password", b"hunter2")]),
+                Err("Secret demo/client-cert has no key \"username\""),
+            ),
+            (
+                secret(None, &[("username", b"u"), ("password", b"\xffhunter2")]),
+                Err("key \"password\" is not UTF-8 text"),
+            ),
+            (
+                secret(
+                    Some("kubernetes.io/tls"),
+                    &[("username", b"u"), ("password", b"hunter2")],
+                ),
+                Err("has type \"kubernetes.io/tls\"; use kubernetes.io/basic-auth or Opaque"),
+            ),
+        ];
+        for (s, expected) in cases {
+            match (basic_auth(&s), expected) {
+                (Ok(got), Ok((username, password))) => assert_eq!(
+                    got,
+                    Credentials::Basic {
+                        username: username.into(),
+                        password: password.into()
+                    }
+                ),
+                (Err(message), Err(part)) => {
+                    assert!(
+                        message.contains(part),
+                        "{message:?} should contain {part:?}"
+                    );
+                    assert!(!message.contains("hunter2"), "{message}");
+                }
+                (got, want) => panic!("got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn ca_bundles_must_hold_a_certificate() {
+        let cases: [(&[u8], &str, Result<(), &str>); 3] = [
+            (CERT, "ca.crt", Ok(())),
+            (
+                CERT,
+                "other",
+                Err("Secret demo/client-cert has no key \"other\""),
+            ),
+            (
+                b"not a certificate",
+                "ca.crt",
+                Err("Secret demo/client-cert: ca.crt holds no PEM certificate"),
+            ),
+        ];
+        for (bytes, key, expected) in cases {
+            let s = secret(None, &[("ca.crt", bytes)]);
+            match (ca_bundle(&s, key), expected) {
+                (Ok(pem), Ok(())) => assert_eq!(pem, bytes),
+                (Err(message), Err(part)) => assert!(message.contains(part), "{message:?}"),
+                (got, want) => panic!("key {key}: got {got:?}, want {want:?}"),
+            }
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Kubernetes operations as plain async functions over a [`kube::Client`]: building, listing,
 //! creating, scaling, updating and deleting versioned Deployments, resolving TemporalConnections
-//! and ClusterConnections and their Secrets, TWD and connection status, Events, finalizers, gate input, and what each
-//! turn of a TWD's workflow re-asserts.
+//! and ClusterConnections and their Secrets, TWD and connection status, Events, finalizers, gate input, the
+//! credentials and CA of Prometheus analysis checks, and what each turn of a TWD's workflow
+//! re-asserts.
 //!
 //! Every write is idempotent (create-if-absent by deterministic name, scale-to, delete-if-present,
 //! conflict-retried patches guarded by resourceVersion), so a retried activity converges.
@@ -24,6 +25,7 @@ pub mod finalizers;
 pub mod gate_input;
 pub mod injection;
 pub mod lookup;
+pub mod prometheus_access;
 pub mod reassert;
 pub mod retry;
 pub mod status;
