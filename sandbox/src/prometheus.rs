@@ -3,7 +3,10 @@
 //! (file_sd) every second, so canary analysis and the tests that check it see fresh rates.
 //!
 //! Several instances can run on one state folder (a test may start its own beside the one of
-//! `twc-sandbox exec --prometheus`): each has its own port, config file and TSDB folder.
+//! `twc-sandbox exec --prometheus`): each has its own port, config file and TSDB folder. An
+//! instance may be protected as a managed Prometheus service is ([`PrometheusOptions::protected`]):
+//! HTTPS with a certificate of a CA of its own, and basic auth (Prometheus's
+//! `--web.config.file`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,6 +28,15 @@ pub const PROMETHEUS_DIR: &str = "prometheus";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Attempts of [`Prometheus::start`] when the port it picked was taken in the meantime.
 const PORT_ATTEMPTS: usize = 3;
+/// User of a protected Prometheus's basic auth.
+pub const PROTECTED_USER: &str = "twc";
+/// Password of [`PROTECTED_USER`].
+pub const PROTECTED_PASSWORD: &str = "twc-sandbox-password";
+/// bcrypt hash (cost 4) of [`PROTECTED_PASSWORD`], as Prometheus's web config wants it (made
+/// with Go's `golang.org/x/crypto/bcrypt`, as Prometheus's documentation suggests; libxcrypt's
+/// `crypt(3)` gives it back from the password and itself).
+const PROTECTED_PASSWORD_BCRYPT: &str =
+    "$2a$04$AT1QEw9B8b8iTcze0Y6wRePanFPpn.nwC7aBgiOq5nnAthFFJB6De";
 
 /// The Prometheus binary in a tools folder (`make tools` puts it there).
 pub fn binary(tools_dir: &Path) -> PathBuf {
@@ -47,6 +59,9 @@ pub struct PrometheusOptions {
     pub port: Option<u16>,
     /// Log file (appended to).
     pub log: PathBuf,
+    /// Serve HTTPS only (a certificate for 127.0.0.1 of a CA made for it) and ask every
+    /// request for basic auth ([`PROTECTED_USER`], [`PROTECTED_PASSWORD`]).
+    pub protected: bool,
 }
 
 impl PrometheusOptions {
@@ -57,6 +72,7 @@ impl PrometheusOptions {
             dir: state_dir.join(PROMETHEUS_DIR),
             port: None,
             log: state_dir.join("logs").join("prometheus.log"),
+            protected: false,
         }
     }
 
@@ -80,6 +96,7 @@ impl PrometheusOptions {
             dir,
             port: None,
             log: env.logs_dir.join("prometheus.log"),
+            protected: false,
         })
     }
 }
@@ -129,6 +146,9 @@ pub enum PrometheusError {
         /// What the wait saw.
         source: WaitError,
     },
+    /// The certificates of a protected instance could not be made.
+    #[error(transparent)]
+    Pki(#[from] crate::production::pki::PkiError),
     /// A query failed.
     #[error("query {query:?} against {url}: {message}")]
     Query {
@@ -153,8 +173,10 @@ pub struct QuerySample {
 /// A running Prometheus; it is killed when dropped, stopped gracefully by [`Self::stop`].
 #[derive(Debug)]
 pub struct Prometheus {
-    /// Base URL, `http://127.0.0.1:<port>`.
+    /// Base URL, `http://127.0.0.1:<port>` (`https://` when protected).
     pub url: String,
+    /// The CA certificate (PEM) of a protected instance's server certificate.
+    pub ca_pem: Option<String>,
     /// Its port on 127.0.0.1.
     pub port: u16,
     /// The file_sd folder it watches.
@@ -194,7 +216,7 @@ impl Prometheus {
 
     /// Evaluates an instant PromQL query now; a scalar result is one sample without labels.
     pub async fn query(&self, promql: &str) -> Result<Vec<QuerySample>, PrometheusError> {
-        query(&self.url, promql).await
+        query_with(&self.url, promql, self.ca_pem.as_deref()).await
     }
 
     /// Stops Prometheus (SIGTERM, SIGKILL after 10 s).
@@ -206,16 +228,25 @@ impl Prometheus {
 /// Evaluates an instant PromQL query against the Prometheus at `url` (e.g. the value of
 /// `TWC_SANDBOX_PROMETHEUS_URL`).
 pub async fn query(url: &str, promql: &str) -> Result<Vec<QuerySample>, PrometheusError> {
+    query_with(url, promql, None).await
+}
+
+/// [`query`], of a protected instance (whose CA is `ca_pem`) when `ca_pem` is set.
+async fn query_with(
+    url: &str,
+    promql: &str,
+    ca_pem: Option<&str>,
+) -> Result<Vec<QuerySample>, PrometheusError> {
     let fail = |message: String| PrometheusError::Query {
         query: promql.to_owned(),
         url: url.to_owned(),
         message,
     };
     let encoded: String = url::form_urlencoded::byte_serialize(promql.as_bytes()).collect();
-    let response = crate::http::get(&format!(
-        "{}/api/v1/query?query={encoded}",
-        url.trim_end_matches('/')
-    ))
+    let response = get(
+        &format!("{}/api/v1/query?query={encoded}", url.trim_end_matches('/')),
+        ca_pem,
+    )
     .await
     .map_err(fail)?;
     let body: Value = serde_json::from_str(&response.body)
@@ -267,6 +298,40 @@ fn parse_result(data: &Value) -> Result<Vec<QuerySample>, String> {
     }
 }
 
+/// `GET url`, over HTTPS with basic auth for a protected instance (whose CA is `ca_pem`).
+async fn get(url: &str, ca_pem: Option<&str>) -> Result<crate::http::Response, String> {
+    match ca_pem {
+        Some(ca_pem) => crate::http::get_tls(url, ca_pem, Some(&basic_authorization())).await,
+        None => crate::http::get(url).await,
+    }
+}
+
+/// The `Authorization` header value of [`PROTECTED_USER`].
+pub fn basic_authorization() -> String {
+    use base64::Engine as _;
+    let credentials = format!("{PROTECTED_USER}:{PROTECTED_PASSWORD}");
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(credentials)
+    )
+}
+
+/// Prometheus's web config of a protected instance: TLS with `cert_file` and `key_file`,
+/// basic auth of [`PROTECTED_USER`].
+fn web_config_yaml(cert_file: &Path, key_file: &Path) -> String {
+    // JSON is YAML: quoting through serde_json keeps any character of the paths safe.
+    let cert = Value::from(cert_file.display().to_string());
+    let key = Value::from(key_file.display().to_string());
+    let hash = Value::from(PROTECTED_PASSWORD_BCRYPT);
+    format!(
+        "tls_server_config:\n\
+        \x20 cert_file: {cert}\n\
+        \x20 key_file: {key}\n\
+        basic_auth_users:\n\
+        \x20 {PROTECTED_USER}: {hash}\n"
+    )
+}
+
 /// Whether Prometheus' log says its port was taken.
 fn port_was_taken(log: &Path) -> bool {
     std::fs::read_to_string(log).is_ok_and(|l| l.contains("address already in use"))
@@ -315,11 +380,27 @@ async fn start_on(options: &PrometheusOptions, port: u16) -> Result<Prometheus, 
         .arg(format!("--storage.tsdb.path={}", data_dir.display()))
         .arg(format!("--web.listen-address=127.0.0.1:{port}"))
         .arg("--log.level=warn");
+    let ca_pem = if options.protected {
+        let authority = crate::production::pki::Authority::new("twc sandbox Prometheus CA")?;
+        let (cert_pem, key_pem) = authority.server_cert(&["localhost"])?;
+        let cert_file = options.dir.join(format!("tls-{port}.crt"));
+        let key_file = options.dir.join(format!("tls-{port}.key"));
+        let web_file = options.dir.join(format!("web-{port}.yml"));
+        std::fs::write(&cert_file, cert_pem).map_err(write_err(&cert_file))?;
+        std::fs::write(&key_file, key_pem).map_err(write_err(&key_file))?;
+        std::fs::write(&web_file, web_config_yaml(&cert_file, &key_file))
+            .map_err(write_err(&web_file))?;
+        command.arg(format!("--web.config.file={}", web_file.display()));
+        Some(authority.cert_pem.clone())
+    } else {
+        None
+    };
     let mut process = spawn_logged("prometheus", command, &options.log)?;
-    let url = format!("http://127.0.0.1:{port}");
+    let scheme = if ca_pem.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://127.0.0.1:{port}");
     let ready_url = format!("{url}/-/ready");
     let ready = wait_until("Prometheus /-/ready", READY_TIMEOUT, || async {
-        let response = crate::http::get(&ready_url).await.ok()?;
+        let response = get(&ready_url, ca_pem.as_deref()).await.ok()?;
         (response.status == 200).then_some(())
     });
     let exited = async {
@@ -343,6 +424,7 @@ async fn start_on(options: &PrometheusOptions, port: u16) -> Result<Prometheus, 
     tracing::info!(%url, targets = %targets_dir.display(), "Prometheus is ready");
     Ok(Prometheus {
         url,
+        ca_pem,
         port,
         targets_dir,
         process,
@@ -364,6 +446,21 @@ mod tests {
         assert!(
             yaml.contains(r#"- files: ["/state/prometheus/targets/*.json"]"#),
             "{yaml}"
+        );
+    }
+
+    #[test]
+    fn a_protected_instance_serves_tls_and_asks_for_basic_auth() {
+        let yaml = web_config_yaml(Path::new("/p/tls-1.crt"), Path::new("/p/tls-1.key"));
+        assert_eq!(
+            yaml,
+            "tls_server_config:\n  cert_file: \"/p/tls-1.crt\"\n  key_file: \"/p/tls-1.key\"\n\
+             basic_auth_users:\n  twc: \"$2a$04$AT1QEw9B8b8iTcze0Y6wRePanFPpn.nwC7aBgiOq5nnAthFFJB6De\"\n"
+        );
+        // base64("twc:twc-sandbox-password")
+        assert_eq!(
+            basic_authorization(),
+            "Basic dHdjOnR3Yy1zYW5kYm94LXBhc3N3b3Jk"
         );
     }
 
