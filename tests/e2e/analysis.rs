@@ -17,7 +17,7 @@ use crate::harness::webhook::{Receiver, events, notifications_of, url_secret, wa
 use crate::harness::{env, kube_client, test_namespace};
 use twc_sandbox::env::SandboxEnv;
 use twc_sandbox::load::{LoadConfig, LoadGenerator};
-use twc_sandbox::prometheus::{Prometheus, PrometheusOptions};
+use twc_sandbox::prometheus::{PROTECTED_PASSWORD, PROTECTED_USER, Prometheus, PrometheusOptions};
 
 const ROLLOUT: Duration = Duration::from_secs(180);
 const ANALYSIS: Duration = Duration::from_secs(120);
@@ -582,4 +582,105 @@ async fn a_query_prometheus_rejects_holds_the_rollout_with_its_message_until_fix
     apply(&manifest("v2", with_query("vector(0.2)"))).await;
     let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
     assert_ne!(target_build(&twd), Some(v1));
+}
+
+/// A Prometheus of its own served as managed services serve one: HTTPS with a certificate of a
+/// CA of its own, and basic auth.
+async fn protected_prometheus() -> Prometheus {
+    let options = match PrometheusOptions::for_sandbox(env()) {
+        Ok(options) => PrometheusOptions {
+            protected: true,
+            ..options
+        },
+        Err(e) => panic!("Prometheus options: {e}"),
+    };
+    match Prometheus::start(&options).await {
+        Ok(prometheus) => prometheus,
+        Err(e) => panic!("starting the protected Prometheus: {e}"),
+    }
+}
+
+/// A Secret of `ns` of `type_` with `data` (as text).
+fn secret(ns: &str, name: &str, type_: &str, data: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Secret", "type": type_,
+        "metadata": { "name": name, "namespace": ns },
+        "stringData": data,
+    })
+}
+
+#[tokio::test]
+async fn a_prometheus_behind_tls_and_basic_auth_is_queried_with_the_secrets_and_wrong_credentials_abort_with_their_reason()
+ {
+    let client = kube_client().await;
+    let ns = test_namespace(&client, "analysis-prom-auth").await;
+    let tq = format!("analysis-{ns}");
+    let prometheus = protected_prometheus().await;
+    let ca_pem = prometheus.ca_pem.clone().unwrap_or_default();
+    apply(&secret(
+        &ns,
+        "prom-ca",
+        "Opaque",
+        json!({ "ca.crt": ca_pem }),
+    ))
+    .await;
+    apply(&secret(
+        &ns,
+        "prom-auth",
+        "kubernetes.io/basic-auth",
+        json!({ "username": PROTECTED_USER, "password": PROTECTED_PASSWORD }),
+    ))
+    .await;
+    apply(&secret(
+        &ns,
+        "prom-wrong",
+        "kubernetes.io/basic-auth",
+        json!({ "username": PROTECTED_USER, "password": "not-the-password" }),
+    ))
+    .await;
+    let steps = json!([{ "rampPercentage": 50, "pauseDuration": "2s" }]);
+    // `inconclusiveLimit` 0: the first measurement that is not a verdict aborts.
+    let with_auth = |auth_secret: &str| {
+        json!({ "checks": [ {
+            "name": "ratio", "interval": "2s", "inconclusiveLimit": 0,
+            "prometheus": {
+                "address": prometheus.url, "query": "vector(0.2)", "maxValue": 0.5,
+                "auth": { "basicAuthSecretRef": { "name": auth_secret } },
+                "tls": { "caSecretRef": { "name": "prom-ca", "key": "ca.crt" } },
+            }
+        } ] })
+    };
+    let manifest = |tag: &str, analysis: Value| {
+        analysed_worker(&ns, "hello", tag, &tq, 0, steps.clone(), Some(analysis))
+    };
+    apply(&connection(&ns)).await;
+    apply(&manifest("v1", with_auth("prom-auth"))).await;
+    let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    let v1 = target_build(&twd).unwrap_or_default();
+
+    // The right credentials and CA: measured, passed, promoted.
+    apply(&manifest("v2", with_auth("prom-auth"))).await;
+    let v2 = wait_for("v2 targeted", ROLLOUT, || async {
+        let twd = get_twd(&client, &ns, "hello").await?;
+        target_build(&twd)
+            .filter(|build| *build != v1)
+            .ok_or_else(|| "still v1".to_owned())
+    })
+    .await;
+    // With `inconclusiveLimit` 0, a measurement that could not reach Prometheus would have
+    // aborted the rollout: v2 Current means it was measured and passed.
+    wait_routing(&format!("{ns}/hello"), &v2).await;
+
+    // A wrong password: Prometheus answers 401, named with the Secret, and the rollout aborts.
+    apply(&manifest("v3", with_auth("prom-wrong"))).await;
+    let (_, _, message) =
+        wait_reason(&client, &ns, "hello", "Ready", "AnalysisFailed", ANALYSIS).await;
+    assert!(
+        message.contains("ratio")
+            && message.contains("refused the query's credentials (HTTP 401)")
+            && message.contains(&format!("Secret {ns}/prom-wrong")),
+        "the message names the check, the refusal and the Secret: {message}"
+    );
+    assert!(!message.contains("not-the-password"), "{message}");
+    wait_routing(&format!("{ns}/hello"), &v2).await;
 }
