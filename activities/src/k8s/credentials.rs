@@ -478,10 +478,13 @@ mod tests {
         }
     }
 
+    /// The username and password read, or part of the message.
+    type BasicAuthRead = Result<(&'static str, &'static str), &'static str>;
+
     #[test]
     fn basic_auth_is_read_from_username_and_password_without_showing_them() {
-        // (Secret, the pair read or part of the message)
-        let cases: [(Secret, Result<(&str, &str), &str>); 6] = [
+        // (Secret, what is read)
+        let cases: [(Secret, BasicAuthRead); 6] = [
             (
                 secret(
                     Some("kubernetes.io/basic-auth"),
