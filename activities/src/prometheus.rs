@@ -26,6 +26,7 @@ use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use serde::Deserialize;
+use serde::de::IgnoredAny;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 use twc_crds::worker_deployment::PROMQL_PLACEHOLDERS;
@@ -123,24 +124,45 @@ pub enum Answer {
     },
 }
 
-/// The envelope of every Prometheus HTTP API answer.
+/// The envelope of every Prometheus HTTP API answer, by its `status`.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Envelope {
-    status: String,
-    #[serde(default)]
-    data: Option<QueryData>,
-    #[serde(default)]
-    error_type: Option<String>,
-    #[serde(default)]
-    error: Option<String>,
+#[serde(tag = "status", rename_all = "lowercase")]
+enum Envelope {
+    /// `"success"`, with the query's data.
+    Success {
+        #[serde(default)]
+        data: Option<QueryData>,
+    },
+    /// `"error"`, with Prometheus's `errorType` and `error`.
+    Error {
+        #[serde(default, rename = "errorType")]
+        error_type: String,
+        #[serde(default)]
+        error: String,
+    },
 }
 
+/// The data of an instant query, by its `resultType`.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct QueryData {
-    result_type: String,
-    result: serde_json::Value,
+#[serde(tag = "resultType", content = "result", rename_all = "lowercase")]
+enum QueryData {
+    Scalar(Sample),
+    Vector(Vec<Series>),
+    Matrix(IgnoredAny),
+    String(IgnoredAny),
+}
+
+/// A `[<unix time>, "<value>"]` sample.
+#[derive(Debug, Deserialize)]
+struct Sample(IgnoredAny, String);
+
+/// One series of a vector: a float sample, or a native histogram.
+#[derive(Debug, Deserialize)]
+struct Series {
+    #[serde(default)]
+    value: Option<Sample>,
+    #[serde(default)]
+    histogram: Option<IgnoredAny>,
 }
 
 /// Reads an answer of `/api/v1/query` (whatever its HTTP status: errors come with 400, 422 or
@@ -148,56 +170,35 @@ struct QueryData {
 pub fn parse_answer(body: &[u8]) -> Result<Answer, String> {
     let envelope: Envelope =
         serde_json::from_slice(body).map_err(|e| format!("not a Prometheus API answer ({e})"))?;
-    match envelope.status.as_str() {
-        "success" => {
-            let data = envelope
-                .data
-                .ok_or_else(|| "a successful answer without data".to_owned())?;
-            query_result(&data)
+    match envelope {
+        Envelope::Success { data: Some(data) } => query_result(data),
+        Envelope::Success { data: None } => Err("a successful answer without data".to_owned()),
+        Envelope::Error { error_type, error } if error_type == "bad_data" => {
+            Ok(Answer::Refused(error))
         }
-        "error" => {
-            let error_type = envelope.error_type.unwrap_or_default();
-            let error = envelope.error.unwrap_or_default();
-            Ok(if error_type == "bad_data" {
-                Answer::Refused(error)
-            } else {
-                Answer::Failed { error_type, error }
-            })
-        }
-        other => Err(format!("an answer with status {other:?}")),
+        Envelope::Error { error_type, error } => Ok(Answer::Failed { error_type, error }),
     }
 }
 
-fn query_result(data: &QueryData) -> Result<Answer, String> {
-    match data.result_type.as_str() {
-        "scalar" => sample_value(&data.result),
-        "vector" => {
-            let series = data
-                .result
-                .as_array()
-                .ok_or_else(|| "a vector result that is not a list".to_owned())?;
-            match series.as_slice() {
-                [] => Ok(Answer::NoData),
-                [one] => match one.get("value") {
-                    Some(sample) => sample_value(sample),
-                    None if one.get("histogram").is_some() => {
-                        Ok(Answer::WrongType("native histogram".to_owned()))
-                    }
-                    None => Err("a vector element without a value".to_owned()),
-                },
-                many => Ok(Answer::Series(many.len())),
-            }
-        }
-        other => Ok(Answer::WrongType(other.to_owned())),
+fn query_result(data: QueryData) -> Result<Answer, String> {
+    match data {
+        QueryData::Scalar(sample) => sample_value(&sample),
+        QueryData::Vector(series) => match series.as_slice() {
+            [] => Ok(Answer::NoData),
+            [one] => match (&one.value, &one.histogram) {
+                (Some(sample), _) => sample_value(sample),
+                (None, Some(_)) => Ok(Answer::WrongType("native histogram".to_owned())),
+                (None, None) => Err("a vector element without a value".to_owned()),
+            },
+            many => Ok(Answer::Series(many.len())),
+        },
+        QueryData::Matrix(_) => Ok(Answer::WrongType("matrix".to_owned())),
+        QueryData::String(_) => Ok(Answer::WrongType("string".to_owned())),
     }
 }
 
-/// The value of a `[<unix time>, "<value>"]` sample; NaN is no data.
-fn sample_value(sample: &serde_json::Value) -> Result<Answer, String> {
-    let text = sample
-        .get(1)
-        .and_then(serde_json::Value::as_str)
-        .ok_or_else(|| format!("a sample that is not [time, \"value\"]: {sample}"))?;
+/// The value of a sample; NaN is no data.
+fn sample_value(Sample(_, text): &Sample) -> Result<Answer, String> {
     let value: f64 = text
         .parse()
         .map_err(|_| format!("a sample value that is not a number: {text:?}"))?;
@@ -776,6 +777,26 @@ mod tests {
                 Err("not a number"),
             ),
             (r#"{"status":"success"}"#, Err("without data")),
+            (
+                r#"{"status":"success","data":{"resultType":"string","result":[1,"text"]}}"#,
+                Ok(Answer::WrongType("string".to_owned())),
+            ),
+            (
+                r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"histogram":[1,{"count":"3"}]}]}}"#,
+                Ok(Answer::WrongType("native histogram".to_owned())),
+            ),
+            (
+                r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{}}]}}"#,
+                Err("without a value"),
+            ),
+            (
+                r#"{"status":"success","data":{"resultType":"scalar","result":{"v":1}}}"#,
+                Err("not a Prometheus API answer"),
+            ),
+            (
+                r#"{"status":"pending"}"#,
+                Err("not a Prometheus API answer"),
+            ),
         ];
         for (body, expected) in cases {
             match (parse_answer(body.as_bytes()), expected) {
