@@ -138,6 +138,12 @@ pub struct TwdState {
     pub active: Option<ActiveRollout>,
     /// Its latest report.
     pub last_report: Option<RolloutReport>,
+    /// The latest report of a rollout that is not the one in flight: the last words of a
+    /// superseded rollout, or the first of one whose start this run has not recorded yet
+    /// (Temporal hands a workflow task's signals over before a child's start result, so a
+    /// rollout that ran while this workflow's task waited on a dead worker has reported before
+    /// [`started`](Self::started) runs). `started` shows it when it is that rollout's.
+    pub early_report: Option<RolloutReport>,
     /// Versions being retired.
     pub sunset: Vec<SunsetMemory>,
     /// Builds an operator aborted (not restarted until the spec moves on).
@@ -461,7 +467,16 @@ impl TwdState {
         let newer = self.last_report.as_ref().is_none_or(|last| {
             last.workflow_id != report.workflow_id || report.sequence > last.sequence
         });
-        if !from_active || !newer {
+        if !from_active {
+            let newer_early = self.early_report.as_ref().is_none_or(|early| {
+                early.workflow_id != report.workflow_id || report.sequence > early.sequence
+            });
+            if newer_early {
+                self.early_report = Some(report);
+            }
+            return false;
+        }
+        if !newer {
             return false;
         }
         if report.progress == RolloutProgress::Aborted && !self.aborted.contains(&report.build_id) {
@@ -716,15 +731,25 @@ impl TwdState {
     }
 
     /// The rollout of `spec`'s build (workflow `workflow_id`) was started: it is the one in
-    /// flight, and its reports (whose sequence starts over) are shown from its first on.
+    /// flight, and its reports (whose sequence starts over) are shown from its first on,
+    /// including those that arrived before its start was recorded.
     pub fn started(&mut self, spec: &SpecSignal, workflow_id: String) {
+        self.last_report = self
+            .early_report
+            .take()
+            .filter(|early| early.workflow_id == workflow_id);
+        if let Some(early) = &self.last_report
+            && early.progress == RolloutProgress::Aborted
+            && !self.aborted.contains(&early.build_id)
+        {
+            self.aborted.push(early.build_id.clone());
+        }
         self.active = Some(ActiveRollout {
             build_id: spec.build_id.clone(),
             workflow_id,
             notified_generation: spec.generation,
             started_generation: Some(spec.generation),
         });
-        self.last_report = None;
         self.routing_shown = 0;
     }
 

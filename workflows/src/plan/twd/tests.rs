@@ -780,6 +780,53 @@ fn a_started_rollout_is_the_one_in_flight_and_its_reports_are_shown_from_the_fir
     assert_eq!(state.active.map(|a| a.notified_generation), Some(6));
 }
 
+/// Temporal delivers the signals of one workflow task before the start result of a child: a
+/// rollout that runs to its end while the TWD workflow's task waits (its worker was killed)
+/// reports before `started` records it. Its reports are kept, and shown once it is the one in
+/// flight; those of any other rollout are not.
+#[test]
+fn reports_of_a_rollout_arriving_before_its_start_is_recorded_are_shown_once_it_is() {
+    let gate = crate::contract::GateRun {
+        workflow_id: "gate/r3/hello-world/1".to_owned(),
+        run_id: "gate-run".to_owned(),
+        task_queue: "gates".to_owned(),
+        status: "Completed".to_owned(),
+    };
+    let early = |sequence, progress| RolloutReport {
+        sequence,
+        ..report("r3", "v3-cccccccccc", progress)
+    };
+    let mut state = rolling();
+    assert!(!state.receive_report(early(1, RolloutProgress::WaitingForPollers)));
+    assert!(!state.receive_report(RolloutReport {
+        gate_runs: vec![gate.clone()],
+        ..early(3, RolloutProgress::Complete)
+    }));
+    assert!(!state.receive_report(early(2, RolloutProgress::WaitingForPromotion)));
+    assert_eq!(
+        state.last_report.as_ref().map(|r| r.workflow_id.as_str()),
+        Some("r2"),
+        "shown only once the rollout is the one in flight"
+    );
+    state.started(&signal(5, "v3-cccccccccc"), "r3".to_owned());
+    let shown = state
+        .last_report
+        .clone()
+        .expect("the early reports are kept");
+    assert_eq!(
+        (shown.sequence, shown.progress, shown.gate_runs),
+        (3, RolloutProgress::Complete, vec![gate])
+    );
+
+    let mut state = rolling();
+    state.receive_report(early(1, RolloutProgress::WaitingForPollers));
+    state.started(&signal(5, "v4-dddddddddd"), "r4".to_owned());
+    assert_eq!(
+        state.last_report, None,
+        "another rollout's reports are not shown"
+    );
+}
+
 #[test]
 fn controls_are_forwarded_to_the_rollout_in_flight_or_answered() {
     let answer = |reason: &'static str, message: &str| ControlStep::Answer {
