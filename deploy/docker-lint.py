@@ -7,7 +7,8 @@ the binary from the build stage and runs it as a numeric non-root user in exec f
 version no older than the workspace's rust-version, and a .dockerignore that keeps build
 outputs and tools out of the context. Exits non-zero with one line per problem.
 
-`make docker-lint` then runs the build command itself, in debug (see the Makefile).
+`make docker-lint` then checks that Cargo.lock is up to date for `--locked` (`cargo metadata
+--locked`); `make unit` compiles the workspace with the release feature set (see the Makefile).
 """
 
 import json
