@@ -15,6 +15,10 @@ use crate::model::{BlockReason, Blocked, UnixMillis};
 /// The `twd` workflow cancels a wait's timer that a signal beat (since v0.1.0; see
 /// `CHANGELOG.md`).
 pub(crate) const PATCH_CANCEL_BEATEN_TIMERS: &str = "cancel-beaten-timers";
+/// The `twd` workflow shows the reports a rollout sent before its start was recorded (they
+/// arrive in the same workflow task as the start's result, and are handed over first) instead
+/// of dropping them (since v0.1.0; see `CHANGELOG.md`).
+pub(crate) const PATCH_KEEP_EARLY_REPORTS: &str = "keep-early-reports";
 
 /// Waits for `future` (a timer or an activity) unless `woken` comes to hold first; then the
 /// future is cancelled when `cancel` says so, and `None` is returned.

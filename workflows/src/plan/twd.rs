@@ -142,7 +142,8 @@ pub struct TwdState {
     /// superseded rollout, or the first of one whose start this run has not recorded yet
     /// (Temporal hands a workflow task's signals over before a child's start result, so a
     /// rollout that ran while this workflow's task waited on a dead worker has reported before
-    /// [`started`](Self::started) runs). `started` shows it when it is that rollout's.
+    /// [`started`](Self::started) runs). `started` shows it when it is that rollout's and
+    /// arrived since [`launching`](Self::launching).
     pub early_report: Option<RolloutReport>,
     /// Versions being retired.
     pub sunset: Vec<SunsetMemory>,
@@ -730,14 +731,19 @@ impl TwdState {
         })
     }
 
+    /// A rollout is being started: reports of rollouts not in flight that arrive from now on
+    /// may be its first ([`started`](Self::started) shows them); none received before are.
+    pub fn launching(&mut self) {
+        self.early_report = None;
+    }
+
     /// The rollout of `spec`'s build (workflow `workflow_id`) was started: it is the one in
     /// flight, and its reports (whose sequence starts over) are shown from its first on,
-    /// including those that arrived before its start was recorded.
-    pub fn started(&mut self, spec: &SpecSignal, workflow_id: String) {
-        self.last_report = self
-            .early_report
-            .take()
-            .filter(|early| early.workflow_id == workflow_id);
+    /// including (`keep_early`) those that arrived since [`launching`](Self::launching), before
+    /// its start was recorded.
+    pub fn started(&mut self, spec: &SpecSignal, workflow_id: String, keep_early: bool) {
+        let early = self.early_report.take();
+        self.last_report = early.filter(|early| keep_early && early.workflow_id == workflow_id);
         if let Some(early) = &self.last_report
             && early.progress == RolloutProgress::Aborted
             && !self.aborted.contains(&early.build_id)

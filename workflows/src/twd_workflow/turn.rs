@@ -24,7 +24,8 @@ use crate::rollout_workflow::{
     RolloutInput, RolloutWorkflow, SA_BUILD_ID, SA_NAME, SA_NAMESPACE, SA_OUTCOME,
 };
 use crate::support::{
-    self, now_millis, run_activity, run_local_activity, short_options, with_summary,
+    self, PATCH_KEEP_EARLY_REPORTS, now_millis, run_activity, run_local_activity, short_options,
+    with_summary,
 };
 
 /// Runs `turn`; returns when to look again.
@@ -285,6 +286,7 @@ async fn launch(
         .maybe_search_attributes(search_attributes)
         .cancellation_token(support::own_token())
         .build();
+    ctx.state_mut(|s| s.state.launching());
     let started = ctx
         .start_child_workflow(RolloutWorkflow::run, input, options)
         .await;
@@ -293,7 +295,8 @@ async fn launch(
         // carries on, since its build is the target again.
         nudge(ctx, &workflow_id, "build is the target again").await;
     }
-    ctx.state_mut(|s| s.state.started(spec, workflow_id));
+    let keep_early = ctx.patched(PATCH_KEEP_EARLY_REPORTS);
+    ctx.state_mut(|s| s.state.started(spec, workflow_id, keep_early));
 }
 
 /// Executes a [`ControlStep`] for each control received: forwarded to the rollout in flight,

@@ -765,7 +765,7 @@ fn a_started_rollout_is_the_one_in_flight_and_its_reports_are_shown_from_the_fir
     let mut state = rolling();
     state.routing_shown = 7;
     let spec = signal(5, "v3-cccccccccc");
-    state.started(&spec, "r3".to_owned());
+    state.started(&spec, "r3".to_owned(), true);
     assert_eq!(
         state.active,
         Some(ActiveRollout {
@@ -797,6 +797,7 @@ fn reports_of_a_rollout_arriving_before_its_start_is_recorded_are_shown_once_it_
         ..report("r3", "v3-cccccccccc", progress)
     };
     let mut state = rolling();
+    state.launching();
     assert!(!state.receive_report(early(1, RolloutProgress::WaitingForPollers)));
     assert!(!state.receive_report(RolloutReport {
         gate_runs: vec![gate.clone()],
@@ -808,7 +809,8 @@ fn reports_of_a_rollout_arriving_before_its_start_is_recorded_are_shown_once_it_
         Some("r2"),
         "shown only once the rollout is the one in flight"
     );
-    state.started(&signal(5, "v3-cccccccccc"), "r3".to_owned());
+    let before_patch = state.clone();
+    state.started(&signal(5, "v3-cccccccccc"), "r3".to_owned(), true);
     let shown = state
         .last_report
         .clone()
@@ -818,12 +820,29 @@ fn reports_of_a_rollout_arriving_before_its_start_is_recorded_are_shown_once_it_
         (3, RolloutProgress::Complete, vec![gate])
     );
 
+    let mut state = before_patch;
+    state.started(&signal(5, "v3-cccccccccc"), "r3".to_owned(), false);
+    assert_eq!(
+        state.last_report, None,
+        "histories from before the patch drop them"
+    );
+
     let mut state = rolling();
+    state.launching();
     state.receive_report(early(1, RolloutProgress::WaitingForPollers));
-    state.started(&signal(5, "v4-dddddddddd"), "r4".to_owned());
+    state.started(&signal(5, "v4-dddddddddd"), "r4".to_owned(), true);
     assert_eq!(
         state.last_report, None,
         "another rollout's reports are not shown"
+    );
+
+    let mut state = rolling();
+    state.receive_report(early(1, RolloutProgress::Superseded));
+    state.launching();
+    state.started(&signal(5, "v3-cccccccccc"), "r3".to_owned(), true);
+    assert_eq!(
+        state.last_report, None,
+        "an earlier run's last words, received before the launch, are not shown"
     );
 }
 
