@@ -71,6 +71,10 @@ pub struct TokenBucket {
     /// The limiter of this replica's share, the replica count it was made for, and when it
     /// last granted a token.
     state: Mutex<BucketState>,
+    /// Callers in line for a token (tokio's mutex is fair: first come, first served). Only the
+    /// first waits on the limiter, so a token goes to the caller that waited longest, and one
+    /// token wakes one caller, not every caller waiting.
+    line: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug)]
@@ -107,6 +111,7 @@ impl TokenBucket {
                 limiter: Arc::new(limiter(rate, burst, count)),
                 last_grant: None,
             }),
+            line: tokio::sync::Mutex::new(()),
             replicas,
         }
     }
@@ -132,8 +137,9 @@ impl TokenBucket {
         Arc::clone(&state.limiter)
     }
 
-    /// Waits until a token is available and takes it.
+    /// Waits until a token is available and takes it, after the callers that came first.
     pub async fn acquire(&self) {
+        let _turn = self.line.lock().await;
         let limiter = self.limiter();
         while let Err(not_until) = limiter.check() {
             tokio::time::sleep(not_until.wait_time_from(TokioClock.now())).await;
@@ -276,6 +282,39 @@ mod tests {
         assert!(
             elapsed >= Duration::from_millis(1999) && elapsed <= Duration::from_millis(2001),
             "took {elapsed:?}"
+        );
+    }
+
+    /// Tokens go to callers in the order they came: a caller arriving as a token falls due
+    /// does not take it from one that was already waiting for it (and only the first in line
+    /// waits on the limiter, instead of every waiter waking for every token).
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_arriving_as_a_token_falls_due_does_not_take_it_from_one_waiting() {
+        use futures::FutureExt;
+
+        let bucket = Arc::new(TokenBucket::new(1.0, 1));
+        bucket.acquire().await;
+        let waiting = tokio::spawn({
+            let bucket = Arc::clone(&bucket);
+            async move { bucket.acquire().await }
+        });
+        // The waiting caller runs until it sleeps for the next token.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiting.is_finished());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(
+            bucket.acquire().now_or_never().is_none(),
+            "the token due now is the waiting caller's"
+        );
+        assert!(waiting.await.is_ok());
+        let start = Instant::now();
+        bucket.acquire().await;
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(1),
+            "the next token is a second later"
         );
     }
 
