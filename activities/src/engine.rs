@@ -247,7 +247,7 @@ impl EngineActivities {
         &self,
         twd: &TwdRef,
         resource: Option<WorkerObject>,
-        resolved: Option<(k8s::Connection, crate::connection::ConnectionConfig)>,
+        resolved: Option<k8s::ResolvedConnection>,
     ) -> Result<Option<Result<Resolved, Unresolved>>, ActivityError> {
         let Some(resource) = resource else {
             return Ok(None);
@@ -268,7 +268,7 @@ impl EngineActivities {
             }
         };
         let config = match resolved {
-            Ok((_, config)) => config,
+            Ok(resolved) => resolved.config,
             Err(ResolveError::Transient(e)) => return Err(retryable(e)),
             Err(ResolveError::Blocked(blocked)) => {
                 self.note_connection(&twd.namespace, reference, Err(&blocked))
@@ -574,7 +574,7 @@ impl EngineActivities {
         twd: &TwdRef,
         observed_at: i64,
         resource: Option<WorkerObject>,
-        resolved: Option<(k8s::Connection, crate::connection::ConnectionConfig)>,
+        resolved: Option<k8s::ResolvedConnection>,
     ) -> Result<Observation, ActivityError> {
         let gone = || Observation {
             spec: None,

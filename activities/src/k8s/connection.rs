@@ -68,6 +68,15 @@ pub fn connection_object(namespace: &str, reference: &ConnectionReference) -> Ob
     }
 }
 
+/// A connection as read, with the config its Temporal is reached with.
+#[derive(Debug)]
+pub struct ResolvedConnection {
+    /// The TemporalConnection, Connection or ClusterConnection object.
+    pub connection: Connection,
+    /// What the client pool connects with (its credentials read and checked).
+    pub config: ConnectionConfig,
+}
+
 /// Reads the connection `reference` names (a TemporalConnection in `namespace` or a
 /// ClusterConnection) and the Secrets it names (always in `namespace`), checks the credentials,
 /// and returns both the object and the config to connect with.
@@ -77,7 +86,7 @@ pub async fn resolve_connection(
     namespace: &str,
     reference: &ConnectionReference,
     temporal_namespace: &str,
-) -> Result<(Connection, ConnectionConfig), ResolveError> {
+) -> Result<ResolvedConnection, ResolveError> {
     let connection = get_connection(client, access, namespace, reference).await?;
     // Names the connection in messages.
     let connection_name = &connection_object(namespace, reference).to_string();
@@ -144,7 +153,7 @@ pub async fn resolve_connection(
         ),
     };
     tracing::debug!(namespace, connection = connection_name, auth = ?config.auth, "resolved connection");
-    Ok((connection, config))
+    Ok(ResolvedConnection { connection, config })
 }
 
 /// Reads and checks the credential Secret of one auth mode; `fields` names the spec fields of the
@@ -422,7 +431,7 @@ mod tests {
         }
         let client = served(connection_object(), secret_object());
         let reference = ConnectionReference::namespaced("cloud");
-        let (_, config) = resolve_connection(
+        let ResolvedConnection { config, .. } = resolve_connection(
             &client,
             ClusterAccess::Granted,
             "demo",
@@ -580,7 +589,7 @@ mod tests {
             let resolved =
                 resolve_connection(&client, access, namespace, &reference, "default").await;
             match (resolved, expected) {
-                (Ok((connection, config)), Ok(host)) => {
+                (Ok(ResolvedConnection { connection, config }), Ok(host)) => {
                     assert_eq!(config.host_port, host, "{what}");
                     assert_eq!(connection.spec().host_port, host, "{what}");
                 }

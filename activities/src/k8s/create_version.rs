@@ -7,7 +7,7 @@ use twc_workflows::contract::CreateDeploymentOutcome;
 use twc_workflows::model::{BlockReason, Blocked, TwdRef};
 use twc_workflows::plan::spec_view::spec_view;
 
-use super::connection::{ClusterAccess, resolve_connection};
+use super::connection::{ClusterAccess, ResolvedConnection, resolve_connection};
 use super::deployment_builder::build_deployment;
 use super::deployments::{CreateOutcome, create_deployment_if_absent};
 use super::error::{K8sError, ResolveError};
@@ -39,7 +39,7 @@ pub async fn create_versioned_deployment(
             message,
         }));
     }
-    let (connection, config) = match resolve_connection(
+    let ResolvedConnection { connection, config } = match resolve_connection(
         client,
         access,
         &twd.namespace,

@@ -31,7 +31,9 @@ pub mod retry;
 pub mod status;
 pub mod twd;
 
-pub use connection::{ClusterAccess, Connection, find_connection, resolve_connection};
+pub use connection::{
+    ClusterAccess, Connection, ResolvedConnection, find_connection, resolve_connection,
+};
 pub use create_version::create_versioned_deployment;
 pub use deployment_builder::build_deployment;
 pub use deployments::{

@@ -22,13 +22,11 @@ use twc_workflows::contract::{ReassertOutcome, ResourceChange};
 use twc_workflows::model::{SpecView, TwdRef};
 use twc_workflows::plan::spec_view::spec_view;
 
-use crate::connection::ConnectionConfig;
-
 use super::adoption::{
     ADOPTED_CONNECTION_HASH, ADOPTED_TEMPLATE_HASH, runs_template, stamp_deployment,
 };
 use super::claims::settle_others;
-use super::connection::{ClusterAccess, Connection, resolve_connection};
+use super::connection::{ClusterAccess, ResolvedConnection, resolve_connection};
 use super::deployment_builder::{build_deployment, selector_labels};
 use super::deployments::{apply_connection, list_owned_deployments, update_deployment};
 use super::error::{K8sError, ObjectName, ResolveError};
@@ -92,7 +90,7 @@ pub struct Reasserted {
     pub outcome: ReassertOutcome,
     /// The TWD's connection and the config to reach Temporal with, when both were read and
     /// usable.
-    pub resolved: Option<(Connection, ConnectionConfig)>,
+    pub resolved: Option<ResolvedConnection>,
 }
 
 /// [`reassert_resources`] of the claim just read (`None`: no object of either kind has the
@@ -128,7 +126,7 @@ pub async fn reassert_claimed(
         &view.temporal_namespace,
     )
     .await;
-    let used = resolved.as_ref().ok().map(|(connection, _)| connection);
+    let used = resolved.as_ref().ok().map(|r| &r.connection);
     changes.extend(
         restore_finalizers(client, access, &resource, known, used)
             .await?
@@ -139,7 +137,7 @@ pub async fn reassert_claimed(
                 ))
             }),
     );
-    let (connection, config) = match resolved {
+    let resolved = match resolved {
         Ok(resolved) => resolved,
         Err(ResolveError::Blocked(blocked)) => {
             tracing::debug!(twd = %twd.key(), reason = blocked.reason.as_str(), "Deployments not re-asserted: {}", blocked.message);
@@ -150,10 +148,10 @@ pub async fn reassert_claimed(
         }
         Err(ResolveError::Transient(error)) => return Err(*error),
     };
-    let ca = ServerCa::of(&config);
+    let ca = ServerCa::of(&resolved.config);
     let desired = Desired {
         twd: &resource,
-        connection: connection.spec(),
+        connection: resolved.connection.spec(),
         ca,
         in_place: in_place_build(&resource, &view),
     };
@@ -192,7 +190,7 @@ pub async fn reassert_claimed(
     }
     Ok(Reasserted {
         outcome: ReassertOutcome { changes },
-        resolved: Some((connection, config)),
+        resolved: Some(resolved),
     })
 }
 

@@ -89,44 +89,48 @@ async fn write_status_from(
     status: TemporalWorkerDeploymentStatus,
     read: Option<Box<TemporalWorkerDeployment>>,
 ) -> Result<(StatusWrite, Option<Box<TemporalWorkerDeployment>>), K8sError> {
-    let object = worker_object_name(kind, &twd.namespace, &twd.name);
-    let api = worker_api(client, &twd.namespace, kind);
-    let first = std::sync::Mutex::new(read);
-    retry_on_conflict("write status of", &object, || async {
-        let given = first.lock().ok().and_then(|mut first| first.take());
-        let current = match given {
-            Some(current) => *current,
-            None => {
-                let Some(read) = get_if_exists(&api, &twd.name)
-                    .await
-                    .map_err(K8sError::api("get", &object))?
-                else {
-                    return Ok((StatusWrite::NotFound, None));
-                };
-                parse_worker(kind, read, &object)?.object
+    let object = &worker_object_name(kind, &twd.namespace, &twd.name);
+    let api = &worker_api(client, &twd.namespace, kind);
+    let status = &status;
+    // Taken by the first try only.
+    let mut read = read;
+    retry_on_conflict("write status of", object, || {
+        let given = read.take();
+        async move {
+            let current = match given {
+                Some(current) => *current,
+                None => {
+                    let Some(read) = get_if_exists(api, &twd.name)
+                        .await
+                        .map_err(K8sError::api("get", object))?
+                    else {
+                        return Ok((StatusWrite::NotFound, None));
+                    };
+                    parse_worker(kind, read, object)?.object
+                }
+            };
+            let mut desired = status.clone();
+            let current_conditions = current
+                .status
+                .as_ref()
+                .map(|s| s.conditions.as_slice())
+                .unwrap_or_default();
+            carry_transition_times(&mut desired.conditions, current_conditions);
+            if !status_changed(current.status.as_ref(), &desired) {
+                tracing::debug!(%object, "status unchanged; not writing");
+                return Ok((StatusWrite::Unchanged, Some(Box::new(current))));
             }
-        };
-        let mut desired = status.clone();
-        let current_conditions = current
-            .status
-            .as_ref()
-            .map(|s| s.conditions.as_slice())
-            .unwrap_or_default();
-        carry_transition_times(&mut desired.conditions, current_conditions);
-        if !status_changed(current.status.as_ref(), &desired) {
-            tracing::debug!(%object, "status unchanged; not writing");
-            return Ok((StatusWrite::Unchanged, Some(Box::new(current))));
+            patch_status(
+                api,
+                object,
+                current.resource_version(),
+                current.status.as_ref(),
+                &desired,
+            )
+            .await?;
+            tracing::debug!(%object, "wrote status");
+            Ok((StatusWrite::Written, Some(Box::new(current))))
         }
-        patch_status(
-            &api,
-            &object,
-            current.resource_version(),
-            current.status.as_ref(),
-            &desired,
-        )
-        .await?;
-        tracing::debug!(%object, "wrote status");
-        Ok((StatusWrite::Written, Some(Box::new(current))))
     })
     .await
 }
