@@ -126,9 +126,10 @@ helm: $(HELM) ## Build helm from its Go module into .tools/bin
 kstatus: $(KSTATUS) ## Build twc-kstatus (kstatus verdict of objects on stdin) into .tools/bin
 prometheus: $(PROMETHEUS) ## Unpack Debian's prometheus binary into .tools/bin (for canary analysis)
 
-# The Go builds run side by side: from an empty build cache each spends much of its time
-# downloading modules and linking on one core, so together they take about half as long as one
-# after the other. The Debian packages come after them, one at a time (apt takes a lock).
+# The Go builds run side by side (make -j4), so a machine with more cores overlaps their
+# downloads, compiles and links; on 2 cores they are CPU-bound and took 13 min from an empty Go
+# cache (2026-11-27), about what one after the other took. The Debian packages come after
+# them, one at a time (apt takes a lock).
 .PHONY: tools
 tools: ## Install temporal, kubectl, helm, prometheus, postgresql, chromium; build the local kube-apiserver, twc-kstatus, twc-temporal-server and Jaeger
 	@$(MAKE) --no-print-directory -j4 go-tools
