@@ -138,13 +138,14 @@ pub struct TwdState {
     pub active: Option<ActiveRollout>,
     /// Its latest report.
     pub last_report: Option<RolloutReport>,
-    /// The latest report of a rollout that is not the one in flight: the last words of a
-    /// superseded rollout, or the first of one whose start this run has not recorded yet
-    /// (Temporal hands a workflow task's signals over before a child's start result, so a
-    /// rollout that ran while this workflow's task waited on a dead worker has reported before
-    /// [`started`](Self::started) runs). `started` shows it when it is that rollout's and
-    /// arrived since [`launching`](Self::launching).
-    pub early_report: Option<RolloutReport>,
+    /// The workflow ID of the rollout being started (between [`launching`](Self::launching)
+    /// and [`started`](Self::started)).
+    pub launching: Option<String>,
+    /// The latest report of each run of the rollout being started, received before its start
+    /// was recorded: Temporal hands a workflow task's signals over before a child's start
+    /// result, so a rollout that ran while this workflow's task waited (on a dead worker) has
+    /// reported before `started` runs. `started` shows the started run's.
+    pub early_reports: Vec<RolloutReport>,
     /// Versions being retired.
     pub sunset: Vec<SunsetMemory>,
     /// Builds an operator aborted (not restarted until the spec moves on).
@@ -459,8 +460,12 @@ impl TwdState {
 
     /// A rollout's report; returns whether it wants a turn. The last words of a superseded
     /// rollout (often delivered after the new rollout's first reports) and reports older than
-    /// the one held are dropped.
+    /// the one held are dropped. A report of the rollout being started is also kept aside for
+    /// [`started`](Self::started) (which is all that differs from before `keep-early-reports`).
     pub fn receive_report(&mut self, report: RolloutReport) -> bool {
+        if self.launching.as_ref() == Some(&report.workflow_id) {
+            self.keep_early(&report);
+        }
         let from_active = self
             .active
             .as_ref()
@@ -468,16 +473,7 @@ impl TwdState {
         let newer = self.last_report.as_ref().is_none_or(|last| {
             last.workflow_id != report.workflow_id || report.sequence > last.sequence
         });
-        if !from_active {
-            let newer_early = self.early_report.as_ref().is_none_or(|early| {
-                early.workflow_id != report.workflow_id || report.sequence > early.sequence
-            });
-            if newer_early {
-                self.early_report = Some(report);
-            }
-            return false;
-        }
-        if !newer {
+        if !from_active || !newer {
             return false;
         }
         if report.progress == RolloutProgress::Aborted && !self.aborted.contains(&report.build_id) {
@@ -731,19 +727,48 @@ impl TwdState {
         })
     }
 
-    /// A rollout is being started: reports of rollouts not in flight that arrive from now on
-    /// may be its first ([`started`](Self::started) shows them); none received before are.
-    pub fn launching(&mut self) {
-        self.early_report = None;
+    /// Keeps `report` as the latest of its run among [`TwdState::early_reports`].
+    fn keep_early(&mut self, report: &RolloutReport) {
+        match self
+            .early_reports
+            .iter_mut()
+            .find(|early| early.run_id == report.run_id)
+        {
+            Some(early) if report.sequence > early.sequence => *early = report.clone(),
+            Some(_) => {}
+            None => self.early_reports.push(report.clone()),
+        }
     }
 
-    /// The rollout of `spec`'s build (workflow `workflow_id`) was started: it is the one in
-    /// flight, and its reports (whose sequence starts over) are shown from its first on,
-    /// including (`keep_early`) those that arrived since [`launching`](Self::launching), before
-    /// its start was recorded.
-    pub fn started(&mut self, spec: &SpecSignal, workflow_id: String, keep_early: bool) {
-        let early = self.early_report.take();
-        self.last_report = early.filter(|early| keep_early && early.workflow_id == workflow_id);
+    /// The rollout `workflow_id` is being started: its reports from now on are kept for
+    /// [`started`](Self::started); none received before are.
+    pub fn launching(&mut self, workflow_id: &str) {
+        self.launching = Some(workflow_id.to_owned());
+        self.early_reports.clear();
+    }
+
+    /// The rollout of `spec`'s build (workflow `workflow_id`; `run_id` when this start made it,
+    /// `None` when it was already running) was started: it is the one in flight, and its
+    /// reports (whose sequence starts over) are shown from its first on, including
+    /// (`keep_early`) those of that run that arrived since [`launching`](Self::launching),
+    /// before its start was recorded.
+    pub fn started(
+        &mut self,
+        spec: &SpecSignal,
+        workflow_id: String,
+        run_id: Option<&str>,
+        keep_early: bool,
+    ) {
+        let early = std::mem::take(&mut self.early_reports);
+        self.launching = None;
+        self.last_report = early
+            .into_iter()
+            .filter(|early| {
+                keep_early
+                    && early.workflow_id == workflow_id
+                    && run_id.is_none_or(|run_id| early.run_id == run_id)
+            })
+            .max_by_key(|early| early.sequence);
         if let Some(early) = &self.last_report
             && early.progress == RolloutProgress::Aborted
             && !self.aborted.contains(&early.build_id)

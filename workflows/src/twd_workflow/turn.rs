@@ -286,7 +286,7 @@ async fn launch(
         .maybe_search_attributes(search_attributes)
         .cancellation_token(support::own_token())
         .build();
-    ctx.state_mut(|s| s.state.launching());
+    ctx.state_mut(|s| s.state.launching(&workflow_id));
     let started = ctx
         .start_child_workflow(RolloutWorkflow::run, input, options)
         .await;
@@ -295,8 +295,12 @@ async fn launch(
         // carries on, since its build is the target again.
         nudge(ctx, &workflow_id, "build is the target again").await;
     }
+    let run_id = started.as_ref().ok().map(|child| child.run_id.clone());
     let keep_early = ctx.patched(PATCH_KEEP_EARLY_REPORTS);
-    ctx.state_mut(|s| s.state.started(spec, workflow_id, keep_early));
+    ctx.state_mut(|s| {
+        s.state
+            .started(spec, workflow_id, run_id.as_deref(), keep_early)
+    });
 }
 
 /// Executes a [`ControlStep`] for each control received: forwarded to the rollout in flight,

@@ -765,7 +765,7 @@ fn a_started_rollout_is_the_one_in_flight_and_its_reports_are_shown_from_the_fir
     let mut state = rolling();
     state.routing_shown = 7;
     let spec = signal(5, "v3-cccccccccc");
-    state.started(&spec, "r3".to_owned(), true);
+    state.started(&spec, "r3".to_owned(), Some("run"), true);
     assert_eq!(
         state.active,
         Some(ActiveRollout {
@@ -782,8 +782,9 @@ fn a_started_rollout_is_the_one_in_flight_and_its_reports_are_shown_from_the_fir
 
 /// Temporal delivers the signals of one workflow task before the start result of a child: a
 /// rollout that runs to its end while the TWD workflow's task waits (its worker was killed)
-/// reports before `started` records it. Its reports are kept, and shown once it is the one in
-/// flight; those of any other rollout are not.
+/// reports before `started` records it. Under `keep-early-reports` the started run's reports
+/// are kept and shown once it is the one in flight, whatever was in flight before (another
+/// rollout, none, or an earlier run of the same workflow); nobody else's are.
 #[test]
 fn reports_of_a_rollout_arriving_before_its_start_is_recorded_are_shown_once_it_is() {
     let gate = crate::contract::GateRun {
@@ -792,57 +793,153 @@ fn reports_of_a_rollout_arriving_before_its_start_is_recorded_are_shown_once_it_
         task_queue: "gates".to_owned(),
         status: "Completed".to_owned(),
     };
-    let early = |sequence, progress| RolloutReport {
+    let early = |workflow_id: &str, run_id: &str, sequence, progress| RolloutReport {
+        run_id: run_id.to_owned(),
         sequence,
-        ..report("r3", "v3-cccccccccc", progress)
+        ..report(workflow_id, "v3-cccccccccc", progress)
     };
-    let mut state = rolling();
-    state.launching();
-    assert!(!state.receive_report(early(1, RolloutProgress::WaitingForPollers)));
-    assert!(!state.receive_report(RolloutReport {
+    let complete = RolloutReport {
         gate_runs: vec![gate.clone()],
-        ..early(3, RolloutProgress::Complete)
-    }));
-    assert!(!state.receive_report(early(2, RolloutProgress::WaitingForPromotion)));
-    assert_eq!(
-        state.last_report.as_ref().map(|r| r.workflow_id.as_str()),
-        Some("r2"),
-        "shown only once the rollout is the one in flight"
+        ..early("r3", "new", 3, RolloutProgress::Complete)
+    };
+    let v3 = signal(5, "v3-cccccccccc");
+    let no_rollout = |s: &mut TwdState| {
+        s.active = None;
+        s.last_report = None;
+    };
+    let same_workflow = |s: &mut TwdState| {
+        s.active = s.active.take().map(|a| ActiveRollout {
+            workflow_id: "r3".to_owned(),
+            ..a
+        });
+        s.last_report = Some(RolloutReport {
+            run_id: "old".to_owned(),
+            sequence: 7,
+            ..report("r3", "v3-cccccccccc", RolloutProgress::Aborted)
+        });
+    };
+    // (case, state before, reports arriving while the start is awaited, the started run (None:
+    // it was already running), patched, the report shown after)
+    type Case = (
+        &'static str,
+        Change,
+        Vec<RolloutReport>,
+        Option<&'static str>,
+        bool,
     );
-    let before_patch = state.clone();
-    state.started(&signal(5, "v3-cccccccccc"), "r3".to_owned(), true);
-    let shown = state
-        .last_report
-        .clone()
-        .expect("the early reports are kept");
-    assert_eq!(
-        (shown.sequence, shown.progress, shown.gate_runs),
-        (3, RolloutProgress::Complete, vec![gate])
-    );
-
-    let mut state = before_patch;
-    state.started(&signal(5, "v3-cccccccccc"), "r3".to_owned(), false);
-    assert_eq!(
-        state.last_report, None,
-        "histories from before the patch drop them"
-    );
+    let cases: Vec<(Case, Option<RolloutReport>)> = vec![
+        (
+            (
+                "another rollout in flight",
+                |_| {},
+                vec![
+                    early("r3", "new", 1, RolloutProgress::WaitingForPollers),
+                    complete.clone(),
+                    early("r3", "new", 2, RolloutProgress::WaitingForPromotion),
+                ],
+                Some("new"),
+                true,
+            ),
+            Some(complete.clone()),
+        ),
+        (
+            (
+                "no rollout in flight yet",
+                no_rollout,
+                vec![
+                    early("r3", "new", 1, RolloutProgress::WaitingForPollers),
+                    complete.clone(),
+                ],
+                Some("new"),
+                true,
+            ),
+            Some(complete.clone()),
+        ),
+        (
+            (
+                "an earlier run of the same workflow in flight (a retry)",
+                same_workflow,
+                vec![complete.clone()],
+                Some("new"),
+                true,
+            ),
+            Some(complete.clone()),
+        ),
+        (
+            (
+                "an earlier run's last words arriving during the launch",
+                |_| {},
+                vec![
+                    complete.clone(),
+                    early("r3", "old", 9, RolloutProgress::Superseded),
+                ],
+                Some("new"),
+                true,
+            ),
+            Some(complete.clone()),
+        ),
+        (
+            (
+                "already running: its run is not known",
+                |_| {},
+                vec![complete.clone()],
+                None,
+                true,
+            ),
+            Some(complete.clone()),
+        ),
+        (
+            (
+                "a superseded rollout's last words are not the started one's",
+                |_| {},
+                vec![RolloutReport {
+                    sequence: 9,
+                    ..report("r1", OLD, RolloutProgress::Superseded)
+                }],
+                Some("new"),
+                true,
+            ),
+            None,
+        ),
+        (
+            (
+                "histories from before the patch drop them",
+                |_| {},
+                vec![complete.clone()],
+                Some("new"),
+                false,
+            ),
+            None,
+        ),
+    ];
+    for ((case, before, arriving, run_id, patched), shown) in cases {
+        let mut state = rolling();
+        before(&mut state);
+        let unpatched = |state: &TwdState| (state.active.clone(), state.last_report.clone());
+        let mut reference = state.clone();
+        state.launching("r3");
+        for report in arriving {
+            let wakes = state.receive_report(report.clone());
+            assert_eq!(
+                wakes,
+                reference.receive_report(report),
+                "{case}: whether a report wants a turn is as before the patch"
+            );
+            assert_eq!(unpatched(&state), unpatched(&reference), "{case}");
+        }
+        state.started(&v3, "r3".to_owned(), run_id, patched);
+        assert_eq!(state.last_report, shown, "{case}");
+        assert_eq!(state.launching, None, "{case}");
+        assert!(state.early_reports.is_empty(), "{case}");
+    }
 
     let mut state = rolling();
-    state.launching();
-    state.receive_report(early(1, RolloutProgress::WaitingForPollers));
-    state.started(&signal(5, "v4-dddddddddd"), "r4".to_owned(), true);
+    state.receive_report(complete.clone());
+    state.launching("r3");
+    state.started(&v3, "r3".to_owned(), Some("new"), true);
     assert_eq!(
         state.last_report, None,
-        "another rollout's reports are not shown"
-    );
-
-    let mut state = rolling();
-    state.receive_report(early(1, RolloutProgress::Superseded));
-    state.launching();
-    state.started(&signal(5, "v3-cccccccccc"), "r3".to_owned(), true);
-    assert_eq!(
-        state.last_report, None,
-        "an earlier run's last words, received before the launch, are not shown"
+        "a report received before the launch is not shown"
     );
 }
 
