@@ -11,9 +11,14 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Event;
-use kube::api::{Api, ListParams};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
+use twc_activities::k8s::connection::ClusterAccess;
+use twc_activities::k8s::release_finalizers;
+use twc_crds::labels::DELETE_PROTECTION_FINALIZER;
 use twc_crds::{TemporalConnection, TemporalWorkerDeployment};
+use twc_workflows::model::TwdRef;
 
 use crate::chaos::cluster::{Cluster, status_text};
 use crate::harness::controls::holds_for;
@@ -204,19 +209,31 @@ async fn assert_release_recorded(
         )
         .await;
     eprintln!("deletion: {deployment}: event {events:?}");
-    let log = cluster
-        .env
-        .controller_log
-        .as_ref()
-        .and_then(|path| std::fs::read_to_string(path).ok())
-        .unwrap_or_default();
+    // The controller logs the release once it is done, so a moment after the TWD is gone.
     let released =
         format!("Released TemporalWorkerDeployment {deployment} without cleaning up Temporal");
-    assert!(
-        log.lines()
-            .any(|l| l.contains(&released) && l.contains("Left in Temporal")),
-        "the controller's log says what {deployment} left in Temporal"
-    );
+    cluster
+        .wait(
+            &format!("the controller's log says what {deployment} left in Temporal"),
+            Duration::from_secs(30),
+            || async {
+                let log = cluster
+                    .env
+                    .controller_log
+                    .as_ref()
+                    .and_then(|path| std::fs::read_to_string(path).ok())
+                    .unwrap_or_default();
+                if log
+                    .lines()
+                    .any(|l| l.contains(&released) && l.contains("Left in Temporal"))
+                {
+                    Ok(())
+                } else {
+                    Err("not logged yet".to_string())
+                }
+            },
+        )
+        .await;
     let history = twd_history(cluster, namespace, name).await;
     assert!(
         history.contains("release_without_temporal"),
@@ -409,4 +426,52 @@ async fn a_twd_deleted_alone_waits_for_its_temporal_until_the_connection_is_fixe
     for name in ["dropped", "refused"] {
         assert_release_recorded(&cluster, &ns, name, &ns).await;
     }
+}
+
+#[tokio::test]
+async fn releases_racing_over_the_same_connections_all_succeed() {
+    // Two TWDs of a namespace released together (their connections deleted at once) both
+    // release the connections no TWD uses any more: whichever comes second finds a connection
+    // gone between reading and patching it, and must count that as released.
+    let cluster = Cluster::shared().await;
+    let ns = cluster.namespace("race").await;
+    let connections: Api<TemporalConnection> = Api::namespaced(cluster.client.clone(), &ns);
+    let names: Vec<String> = (0..12).map(|i| format!("c{i}")).collect();
+    for name in &names {
+        let mut manifest = unreachable_connection(&ns, name);
+        manifest["metadata"]["finalizers"] = json!([DELETE_PROTECTION_FINALIZER]);
+        let connection: TemporalConnection =
+            serde_json::from_value(manifest).expect("a TemporalConnection");
+        connections
+            .create(&PostParams::default(), &connection)
+            .await
+            .unwrap_or_else(|e| panic!("creating {ns}/{name}: {e}"));
+        connections
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("deleting {ns}/{name}: {e}"));
+    }
+    // No TWD of this name exists, so each release is of the namespace's unused connections.
+    let twd = TwdRef {
+        namespace: ns.clone(),
+        name: "gone".into(),
+    };
+    let results = futures::future::join_all(
+        (0..6).map(|_| release_finalizers(&cluster.client, ClusterAccess::Restricted, &twd)),
+    )
+    .await;
+    let failed: Vec<String> = results
+        .into_iter()
+        .filter_map(|r| r.err().map(|e| e.to_string()))
+        .collect();
+    assert!(failed.is_empty(), "releases failed: {failed:#?}");
+    let left: Vec<String> = connections
+        .list(&ListParams::default())
+        .await
+        .expect("listing connections")
+        .items
+        .into_iter()
+        .map(|c| c.name_any())
+        .collect();
+    assert!(left.is_empty(), "connections left: {left:?}");
 }

@@ -30,7 +30,7 @@ use twc_crds::{ClusterConnection, WorkerObject};
 use twc_workflows::model::TwdRef;
 
 use super::connection::{ClusterAccess, Connection};
-use super::error::{K8sError, ObjectName};
+use super::error::{K8sError, ObjectName, is_not_found};
 use super::retry::retry_on_conflict;
 use super::twd::{get_twd, list_workers, read_claimants, worker_api, worker_object_name};
 
@@ -427,8 +427,15 @@ where
             .filter(|f| *f != DELETE_PROTECTION_FINALIZER)
             .cloned()
             .collect();
-        patch_finalizers(api, object, &current, finalizers).await?;
-        tracing::info!(%object, "removed finalizer");
+        match patch_finalizers(api, object, &current, finalizers).await {
+            Ok(()) => tracing::info!(%object, "removed finalizer"),
+            // Deleted between the read and the write (another release removed the last
+            // finalizer first): nothing holds it any more, which is what was asked.
+            Err(K8sError::Api { source, .. }) if is_not_found(&source) => {
+                tracing::debug!(%object, "already gone when its finalizer was removed");
+            }
+            Err(e) => return Err(e),
+        }
         Ok(())
     })
     .await
