@@ -339,7 +339,7 @@ async fn temporal_operations_against_a_dev_server() {
 
     let outcome = tokio::time::timeout(TEST_DEADLINE, async {
         wait_for_server(&mut server, &ctx.pool, &ctx.config).await?;
-        let (a, b, c, d, e, f, g) = tokio::join!(
+        let (a, b, c, d, e, f, g, h) = tokio::join!(
             scenario_routing_gates_deletion(&ctx),
             scenario_manager_identity(&ctx),
             scenario_missing_things(&ctx),
@@ -347,6 +347,7 @@ async fn temporal_operations_against_a_dev_server() {
             scenario_drain(&ctx),
             scenario_analysis(&ctx),
             scenario_backlog(&ctx),
+            scenario_replay(&ctx),
         );
         let failures: Vec<String> = [
             ("routing/gates/deletion", a),
@@ -356,6 +357,7 @@ async fn temporal_operations_against_a_dev_server() {
             ("drain", e),
             ("analysis", f),
             ("backlog", g),
+            ("replay", h),
         ]
         .into_iter()
         .filter_map(|(name, r)| r.err().map(|e| format!("{name}: {e:#}")))
@@ -2166,4 +2168,191 @@ fn now_millis() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// `sample-worker replay` (the replay check's contract) run with `vars` over `targets`: its exit
+/// code and the report it wrote to `TWC_REPLAY_REPORT_PATH` (the same JSON as on stdout).
+async fn run_replay(
+    ctx: &Ctx,
+    dep: &str,
+    label: &str,
+    targets: &serde_json::Value,
+    vars: &[(&str, &str)],
+) -> Result<(i32, serde_json::Value)> {
+    let report_path = ctx.log_dir.join(format!("replay-{label}.json"));
+    let output = Command::new(&ctx.worker_bin)
+        .arg("replay")
+        .env("TEMPORAL_ADDRESS", &ctx.address)
+        .env("TEMPORAL_NAMESPACE", NAMESPACE)
+        .env("TEMPORAL_DEPLOYMENT_NAME", dep)
+        .env("TEMPORAL_WORKER_BUILD_ID", label)
+        .env("TWC_REPLAY_WORKFLOWS", targets.to_string())
+        .env("TWC_REPLAY_REPORT_PATH", &report_path)
+        .envs(vars.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .context("running sample-worker replay")?;
+    let code = output.status.code().context("replay killed by a signal")?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let written = std::fs::read_to_string(&report_path)
+        .with_context(|| format!("replay {label} wrote no report; stdout: {stdout}"))?;
+    let report: serde_json::Value = serde_json::from_str(&written)
+        .with_context(|| format!("replay {label} report is not JSON: {written}"))?;
+    ensure!(
+        stdout.trim() == written.trim(),
+        "replay {label}: stdout and the report file differ: {stdout} vs {written}"
+    );
+    eprintln!("replay {label}: exit {code}, report {report}");
+    Ok((code, report))
+}
+
+/// The workflow IDs of a report's `kind` list.
+fn reported_ids(report: &serde_json::Value, kind: &str) -> Vec<String> {
+    let mut ids: Vec<String> = report[kind]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["workflowId"].as_str().map(str::to_owned))
+        .collect();
+    ids.sort();
+    ids
+}
+
+async fn scenario_replay(ctx: &Ctx) -> Result<()> {
+    let client = ctx.client().await?;
+    let dep = ctx.deployment("replay");
+    let queue = format!("replay-{}", ctx.suffix);
+    let id = |name: &str| format!("{name}-{}", ctx.suffix);
+    ctx.start_worker_on(&dep, "v1", &queue).await?;
+    ctx.registered(&dep, "v1").await?;
+    set_current(&client, &dep, "v1").await?;
+
+    // Two completed HelloWorlds, and a Sleeper open mid-history (its timer started).
+    let hello_a = start_workflow(&client, &queue, "HelloWorld", &id("hello-a"), None).await?;
+    let hello_b = start_workflow(&client, &queue, "HelloWorld", &id("hello-b"), None).await?;
+    let sleeper = start_workflow(
+        &client,
+        &queue,
+        "Sleeper",
+        &id("sleeper"),
+        Some(json!(3600)),
+    )
+    .await?;
+    closed_on(&client, &hello_a, "v1").await?;
+    closed_on(&client, &hello_b, "v1").await?;
+    eventually("the Sleeper's timer to start", WAIT, || async {
+        let events = history(&client, &sleeper.workflow_id, &sleeper.first_run_id).await?;
+        Ok(events
+            .iter()
+            .any(|a| matches!(a, Attributes::TimerStartedEventAttributes(_)))
+            .then_some(()))
+    })
+    .await?;
+    let targets = json!([
+        { "workflowId": hello_a.workflow_id, "runId": hello_a.first_run_id },
+        { "workflowId": hello_b.workflow_id },
+        { "workflowId": sleeper.workflow_id, "runId": sleeper.first_run_id },
+    ]);
+    let mut hellos = vec![hello_a.workflow_id.clone(), hello_b.workflow_id.clone()];
+    hellos.sort();
+
+    // The same code, and code that changed only what an activity does: every history replays.
+    for (label, vars) in [
+        ("same", &[][..]),
+        ("activity-change", &[("SAMPLE_FAIL_SHARE", "100")][..]),
+    ] {
+        let (code, report) = run_replay(ctx, &dep, label, &targets, vars).await?;
+        ensure!(code == 0, "replay {label}: exit {code}: {report}");
+        ensure!(
+            report["passed"] == 3
+                && report["workflowTypes"] == json!({ "HelloWorld": 2, "Sleeper": 1 })
+                && reported_ids(&report, "nondeterministic").is_empty()
+                && reported_ids(&report, "inconclusive").is_empty(),
+            "replay {label}: {report}"
+        );
+    }
+
+    // HelloWorld's commands reordered: both of its histories mismatch, named with the
+    // replayer's words; the Sleeper still replays.
+    let (code, report) = run_replay(
+        ctx,
+        &dep,
+        "reordered-hello",
+        &targets,
+        &[("SAMPLE_NONDETERMINISTIC", "HelloWorld")],
+    )
+    .await?;
+    ensure!(code == 1, "reordered HelloWorld: exit {code}: {report}");
+    ensure!(
+        report["passed"] == 1 && reported_ids(&report, "nondeterministic") == hellos,
+        "reordered HelloWorld: {report}"
+    );
+    for mismatch in report["nondeterministic"].as_array().into_iter().flatten() {
+        ensure!(
+            mismatch["workflowType"] == "HelloWorld"
+                && mismatch["runId"].as_str().is_some_and(|r| !r.is_empty())
+                && mismatch["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("Nondeterminism")),
+            "a mismatch names the run, its type and the replayer's words: {mismatch}"
+        );
+    }
+    ensure!(
+        report["nondeterministic"].as_array().is_some_and(|l| l
+            .iter()
+            .any(|m| m["runId"] == hello_a.first_run_id.as_str())),
+        "the run given is the run replayed: {report}"
+    );
+
+    // The open Sleeper, mid-history, mismatches when its commands are reordered.
+    let (code, report) = run_replay(
+        ctx,
+        &dep,
+        "reordered-sleeper",
+        &targets,
+        &[("SAMPLE_NONDETERMINISTIC", "Sleeper")],
+    )
+    .await?;
+    ensure!(
+        code == 1
+            && report["passed"] == 2
+            && reported_ids(&report, "nondeterministic") == vec![sleeper.workflow_id.clone()],
+        "reordered Sleeper: exit {code}: {report}"
+    );
+
+    // A history that cannot be fetched is inconclusive (exit 3), never a pass.
+    let missing = json!([
+        { "workflowId": hello_a.workflow_id },
+        { "workflowId": id("never-started") },
+    ]);
+    let (code, report) = run_replay(ctx, &dep, "missing", &missing, &[]).await?;
+    ensure!(
+        code == 3
+            && report["passed"] == 1
+            && reported_ids(&report, "inconclusive") == vec![id("never-started")]
+            && report["inconclusive"][0]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("fetching its history")),
+        "missing workflow: exit {code}: {report}"
+    );
+
+    // No list: a configuration error (exit 2) before anything connects.
+    let output = Command::new(&ctx.worker_bin)
+        .arg("replay")
+        .env("TEMPORAL_ADDRESS", &ctx.address)
+        .env("TEMPORAL_DEPLOYMENT_NAME", &dep)
+        .env("TEMPORAL_WORKER_BUILD_ID", "none")
+        .env_remove("TWC_REPLAY_WORKFLOWS")
+        .env_remove("TWC_REPLAY_WORKFLOWS_FILE")
+        .output()
+        .await?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        output.status.code() == Some(2) && stderr.contains("TWC_REPLAY_WORKFLOWS"),
+        "no list: {:?}: {stderr}",
+        output.status
+    );
+    terminate(&client, &sleeper.workflow_id).await?;
+    Ok(())
 }

@@ -83,6 +83,38 @@ pub struct Config {
     pub fail_share: FailShare,
     /// `/metrics`, when `SAMPLE_METRICS_ADDR` or `SAMPLE_METRICS_SD_DIR` asks for it.
     pub metrics: Option<MetricsConfig>,
+    /// Workflow types whose commands this build issues in another order
+    /// (`SAMPLE_NONDETERMINISTIC`): a build that cannot replay the histories of earlier ones.
+    pub nondeterministic: Nondeterministic,
+}
+
+/// Workflow types that `SAMPLE_NONDETERMINISTIC` makes issue their commands in another order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Nondeterministic {
+    /// `HelloWorld` waits on a 1 ms timer before its `greet` activity.
+    pub hello_world: bool,
+    /// `Sleeper` runs the `greet` activity before its timer.
+    pub sleeper: bool,
+}
+
+impl Nondeterministic {
+    /// Parses a comma-separated list of workflow types (`HelloWorld`, `Sleeper`).
+    fn parse(value: &str) -> Result<Self, ConfigError> {
+        let mut out = Self::default();
+        for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "HelloWorld" => out.hello_world = true,
+                "Sleeper" => out.sleeper = true,
+                other => {
+                    return Err(config_err(format!(
+                        "SAMPLE_NONDETERMINISTIC lists workflow types among HelloWorld and \
+                         Sleeper, got '{other}'"
+                    )));
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 impl Config {
@@ -224,6 +256,10 @@ impl Config {
             })?,
         };
         let metrics = metrics_config(&get)?;
+        let nondeterministic = get("SAMPLE_NONDETERMINISTIC")
+            .map(|v| Nondeterministic::parse(&v))
+            .transpose()?
+            .unwrap_or_default();
 
         Ok(Self {
             address,
@@ -241,6 +277,7 @@ impl Config {
             never_poll,
             fail_share,
             metrics,
+            nondeterministic,
         })
     }
 
@@ -361,6 +398,46 @@ mod tests {
         assert_eq!(c.url(), "http://127.0.0.1:7233");
         assert_eq!(c.fail_share, FailShare::NONE);
         assert_eq!(c.metrics, None);
+    }
+
+    #[test]
+    fn nondeterministic_names_known_workflow_types() {
+        let with = |value: &str| {
+            let mut pairs = BASE.to_vec();
+            pairs.push(("SAMPLE_NONDETERMINISTIC", value));
+            cfg(&pairs).map(|c| c.nondeterministic)
+        };
+        let none = Nondeterministic::default();
+        let hello = Nondeterministic {
+            hello_world: true,
+            ..none
+        };
+        let both = Nondeterministic {
+            hello_world: true,
+            sleeper: true,
+        };
+        assert_eq!(cfg(&BASE).ok().map(|c| c.nondeterministic), Some(none));
+        for (value, wanted) in [
+            ("HelloWorld", Some(hello)),
+            (" HelloWorld , Sleeper ", Some(both)),
+            ("Sleeper,HelloWorld,", Some(both)),
+            (",", Some(none)),
+            ("helloworld", None),
+            ("HelloWorld,Stubborn", None),
+        ] {
+            assert_eq!(
+                with(value).ok(),
+                wanted,
+                "SAMPLE_NONDETERMINISTIC={value:?}"
+            );
+        }
+        let refused = with("Stubborn").err().map(|e| e.to_string());
+        assert!(
+            refused
+                .as_deref()
+                .is_some_and(|m| m.contains("SAMPLE_NONDETERMINISTIC") && m.contains("'Stubborn'")),
+            "{refused:?}"
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 mod config;
 mod failure;
 mod metrics;
+mod replay;
 mod workflows;
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
@@ -61,6 +62,14 @@ async fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    match std::env::args().nth(1).as_deref() {
+        None => {}
+        Some("replay") => return replay::main(config).await,
+        Some(other) => {
+            error!("unknown subcommand '{other}': the only one is 'replay' (none runs the worker)");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    }
 
     info!(
         address = %config.address,
@@ -248,6 +257,27 @@ fn instance_name() -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
+/// Registers every workflow type of the sample on `builder` (a worker's options, or the `replay`
+/// subcommand's replayer: both must know the same types, configured the same way), with `?` on
+/// each registration.
+macro_rules! register_workflows {
+    ($builder:expr, $config:expr) => {{
+        let fail_gate = $config.fail_gate;
+        let variant = $config.nondeterministic;
+        $builder
+            .register_workflow_with_factory::<HelloWorld, _>(move || {
+                HelloWorld::new(variant.hello_world)
+            })?
+            .register_workflow_with_factory::<RolloutGate, _>(move || RolloutGate::new(fail_gate))?
+            .register_workflow::<GatePass>()?
+            .register_workflow::<GateFail>()?
+            .register_workflow_with_factory::<Sleeper, _>(move || Sleeper::new(variant.sleeper))?
+            .register_workflow::<Subscription>()?
+            .register_workflow::<Stubborn>()?
+    }};
+}
+pub(crate) use register_workflows;
+
 fn worker_options(
     config: &Config,
     task_queue: &str,
@@ -263,7 +293,6 @@ fn worker_options(
         .use_worker_versioning(true)
         .default_versioning_behavior(config.versioning_behavior)
         .build();
-    let fail_gate = config.fail_gate;
     let options = WorkerOptions::new(task_queue)
         .deployment_options(deployment)
         .graceful_shutdown_period(Duration::from_secs(10))
@@ -273,15 +302,8 @@ fn worker_options(
             fail_share: config.fail_share,
             metrics: metrics.clone(),
             delay: Duration::from_millis(config.greet_delay_ms),
-        })
-        .register_workflow::<HelloWorld>()?
-        .register_workflow_with_factory::<RolloutGate, _>(move || RolloutGate::new(fail_gate))?
-        .register_workflow::<GatePass>()?
-        .register_workflow::<GateFail>()?
-        .register_workflow::<Sleeper>()?
-        .register_workflow::<Subscription>()?
-        .register_workflow::<Stubborn>()?
-        .build();
+        });
+    let options = register_workflows!(options, config).build();
     Ok(options)
 }
 

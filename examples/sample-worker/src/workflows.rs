@@ -115,18 +115,33 @@ impl Greeter {
 
 /// `HelloWorld`: greets the input name (default `World`) through the `greet` activity and returns
 /// `"Hello, <name>! (build <build id>)"`. Fails with the activity's failure when `greet` fails
-/// (`SAMPLE_FAIL_SHARE`).
+/// (`SAMPLE_FAIL_SHARE`). With `reorder` (`SAMPLE_NONDETERMINISTIC=HelloWorld`) it first waits on
+/// a 1 ms timer: a build whose commands differ from earlier builds' (it cannot replay their
+/// histories).
 #[workflow]
-#[derive(Default)]
-pub struct HelloWorld;
+pub struct HelloWorld {
+    reorder: bool,
+}
 
-#[workflow_methods]
+impl HelloWorld {
+    /// The worker registers this workflow with a factory so the variant comes from its config.
+    pub fn new(reorder: bool) -> Self {
+        Self { reorder }
+    }
+}
+
+#[workflow_methods(factory_only)]
 impl HelloWorld {
     #[run(name = "HelloWorld")]
     pub async fn run(ctx: &mut WorkflowContext<Self>, input: RawValue) -> WorkflowResult<String> {
         let name = decode_optional::<String>(&input)?
             .filter(|n| !n.trim().is_empty())
             .unwrap_or_else(|| "World".to_owned());
+        if ctx.state(|s| s.reorder)
+            && ctx.timer(Duration::from_millis(1)).await == TimerResult::Cancelled
+        {
+            return Err(WorkflowTermination::cancelled());
+        }
         let greeting = ctx
             .execute_activity(
                 Greeter::greet,
@@ -214,15 +229,32 @@ impl GateFail {
 }
 
 /// `Sleeper`: waits on a durable timer for the given number of seconds, then returns
-/// `"slept <n>s (build <build id>)"`.
+/// `"slept <n>s (build <build id>)"`. With `reorder` (`SAMPLE_NONDETERMINISTIC=Sleeper`) it first
+/// runs the `greet` activity: a build that cannot replay earlier builds' histories.
 #[workflow]
-#[derive(Default)]
-pub struct Sleeper;
+pub struct Sleeper {
+    reorder: bool,
+}
 
-#[workflow_methods]
+impl Sleeper {
+    /// The worker registers this workflow with a factory so the variant comes from its config.
+    pub fn new(reorder: bool) -> Self {
+        Self { reorder }
+    }
+}
+
+#[workflow_methods(factory_only)]
 impl Sleeper {
     #[run(name = "Sleeper")]
     pub async fn run(ctx: &mut WorkflowContext<Self>, seconds: u64) -> WorkflowResult<String> {
+        if ctx.state(|s| s.reorder) {
+            ctx.execute_activity(
+                Greeter::greet,
+                "Sleeper".to_owned(),
+                ActivityOptions::start_to_close_timeout(Duration::from_secs(10)),
+            )
+            .await?;
+        }
         // A zero-length timer is rejected by the server, so skip it.
         if seconds > 0 && ctx.timer(Duration::from_secs(seconds)).await == TimerResult::Cancelled {
             return Err(WorkflowTermination::cancelled());
