@@ -13,6 +13,9 @@ use super::sources;
 use super::spawner::die_with_runner;
 use super::volumes;
 
+/// Where a container writes its termination message unless it says otherwise.
+pub const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
+
 /// Why a pod cannot start now (shown like a container's `waiting` state); retried with back-off.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Waiting {
@@ -78,6 +81,9 @@ pub struct Launch {
     pub dir: PathBuf,
     /// The container's volume mounts (re-materialized when their Secrets change).
     pub mounts: Vec<volumes::Mount>,
+    /// Where the process's `terminationMessagePath` (default `/dev/termination-log`) is on this
+    /// host: the runner reads a Job pod's termination message from it.
+    pub termination_message: PathBuf,
 }
 
 impl Launch {
@@ -147,10 +153,18 @@ pub async fn prepare(
         .map_err(|e| Waiting::new("CreateContainerConfigError", e.to_string()))?;
     let mounts = volumes::plan(spec, container)
         .map_err(|e| Waiting::new("CreateContainerConfigError", e.to_string()))?;
+    let termination_path = container
+        .termination_message_path
+        .clone()
+        .filter(|p| p.starts_with('/'))
+        .unwrap_or_else(|| DEFAULT_TERMINATION_MESSAGE_PATH.to_owned());
+    // The termination message file is rewritten like a mount: `/dev/termination-log` in an
+    // env value or an argument names the pod folder's copy.
     let mount_paths: Vec<&str> = mounts
         .iter()
         .filter(|m| m.is_emulated())
         .map(|m| m.mount_path.as_str())
+        .chain([termination_path.as_str()])
         .collect();
     let rewrite = |value: &str| volumes::rewrite_paths(value, &place.dir, &mount_paths);
     let expand = |value: &str| {
@@ -200,8 +214,19 @@ pub async fn prepare(
     );
     let (dir, cwd_for_disk, log_path) = (place.dir.clone(), cwd.clone(), place.log.clone());
     let kept_mounts = mounts.clone();
+    let termination_message = volumes::host_path(&place.dir, &termination_path);
+    let termination_dir = termination_message.parent().map(Path::to_path_buf);
     let log = tokio::task::spawn_blocking(move || {
-        write_to_disk(&dir, &cwd_for_disk, &mounts, &sources, &log_path, &header)
+        let log = write_to_disk(&dir, &cwd_for_disk, &mounts, &sources, &log_path, &header)?;
+        if let Some(parent) = termination_dir {
+            std::fs::create_dir_all(&parent).map_err(|e| {
+                Waiting::new(
+                    "CreateContainerError",
+                    format!("cannot create {}: {e}", parent.display()),
+                )
+            })?;
+        }
+        Ok(log)
     })
     .await
     .map_err(|e| {
@@ -221,6 +246,7 @@ pub async fn prepare(
         log,
         dir: place.dir.clone(),
         mounts: kept_mounts,
+        termination_message,
     })
 }
 

@@ -1,5 +1,7 @@
 //! The pod runner: plays kubelet and the Deployment controller for the worker Deployments the
-//! controller creates, running each pod as a local process.
+//! controller creates, running each pod as a local process, and kubelet and the Job controller
+//! for Jobs with the same label (see [`jobs`]: one pod at a time, as a Pod object and a process,
+//! with `backoffLimit`, `activeDeadlineSeconds` and termination messages).
 //!
 //! # What it does
 //!
@@ -67,11 +69,14 @@
 //!
 //! Rolling-update surge/unavailability limits (template changes recreate all pods), paused
 //! Deployments, liveness and startup probes, gRPC probes, resource limits, Pod and ReplicaSet
-//! objects (nothing is written to the API server except Deployment status), projected,
+//! objects of Deployments (nothing is written for them but Deployment status; Job pods are Pod
+//! objects), Job `completions`/`parallelism` above 1, indexed Jobs, pod failure and success
+//! policies, suspended Jobs, projected,
 //! downwardAPI and persistent volumes, and `resourceFieldRef`/`fileKeyRef` env sources.
 
 pub mod env;
 pub mod images;
+pub mod jobs;
 pub mod launch;
 pub mod names;
 pub mod probe;
@@ -91,6 +96,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::mpsc;
@@ -210,11 +216,14 @@ pub async fn run(
         spawner,
         changed: changed_tx,
     });
-    let mut runner = Runner::new(shared, work_dir.clone());
+    let mut runner = Runner::new(shared.clone(), work_dir.clone());
+    let mut job_runner = jobs::JobRunner::new(shared, work_dir.clone());
 
-    let deployments: Api<Deployment> = Api::all(client);
+    let deployments: Api<Deployment> = Api::all(client.clone());
     let watch_config = watcher::Config::default().labels(DEPLOYMENT_NAME_LABEL);
-    let mut events = pin!(watcher(deployments, watch_config).default_backoff());
+    let mut events = pin!(watcher(deployments, watch_config.clone()).default_backoff());
+    let job_api: Api<Job> = Api::all(client);
+    let mut job_events = pin!(watcher(job_api, watch_config).default_backoff());
     let mut shutdown = pin!(shutdown);
     let mut resync = tokio::time::interval(RESYNC_PERIOD);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -250,9 +259,24 @@ pub async fn run(
             Some(result) = runner.tasks.join_next(), if !runner.tasks.is_empty() => {
                 runner::log_task_end(result);
             }
+            event = job_events.next() => match event {
+                Some(Ok(event)) => job_runner.handle(event),
+                Some(Err(e)) => warn!("watching jobs failed (retrying with back-off): {e}"),
+                None => {
+                    warn!("job watch ended unexpectedly");
+                    break;
+                }
+            },
+            Some(result) = job_runner.tasks.join_next(), if !job_runner.tasks.is_empty() => {
+                match result {
+                    Ok((key, uid)) => job_runner.ended(key, uid),
+                    Err(e) => warn!("a job task failed: {e}"),
+                }
+            }
             _ = resync.tick() => runner.resync().await,
         }
     }
+    job_runner.shutdown().await;
     runner.shutdown().await;
     info!("pod runner stopped");
     Ok(())

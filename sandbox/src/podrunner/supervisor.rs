@@ -273,7 +273,7 @@ enum Outcome {
 }
 
 /// Kills the process group of a child that was not reaped yet when dropped (e.g. on abort).
-struct PodProcess(Child);
+pub(crate) struct PodProcess(pub(crate) Child);
 
 impl PodProcess {
     /// Sends `signal` to the pod's process group while its leader is not reaped.
@@ -549,7 +549,7 @@ impl PodTask {
 }
 
 /// Stops a pod's process group: SIGTERM, then SIGKILL after [`STOP_GRACE`].
-async fn terminate(process: &mut PodProcess) -> String {
+pub(crate) async fn terminate(process: &mut PodProcess) -> String {
     if let Ok(Some(status)) = process.0.try_wait() {
         return describe_exit(&status);
     }
@@ -569,7 +569,7 @@ async fn terminate(process: &mut PodProcess) -> String {
 }
 
 /// Appends a marker line to the pod log (best effort).
-fn append_log(launch: &Launch, line: &str) {
+pub(crate) fn append_log(launch: &Launch, line: &str) {
     use std::io::Write;
     let mut log = &launch.log;
     if let Err(e) = log.write_all(line.as_bytes()) {
