@@ -24,8 +24,8 @@ use twc_workflows::contract::{
     CleanupOutcome, CreateDeploymentOutcome, DeleteVersionOutcome, DeleteVersionRequest,
     DeploymentRequest, DrainOutcome, DrainRequest, EventKind, EventRequest, GateOutcome,
     GateRequest, Measurement, PinnedCount, PinnedRequest, PollerWaitOutcome, RecheckOutcome,
-    ReleaseRequest, RoutingChange, RoutingOutcome, RoutingRequest, ScaleRequest, StatusRequest,
-    Teardown, WaitForPollersRequest,
+    ReleaseRequest, ReplayCheckRequest, ReplayTarget, ReplayVerdict, RoutingChange, RoutingOutcome,
+    RoutingRequest, ScaleRequest, StatusRequest, Teardown, WaitForPollersRequest,
 };
 use twc_workflows::contract::{
     Notification, NotificationFailure, NotificationOutcome, NotificationRequest, TargetFailure,
@@ -1664,6 +1664,98 @@ impl EngineActivities {
     /// Counts the open workflows pinned to a version of the TWD (a visibility count) and finds
     /// the oldest one's start time. A TWD that is gone or whose Temporal cannot be reached, and
     /// a filter that cannot be queried, fail without retry; transient failures are retried.
+    /// The replay check of a new build (see the contract's `RunReplayCheck`): candidates from
+    /// visibility, a sample of them replayed by a Job of the build's own pod template.
+    #[activity(name = "run_replay_check")]
+    pub async fn run_replay_check(
+        self: Arc<Self>,
+        ctx: ActivityContext,
+        request: ReplayCheckRequest,
+    ) -> Result<ReplayVerdict, ActivityError> {
+        use temporal::replay::{CandidateSource, candidate_query, list_candidates, pick};
+        with_heartbeats(&ctx, async {
+            let resolved = self.resolve_or_fail(&request.twd, "ReplayTwdGone").await?;
+            let deployment_name = request.twd.key();
+            let namespace = resolved.spec.temporal_namespace.clone();
+            let mut sources = Vec::new();
+            for build in [&request.current_build_id, &request.ramping_build_id]
+                .into_iter()
+                .flatten()
+            {
+                sources.push(CandidateSource::AutoUpgradeOn(build));
+            }
+            if let Some(current) = &request.current_build_id {
+                sources.push(CandidateSource::ClosedOn(current));
+            }
+            let mut candidates = Vec::new();
+            for source in sources {
+                let query = candidate_query(&deployment_name, source)
+                    .map_err(|e| not_retryable("ReplayCheckInvalid", e.to_string()))?;
+                let listed = list_candidates(&resolved.temporal, &namespace, &query)
+                    .await
+                    .map_err(|e| {
+                        self.after_error(&resolved.temporal, &e);
+                        retryable(e)
+                    })?;
+                candidates.extend(listed);
+            }
+            let max = usize::try_from(request.check.max_histories).unwrap_or(usize::MAX);
+            let (sample, too_long) = pick(
+                candidates,
+                max,
+                i64::from(request.check.max_history_events),
+            );
+            if sample.is_empty() {
+                tracing::info!(twd = %request.twd.key(), build = %request.build_id, too_long, "replay check: no history to replay");
+                return Ok(ReplayVerdict::Passed {
+                    histories: 0,
+                    workflow_types: Default::default(),
+                    seconds: 0.0,
+                });
+            }
+            let uid = resolved.resource.metadata.uid.clone().unwrap_or_default();
+            let deployment = k8s::list_owned_deployments(&self.kube, &request.twd, &uid)
+                .await
+                .map_err(retryable)?
+                .into_iter()
+                .find(|d| {
+                    d.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(twc_crds::labels::BUILD_ID))
+                        == Some(&request.build_id)
+                })
+                .ok_or_else(|| {
+                    not_retryable(
+                        "ReplayDeploymentGone",
+                        format!(
+                            "no Deployment of build {} to run the replay check with",
+                            request.build_id
+                        ),
+                    )
+                })?;
+            let targets: Vec<ReplayTarget> = sample
+                .iter()
+                .map(|c| ReplayTarget {
+                    workflow_id: c.workflow_id.clone(),
+                    run_id: c.run_id.clone(),
+                })
+                .collect();
+            let spec = k8s::replay_job::ReplayJobSpec {
+                command: request.check.command.clone(),
+                args: request.check.args.clone(),
+                timeout_seconds: request.check.timeout_seconds,
+            };
+            let job = k8s::replay_job::build_replay_job(&deployment, &spec, &targets, request.attempt)
+                .map_err(|e| not_retryable("ReplayCheckInvalid", e))?;
+            let histories = u32::try_from(targets.len()).unwrap_or(u32::MAX);
+            k8s::replay_job::run_replay_job(&self.kube, job, histories)
+                .await
+                .map_err(retryable)
+        })
+        .await
+    }
+
     #[activity(name = "count_pinned_workflows")]
     pub async fn count_pinned_workflows(
         self: Arc<Self>,

@@ -54,7 +54,9 @@ use twc_activities::{
         cancel_build_gates, cancel_gates, count_pinned, delete_version, delete_worker_deployment,
         describe_worker_deployment, drain_version,
         error::is_manager_identity_conflict,
-        gate_workflow_id, read_backlog, reset_to_unversioned,
+        gate_workflow_id, read_backlog,
+        replay::{CandidateSource, candidate_query, list_candidates, pick},
+        reset_to_unversioned,
         routing::{METADATA_CONTROLLER, METADATA_CONTROLLER_VERSION},
         set_routing, start_gates, stop_build_gates, version_task_queues, wait_gates,
     },
@@ -151,6 +153,18 @@ impl Ctx {
         build_id: &str,
         task_queue: &str,
     ) -> Result<u32> {
+        self.start_worker_with(deployment, build_id, task_queue, &[])
+            .await
+    }
+
+    /// [`Ctx::start_worker_on`] with more environment variables.
+    async fn start_worker_with(
+        &self,
+        deployment: &str,
+        build_id: &str,
+        task_queue: &str,
+        vars: &[(&str, &str)],
+    ) -> Result<u32> {
         let mut command = Command::new(&self.worker_bin);
         command
             .env("TEMPORAL_ADDRESS", &self.address)
@@ -158,7 +172,8 @@ impl Ctx {
             .env("TEMPORAL_DEPLOYMENT_NAME", deployment)
             .env("TEMPORAL_WORKER_BUILD_ID", build_id)
             .env("SAMPLE_TASK_QUEUE", task_queue)
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", "info")
+            .envs(vars.iter().copied());
         let proc = Proc::spawn(
             &format!("worker-{deployment}-{build_id}"),
             command,
@@ -2320,6 +2335,88 @@ async fn scenario_replay(ctx: &Ctx) -> Result<()> {
             && reported_ids(&report, "nondeterministic") == vec![sleeper.workflow_id.clone()],
         "reordered Sleeper: exit {code}: {report}"
     );
+
+    // The sample a replay check takes of v1: the open pinned Sleeper (`moveToCurrent` would
+    // move it) and the closed HelloWorlds, read from visibility; replayed, they pass.
+    let candidates = eventually("visibility to list v1's workflows", WAIT, || async {
+        let mut all = Vec::new();
+        for source in [
+            CandidateSource::PinnedOn("v1"),
+            CandidateSource::ClosedOn("v1"),
+        ] {
+            let query = candidate_query(&dep, source)?;
+            all.extend(list_candidates(&client, NAMESPACE, &query).await?);
+        }
+        Ok((all.len() >= 3).then_some(all))
+    })
+    .await?;
+    let (sample, too_long) = pick(candidates, 50, 10_000);
+    let picked: Vec<(&str, &str, bool)> = sample
+        .iter()
+        .map(|c| (c.workflow_id.as_str(), c.workflow_type.as_str(), c.open))
+        .collect();
+    ensure!(
+        too_long == 0
+            && picked.len() == 3
+            && picked[0] == (sleeper.workflow_id.as_str(), "Sleeper", true)
+            && picked[1..]
+                .iter()
+                .all(|(id, t, open)| hellos.iter().any(|h| h == id) && *t == "HelloWorld" && !open)
+            && sample.iter().all(|c| !c.run_id.is_empty()
+                && c.started_at > 0
+                && (c.open || c.history_length > 0)),
+        "the sample of v1: {sample:?}"
+    );
+    let sampled: Vec<serde_json::Value> = sample
+        .iter()
+        .map(|c| json!({ "workflowId": c.workflow_id, "runId": c.run_id }))
+        .collect();
+    let (code, report) = run_replay(ctx, &dep, "sampled", &json!(sampled), &[]).await?;
+    ensure!(
+        code == 0 && report["passed"] == 3,
+        "the sample replays: {report}"
+    );
+
+    // Open AutoUpgrade workflows on a build are candidates too (they move with the routing).
+    let auto = ctx.deployment("replay-auto");
+    let auto_queue = format!("replay-auto-{}", ctx.suffix);
+    ctx.start_worker_with(
+        &auto,
+        "v1",
+        &auto_queue,
+        &[("SAMPLE_VERSIONING_BEHAVIOR", "auto-upgrade")],
+    )
+    .await?;
+    ctx.registered(&auto, "v1").await?;
+    set_current(&client, &auto, "v1").await?;
+    let upgrading = start_workflow(
+        &client,
+        &auto_queue,
+        "Sleeper",
+        &id("upgrading"),
+        Some(json!(3600)),
+    )
+    .await?;
+    let query = candidate_query(&auto, CandidateSource::AutoUpgradeOn("v1"))?;
+    let listed = eventually("the AutoUpgrade Sleeper to be listed", WAIT, || async {
+        let listed = list_candidates(&client, NAMESPACE, &query).await?;
+        Ok(listed
+            .iter()
+            .any(|c| c.workflow_id == upgrading.workflow_id && c.open)
+            .then_some(listed))
+    })
+    .await?;
+    ensure!(
+        listed.len() == 1 && listed[0].run_id == upgrading.first_run_id,
+        "only the AutoUpgrade workflow of {auto}: {listed:?}"
+    );
+    let pinned_query = candidate_query(&auto, CandidateSource::PinnedOn("v1"))?;
+    let pinned = list_candidates(&client, NAMESPACE, &pinned_query).await?;
+    ensure!(
+        pinned.is_empty(),
+        "no pinned workflow on {auto}: {pinned:?}"
+    );
+    terminate(&client, &upgrading.workflow_id).await?;
 
     // A history that cannot be fetched is inconclusive (exit 3), never a pass.
     let missing = json!([

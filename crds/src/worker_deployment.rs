@@ -326,6 +326,72 @@ pub struct RolloutSpec {
     /// Checks measured while a Progressive rollout ramps; a failed check aborts the rollout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub analysis: Option<AnalysisSpec>,
+    /// Before a new version's first routing change, replay real histories of workflows that
+    /// would move to it (open AutoUpgrade ones, recent ones of the Current version) against it
+    /// in a Job running its own image; a version that cannot replay them is aborted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_check: Option<ReplayCheckSpec>,
+}
+
+/// Histories replayed at most when `maxHistories` is not set.
+pub const DEFAULT_REPLAY_MAX_HISTORIES: i32 = 50;
+/// Longest history (events) replayed when `maxHistoryEvents` is not set.
+pub const DEFAULT_REPLAY_MAX_HISTORY_EVENTS: i32 = 20_000;
+/// How long a replay Job may run when `timeout` is not set.
+pub const DEFAULT_REPLAY_TIMEOUT: &str = "10m";
+
+/// The replay check of a new version: a Job of the version's pod template whose first
+/// container runs `command`/`args` (the replay contract: README, "Replay check").
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.command) || has(self.args)")
+        .message("replayCheck needs command or args: with neither, its Job would start the worker itself instead of the replay"),
+)]
+pub struct ReplayCheckSpec {
+    /// Replaces the worker container's `command` in the Job (its `args` then come from `args`
+    /// only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32))]
+    pub command: Option<Vec<String>>,
+    /// Replaces the worker container's `args` in the Job (with the image's entrypoint when
+    /// `command` is not set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub args: Option<Vec<String>>,
+    /// Histories replayed at most; every workflow type found is represented as far as this
+    /// allows.
+    #[serde(default = "default_replay_max_histories")]
+    #[schemars(range(min = 1, max = 500))]
+    pub max_histories: i32,
+    /// Histories longer than this many events are left out.
+    #[serde(default = "default_replay_max_history_events")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub max_history_events: i32,
+    /// How long the Job may run (`activeDeadlineSeconds`); past it the check is inconclusive.
+    #[serde(default = "default_replay_timeout")]
+    #[schemars(length(max = 32))]
+    #[x_kube(
+        validation = duration_format("timeout"),
+        validation = Rule::new(format!("!self.matches('{}') || duration(self) >= duration('10s')", cel_duration_pattern()))
+            .message("timeout must be at least 10s"),
+    )]
+    pub timeout: String,
+    /// Record the verdict and proceed whatever it is.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+fn default_replay_max_histories() -> i32 {
+    DEFAULT_REPLAY_MAX_HISTORIES
+}
+
+fn default_replay_max_history_events() -> i32 {
+    DEFAULT_REPLAY_MAX_HISTORY_EVENTS
+}
+
+fn default_replay_timeout() -> String {
+    DEFAULT_REPLAY_TIMEOUT.to_owned()
 }
 
 fn default_rollback_window() -> String {
@@ -1143,6 +1209,7 @@ pub mod test_support {
                 paused: false,
                 rollback_window: "1h".into(),
                 analysis: None,
+                replay_check: None,
             },
             sunset: SunsetSpec::default(),
             autoscaling: None,

@@ -25,6 +25,7 @@ mod pod_runner;
 mod production;
 mod reassert;
 mod recovery;
+mod replay_check;
 mod resource_templates;
 mod rollout;
 mod takeover;

@@ -127,6 +127,14 @@ activity!(
 );
 
 activity!(
+    /// The replay check of a new build: picks real histories from the worker's Temporal (open
+    /// AutoUpgrade workflows on the Current and Ramping builds, recent closed ones on Current),
+    /// runs the build's own image on them as a Job (one per attempt: a retry finds the Job it
+    /// created) and returns its verdict. Without histories to replay it passes without a Job.
+    RunReplayCheck, "run_replay_check", ReplayCheckRequest => ReplayVerdict
+);
+
+activity!(
     /// Measures canary analysis checks of a build over a window (Temporal visibility counts of
     /// the new and the Current version, or a Prometheus query); one measurement per check.
     RunAnalysis, "run_analysis", AnalysisRequest => AnalysisResult
@@ -796,4 +804,64 @@ impl NotificationFailure {
     pub fn retryable(self) -> bool {
         self == Self::NotificationDeliveryFailed
     }
+}
+
+/// One workflow run a replay check replays.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayTarget {
+    /// Workflow ID.
+    pub workflow_id: String,
+    /// Run ID.
+    pub run_id: String,
+}
+
+/// What a replay check found (the replay Job's verdict).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ReplayVerdict {
+    /// Every history replayed against the new build.
+    Passed {
+        /// Histories replayed.
+        histories: u32,
+        /// Histories per workflow type.
+        workflow_types: std::collections::BTreeMap<String, u32>,
+        /// How long the replay took, seconds (the container's own figure).
+        seconds: f64,
+    },
+    /// A history did not replay: the build is non-deterministic for it.
+    Nondeterministic {
+        /// The first such run.
+        workflow_id: String,
+        /// Its run ID.
+        run_id: String,
+        /// Its workflow type.
+        workflow_type: String,
+        /// The replayer's own words (the first mismatching event).
+        message: String,
+        /// How many histories did not replay.
+        count: u32,
+    },
+    /// The check could not decide (the Job could not run, crashed, timed out, or some history
+    /// could not be checked): never a pass.
+    Inconclusive {
+        /// Why, with the Job's and pod's words.
+        reason: String,
+    },
+}
+
+/// Input of `run_replay_check`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayCheckRequest {
+    /// The TWD.
+    pub twd: TwdRef,
+    /// The new build.
+    pub build_id: String,
+    /// Which run of the check (its Job's name carries it).
+    pub attempt: u32,
+    /// The Current build, whose workflows would move.
+    pub current_build_id: Option<String>,
+    /// Another build ramping now, whose AutoUpgrade workflows would move too.
+    pub ramping_build_id: Option<String>,
+    /// `spec.rollout.replayCheck`.
+    pub check: crate::model::ReplayCheckView,
 }

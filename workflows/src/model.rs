@@ -91,6 +91,26 @@ pub struct SpecView {
     /// was taken over from another controller (kept in the status the engine writes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adopted_build: Option<twc_crds::worker_deployment::AdoptedBuild>,
+    /// `spec.rollout.replayCheck` (absent in histories from before it existed, and when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_check: Option<ReplayCheckView>,
+}
+
+/// The replay check of a new build (`spec.rollout.replayCheck`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayCheckView {
+    /// Replaces the worker container's command in the Job.
+    pub command: Option<Vec<String>>,
+    /// Replaces the worker container's args in the Job.
+    pub args: Option<Vec<String>>,
+    /// Histories replayed at most.
+    pub max_histories: u32,
+    /// Histories longer than this many events are left out.
+    pub max_history_events: u32,
+    /// `activeDeadlineSeconds` of the Job.
+    pub timeout_seconds: i64,
+    /// Record the verdict and proceed whatever it is.
+    pub dry_run: bool,
 }
 
 /// Backlog-driven replicas (`spec.autoscaling`), windows in milliseconds.
@@ -328,6 +348,12 @@ pub enum BlockReason {
     /// The TWD references a ClusterConnection, but this controller is restricted to namespaces
     /// (`--watch-namespaces`) and has no cluster-wide access to read it.
     ClusterConnectionUnsupported,
+    /// The new build could not replay a real history (`spec.rollout.replayCheck`): the rollout
+    /// was aborted before any workflow moved to it.
+    ReplayCheckFailed,
+    /// The replay check could not decide (its Job could not run, crashed or timed out): the
+    /// rollout holds until `retry` or a new build.
+    ReplayCheckInconclusive,
 }
 
 impl BlockReason {
@@ -347,6 +373,8 @@ impl BlockReason {
             Self::AnalysisFailed => "AnalysisFailed",
             Self::AnalysisInconclusive => "AnalysisInconclusive",
             Self::ClusterConnectionUnsupported => "ClusterConnectionUnsupported",
+            Self::ReplayCheckFailed => "ReplayCheckFailed",
+            Self::ReplayCheckInconclusive => "ReplayCheckInconclusive",
         }
     }
 }

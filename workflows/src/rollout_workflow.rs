@@ -22,8 +22,9 @@ use temporalio_sdk::{
 use crate::contract::{
     AnalysisRequest, BuildRequest, CancelGates, CreateDeployment, CreateDeploymentOutcome,
     EmitEvent, EventKind, EventRequest, GateRequest, GateRun, Observe, PollerWaitOutcome,
-    RoutingChange, RoutingOutcome, RoutingRequest, RunAnalysis, RunGate, ScaleDeployment,
-    ScaleRequest, SetRouting, StepGateRef, Verdict, WaitForPollers, WaitForPollersRequest,
+    ReplayCheckRequest, ReplayVerdict, RoutingChange, RoutingOutcome, RoutingRequest, RunAnalysis,
+    RunGate, RunReplayCheck, ScaleDeployment, ScaleRequest, SetRouting, StepGateRef, Verdict,
+    WaitForPollers, WaitForPollersRequest,
 };
 use crate::control::{self, ControlEffect, ControlState};
 use crate::model::{
@@ -35,8 +36,8 @@ use crate::plan::rollout::{
     GateState, HeldTime, HoldTransition, RolloutDecision, RolloutMemory, decide,
 };
 use crate::support::{
-    self, activity_failed, history_full, millis, now_millis, run_activity, short_options,
-    waiting_options, with_summary,
+    self, activity_failed, history_full, millis, now_millis, replay_options, run_activity,
+    short_options, waiting_options, with_summary,
 };
 use crate::twd_workflow::TwdWorkflow;
 
@@ -464,6 +465,17 @@ impl RolloutWorkflow {
                 RolloutDecision::AnalysisFailed(blocked) => {
                     return abort(ctx, &twd, &build_id, &observation, Some(blocked)).await;
                 }
+                RolloutDecision::RunReplayCheck => {
+                    report(ctx, RolloutProgress::WaitingForPromotion, None, None).await;
+                    replay_check(ctx, &twd, &build_id, &observation).await;
+                }
+                RolloutDecision::ReplayCheckFailed(blocked) => {
+                    return abort(ctx, &twd, &build_id, &observation, Some(blocked)).await;
+                }
+                RolloutDecision::ReplayCheckHeld(blocked) => {
+                    report(ctx, RolloutProgress::Blocked, Some(blocked), None).await;
+                    hold(ctx, None).await;
+                }
                 RolloutDecision::Complete => {
                     report(ctx, RolloutProgress::Complete, None, None).await;
                     return complete(ctx, &twd, &build_id).await;
@@ -519,6 +531,7 @@ impl RolloutWorkflow {
                 held: HeldTime::default(),
                 analysis: Default::default(),
                 progress: Default::default(),
+                replay: Default::default(),
             },
             gate_attempt: 1,
             sequence: 0,
@@ -713,8 +726,94 @@ fn apply_operator_flags(ctx: &mut WorkflowContext<RolloutWorkflow>) {
             }
             s.memory.started_at = now;
             s.memory.progress = Default::default();
+            s.memory.replay.retry();
         }
     });
+}
+
+/// Runs the replay check of the build (`spec.rollout.replayCheck`) and records its verdict,
+/// with an event saying what it found.
+async fn replay_check(
+    ctx: &mut WorkflowContext<RolloutWorkflow>,
+    twd: &TwdRef,
+    build_id: &str,
+    observation: &Observation,
+) {
+    let Some(check) = observation
+        .spec
+        .as_ref()
+        .and_then(|s| s.replay_check.clone())
+    else {
+        return;
+    };
+    let temporal = observation.temporal.as_ref().ok();
+    let options = replay_options(check.timeout_seconds);
+    let dry_run = check.dry_run;
+    let request = ReplayCheckRequest {
+        twd: twd.clone(),
+        build_id: build_id.to_owned(),
+        attempt: ctx.state(|s| s.memory.replay.attempt),
+        current_build_id: temporal.and_then(|t| t.current_build_id.clone()),
+        ramping_build_id: temporal
+            .and_then(|t| t.ramping_build_id.clone())
+            .filter(|b| b != build_id),
+        check,
+    };
+    let verdict = match run_activity(ctx, RunReplayCheck, request, "replay check", options).await {
+        Ok(verdict) => verdict,
+        Err(blocked) => return on_failure(ctx, blocked).await,
+    };
+    let dry = if dry_run {
+        " (dryRun: the rollout goes on whatever the verdict)"
+    } else {
+        ""
+    };
+    let (kind, reason, message) = match &verdict {
+        ReplayVerdict::Passed {
+            histories,
+            workflow_types,
+            seconds,
+        } => {
+            let types: Vec<String> = workflow_types
+                .iter()
+                .map(|(name, n)| format!("{name} {n}"))
+                .collect();
+            let message = if *histories == 0 {
+                format!("Replay check of build {build_id}: no history to replay")
+            } else {
+                format!(
+                    "Replay check of build {build_id} passed: {histories} histories replayed ({}) in {seconds:.1}s",
+                    types.join(", ")
+                )
+            };
+            (EventKind::Normal, "ReplayCheckPassed", message)
+        }
+        // Not in dry run, the abort that follows says it, with the replayer's words.
+        ReplayVerdict::Nondeterministic { .. } if !dry_run => {
+            let verdict = verdict.clone();
+            ctx.state_mut(|s| s.memory.replay.verdict = Some(verdict));
+            return;
+        }
+        ReplayVerdict::Nondeterministic {
+            workflow_id,
+            workflow_type,
+            count,
+            ..
+        } => (
+            EventKind::Warning,
+            "ReplayCheckFailed",
+            format!(
+                "Replay check of build {build_id}: {count} histories do not replay, the first workflow {workflow_id} ({workflow_type}){dry}"
+            ),
+        ),
+        ReplayVerdict::Inconclusive { reason } => (
+            EventKind::Warning,
+            "ReplayCheckInconclusive",
+            format!("Replay check of build {build_id} could not decide: {reason}{dry}"),
+        ),
+    };
+    event(ctx, twd, kind, reason, message).await;
+    ctx.state_mut(|s| s.memory.replay.verdict = Some(verdict));
 }
 
 /// One observation, as a local activity: a turn of a hold costs its timer, one workflow task

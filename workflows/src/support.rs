@@ -200,6 +200,22 @@ pub(crate) fn now_millis<W>(ctx: &WorkflowContext<W>) -> UnixMillis {
 }
 
 /// Options of a drain step: a batch over many workflows may take minutes (it heartbeats).
+/// The replay check: its Job's timeout plus two minutes to start it and read its verdict; a
+/// retried attempt waits for the same Job.
+pub(crate) fn replay_options(job_timeout_seconds: i64) -> ActivityOptions {
+    let retry = temporalio_common::RetryPolicy::builder()
+        .initial_interval(Duration::from_secs(1))
+        .maximum_interval(Duration::from_secs(10))
+        .maximum_attempts(5)
+        .build();
+    let job = Duration::from_secs(u64::try_from(job_timeout_seconds).unwrap_or(600));
+    ActivityOptions::with_start_to_close_timeout(job + Duration::from_secs(120))
+        .heartbeat_timeout(HEARTBEAT_TIMEOUT)
+        .retry_policy(retry)
+        .cancellation_token(own_token())
+        .build()
+}
+
 pub(crate) fn drain_options() -> ActivityOptions {
     let retry = temporalio_common::RetryPolicy::builder()
         .initial_interval(Duration::from_secs(1))

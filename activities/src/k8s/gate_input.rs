@@ -488,6 +488,7 @@ mod tests {
             paused: false,
             rollback_window: "1h".into(),
             analysis: None,
+            replay_check: None,
         }
     }
 

@@ -27,6 +27,7 @@ pub mod injection;
 pub mod lookup;
 pub mod prometheus_access;
 pub mod reassert;
+pub mod replay_job;
 pub mod retry;
 pub mod status;
 pub mod twd;

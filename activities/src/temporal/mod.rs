@@ -17,6 +17,7 @@ pub mod error;
 pub mod gate;
 pub mod pool;
 pub mod query;
+pub mod replay;
 pub mod routing;
 mod tls_probe;
 pub mod versions;

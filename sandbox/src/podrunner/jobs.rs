@@ -11,7 +11,8 @@
 //! `BackoffLimitExceeded`). `spec.activeDeadlineSeconds` counts from `status.startTime`: past it
 //! the running process is stopped and the Job fails with `DeadlineExceeded`. A pod that cannot
 //! start (unmapped image, missing binary or Secret) stays `Pending` with that reason, as a
-//! kubelet pulling a missing image would, until the deadline. The termination message is the
+//! kubelet pulling a missing image would, until the deadline (then `Failed`, still
+//! with that waiting state: it never ran). The termination message is the
 //! file at the container's `terminationMessagePath` (default `/dev/termination-log`, rewritten to
 //! the pod folder like a mount path), at most 4,096 bytes; with `terminationMessagePolicy:
 //! FallbackToLogsOnError` a failed container without one gets the last 80 lines of its output
@@ -523,7 +524,11 @@ impl JobTask {
             tokio::select! {
                 () = tokio::time::sleep(backoff.next_delay()) => {}
                 () = &mut past_deadline => {
-                    pod.ended(1, "DeadlineExceeded", "", None).await;
+                    // Never started: no terminated state, as a kubelet reports a pod removed
+                    // while its image could not be pulled.
+                    if let Some(waiting) = &last_waiting {
+                        pod.never_started(waiting).await;
+                    }
                     return PodEnd::Deadline;
                 }
                 () = self.stopped() => return PodEnd::Stopped,
@@ -684,6 +689,11 @@ impl PodWriter {
     async fn waiting(&self, waiting: &Waiting) {
         let state = json!({ "waiting": { "reason": waiting.reason, "message": waiting.message } });
         self.write("Pending", state, false).await;
+    }
+
+    async fn never_started(&self, waiting: &Waiting) {
+        let state = json!({ "waiting": { "reason": waiting.reason, "message": waiting.message } });
+        self.write("Failed", state, false).await;
     }
 
     async fn running(&self, started: Timestamp) {

@@ -433,6 +433,8 @@ mod tests {
             BlockReason::ProgressDeadlineExceeded,
             BlockReason::VersionLimitReached,
             BlockReason::ClusterConnectionUnsupported,
+            BlockReason::ReplayCheckFailed,
+            BlockReason::ReplayCheckInconclusive,
         ];
         for reason in reasons {
             let blocked = Blocked {

@@ -41,6 +41,7 @@ pub fn spec(strategy: RolloutStrategy) -> SpecView {
         analysis: None,
         autoscaling: None,
         adopted_build: None,
+        replay_check: None,
     }
 }
 

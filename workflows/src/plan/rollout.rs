@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 use twc_crds::worker_deployment::{RolloutStrategy, VersionState};
 
+use crate::contract::ReplayVerdict;
 use crate::model::{
     AnalysisView, BlockReason, Blocked, DeploymentView, Observation, SpecView, StepView,
     TemporalVersion, UnixMillis,
@@ -36,6 +37,32 @@ pub struct RolloutMemory {
     /// The build's progress toward Available, which the progress deadline measures.
     #[serde(default)]
     pub progress: Progress,
+    /// The replay check of the build (absent in memories from before it existed).
+    #[serde(default)]
+    pub replay: ReplayCheck,
+}
+
+/// The replay check's progress (`spec.rollout.replayCheck`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReplayCheck {
+    /// Which run of the check this is (its Job is named after it): `retry` after an
+    /// inconclusive verdict runs it again as the next attempt.
+    pub attempt: u32,
+    /// The verdict, once the check ran.
+    pub verdict: Option<crate::contract::ReplayVerdict>,
+}
+
+impl ReplayCheck {
+    /// Forgets an inconclusive verdict so the check runs again (a `retry`).
+    pub fn retry(&mut self) {
+        if matches!(
+            self.verdict,
+            Some(crate::contract::ReplayVerdict::Inconclusive { .. })
+        ) {
+            self.verdict = None;
+            self.attempt += 1;
+        }
+    }
 }
 
 /// How far the build got toward serving, for the progress deadline.
@@ -264,6 +291,12 @@ pub enum RolloutDecision {
     },
     /// A check or a step gate failed: abort (ramp cleared, build retired).
     AnalysisFailed(Blocked),
+    /// Replay real histories against the build before its first routing change.
+    RunReplayCheck,
+    /// The build could not replay a history: abort before any workflow moved to it.
+    ReplayCheckFailed(Blocked),
+    /// The replay check could not decide: hold until `retry` or a new build.
+    ReplayCheckHeld(Blocked),
 }
 
 /// Ramp percentages closer than this are the same step (Temporal stores the ramp as a float).
@@ -407,6 +440,38 @@ pub fn decide(
                     reason: BlockReason::ProgressDeadlineExceeded,
                     message: format!(
                         "Gate of buildID {build} did not finish within its timeout: {message}. Fix the gate or its workers, then send `retry` or push a new version."
+                    ),
+                });
+            }
+        }
+    }
+    // Before the first routing change, and only when there is a Current build whose
+    // workflows could move (a build that already ramps had its routing changed).
+    if spec.replay_check.is_some() && current.is_some() && ramping != Some(build) {
+        let dry_run = spec.replay_check.as_ref().is_some_and(|c| c.dry_run);
+        match &memory.replay.verdict {
+            None => return RolloutDecision::RunReplayCheck,
+            Some(ReplayVerdict::Passed { .. }) => {}
+            Some(_) if dry_run => {}
+            Some(ReplayVerdict::Nondeterministic {
+                workflow_id,
+                run_id,
+                workflow_type,
+                message,
+                count,
+            }) => {
+                return RolloutDecision::ReplayCheckFailed(Blocked {
+                    reason: BlockReason::ReplayCheckFailed,
+                    message: format!(
+                        "Build {build} cannot replay {count} of the histories it would take over: workflow {workflow_id} (run {run_id}, type {workflow_type}): {message}. The rollout was aborted before any workflow moved to it; fix the change (guard it with a patch or a new workflow type), then push a new version or send `retry`."
+                    ),
+                });
+            }
+            Some(ReplayVerdict::Inconclusive { reason }) => {
+                return RolloutDecision::ReplayCheckHeld(Blocked {
+                    reason: BlockReason::ReplayCheckInconclusive,
+                    message: format!(
+                        "The replay check of build {build} could not decide: {reason}. No workflow moved to it; fix the cause, then send `retry` to run the check again."
                     ),
                 });
             }
@@ -626,6 +691,7 @@ mod tests {
             held: HeldTime::default(),
             analysis: AnalysisMemory::default(),
             progress: Progress::default(),
+            replay: ReplayCheck::default(),
         }
     }
 
@@ -1324,6 +1390,162 @@ mod tests {
                 "{strategy:?} after the gate"
             );
         }
+    }
+
+    fn replay_check(dry_run: bool) -> crate::model::ReplayCheckView {
+        crate::model::ReplayCheckView {
+            command: None,
+            args: Some(vec!["replay".into()]),
+            max_histories: 50,
+            max_history_events: 20_000,
+            timeout_seconds: 600,
+            dry_run,
+        }
+    }
+
+    fn with_verdict(verdict: Option<ReplayVerdict>) -> RolloutMemory {
+        RolloutMemory {
+            replay: ReplayCheck {
+                attempt: 0,
+                verdict,
+            },
+            ..memory()
+        }
+    }
+
+    #[test]
+    fn the_replay_check_runs_before_the_first_routing_change_and_decides_it() {
+        let passed = Some(ReplayVerdict::Passed {
+            histories: 3,
+            workflow_types: [("HelloWorld".into(), 3)].into(),
+            seconds: 1.0,
+        });
+        let mismatch = Some(ReplayVerdict::Nondeterministic {
+            workflow_id: "order-7".into(),
+            run_id: "r-7".into(),
+            workflow_type: "Order".into(),
+            message: "[TMPRL1100] Nondeterminism error: Timer machine does not handle this event"
+                .into(),
+            count: 2,
+        });
+        let unsure = Some(ReplayVerdict::Inconclusive {
+            reason: "replay Job x failed (DeadlineExceeded: too long)".into(),
+        });
+        let checked = |strategy, dry_run| {
+            edit(ready(strategy), |o| {
+                spec_mut(o).replay_check = Some(replay_check(dry_run))
+            })
+        };
+        for strategy in [Manual, AllAtOnce, Progressive] {
+            let unchecked = decide(&ready(strategy), &memory(), 0);
+            for (dry_run, verdict, wanted) in [
+                (false, None, Some("RunReplayCheck")),
+                (false, passed.clone(), None),
+                (false, mismatch.clone(), Some("ReplayCheckFailed")),
+                (false, unsure.clone(), Some("ReplayCheckHeld")),
+                (true, None, Some("RunReplayCheck")),
+                (true, mismatch.clone(), None),
+                (true, unsure.clone(), None),
+            ] {
+                let decision = decide(
+                    &checked(strategy, dry_run),
+                    &with_verdict(verdict.clone()),
+                    0,
+                );
+                match wanted {
+                    None => assert_eq!(
+                        decision, unchecked,
+                        "{strategy:?}, dry run {dry_run}, {verdict:?}: as without the check"
+                    ),
+                    Some(name) => assert!(
+                        format!("{decision:?}").starts_with(name),
+                        "{strategy:?}, dry run {dry_run}, {verdict:?}: {decision:?}"
+                    ),
+                }
+            }
+        }
+        let RolloutDecision::ReplayCheckFailed(blocked) =
+            decide(&checked(AllAtOnce, false), &with_verdict(mismatch), 0)
+        else {
+            panic!("expected ReplayCheckFailed");
+        };
+        assert_eq!(blocked.reason, BlockReason::ReplayCheckFailed);
+        for words in [
+            "order-7",
+            "r-7",
+            "Order",
+            "Timer machine",
+            "2 of the histories",
+        ] {
+            assert!(
+                blocked.message.contains(words),
+                "{words}: {}",
+                blocked.message
+            );
+        }
+        let RolloutDecision::ReplayCheckHeld(blocked) =
+            decide(&checked(AllAtOnce, false), &with_verdict(unsure), 0)
+        else {
+            panic!("expected ReplayCheckHeld");
+        };
+        assert_eq!(blocked.reason, BlockReason::ReplayCheckInconclusive);
+        assert!(
+            blocked.message.contains("DeadlineExceeded"),
+            "{}",
+            blocked.message
+        );
+
+        // No check where nothing could move yet or routing already changed: the first version,
+        // a build already ramping, a rollback.
+        let first = edit(first_version(AllAtOnce), |o| {
+            spec_mut(o).replay_check = Some(replay_check(false))
+        });
+        assert_eq!(decide(&first, &memory(), 0), RolloutDecision::SetCurrent);
+        let mut spec = spec_for(Progressive);
+        spec.replay_check = Some(replay_check(false));
+        let ramping_now = ramping(spec, 25.0, Some(0));
+        assert!(!format!("{:?}", decide(&ramping_now, &memory(), 1)).starts_with("RunReplayCheck"));
+        let back = edit(previously_current(AllAtOnce, 1000, 5000), |o| {
+            spec_mut(o).replay_check = Some(replay_check(false))
+        });
+        assert_eq!(decide(&back, &memory(), 5000), RolloutDecision::SetCurrent);
+        // The check waits for the gate, and for the build to be registered and Available.
+        let gated = edit(checked(AllAtOnce, false), |o| {
+            spec_mut(o).gate_workflow_type = Some("Smoke".into())
+        });
+        assert_eq!(decide(&gated, &memory(), 0), RolloutDecision::RunGate);
+    }
+
+    #[test]
+    fn retry_runs_an_inconclusive_replay_check_again_as_the_next_attempt() {
+        let mut check = ReplayCheck {
+            attempt: 0,
+            verdict: Some(ReplayVerdict::Inconclusive { reason: "x".into() }),
+        };
+        check.retry();
+        assert_eq!(
+            check,
+            ReplayCheck {
+                attempt: 1,
+                verdict: None
+            }
+        );
+        let failed = ReplayCheck {
+            attempt: 1,
+            verdict: Some(ReplayVerdict::Nondeterministic {
+                workflow_id: "a".into(),
+                run_id: "b".into(),
+                workflow_type: "c".into(),
+                message: "d".into(),
+                count: 1,
+            }),
+        };
+        let mut retried = failed.clone();
+        retried.retry();
+        assert_eq!(
+            retried, failed,
+            "a mismatch aborts the rollout; retry starts a new one"
+        );
     }
 
     #[test]

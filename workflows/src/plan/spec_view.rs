@@ -18,8 +18,8 @@ use twc_crds::worker_deployment::{
 };
 
 use crate::model::{
-    AnalysisView, AutoscalePolicy, BacklogTarget, CheckProvider, CheckView, DrainPolicy, SpecView,
-    StepView,
+    AnalysisView, AutoscalePolicy, BacklogTarget, CheckProvider, CheckView, DrainPolicy,
+    ReplayCheckView, SpecView, StepView,
 };
 
 /// `spec.sunset.scaledownDelay` used when the stored value cannot be parsed (the CRD default).
@@ -82,6 +82,23 @@ pub fn spec_view(twd: &TemporalWorkerDeployment) -> SpecView {
         &mut invalid,
     );
 
+    let replay_check = spec.rollout.replay_check.as_ref().map(|check| {
+        let timeout_ms = duration_ms(
+            "spec.rollout.replayCheck.timeout",
+            &check.timeout,
+            &mut invalid,
+        )
+        .unwrap_or(600_000);
+        ReplayCheckView {
+            command: check.command.clone(),
+            args: check.args.clone(),
+            max_histories: u32::try_from(check.max_histories.max(1)).unwrap_or(1),
+            max_history_events: u32::try_from(check.max_history_events.max(1)).unwrap_or(1),
+            timeout_seconds: (timeout_ms / 1000).max(1),
+            dry_run: check.dry_run,
+        }
+    });
+
     let mut autoscaling = spec
         .autoscaling
         .as_ref()
@@ -141,6 +158,7 @@ pub fn spec_view(twd: &TemporalWorkerDeployment) -> SpecView {
         analysis,
         autoscaling,
         adopted_build: adopted_build(twd).cloned(),
+        replay_check,
     }
 }
 

@@ -67,6 +67,15 @@ rules are in deploy/manifests/clusterrole.yaml (a test compares them).
 - apiGroups: [apps]
   resources: [deployments/scale]
   verbs: [patch]
+# The replay check (replay_job.rs): a Job of the new build's template, created if absent and
+# read until it ends (owned by the versioned Deployment, which sets blockOwnerDeletion off);
+# its pods are listed for the container's exit code and termination message.
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, create]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
 # Connection credentials (connection.rs) and gate inputFrom secretKeyRef (gate_input.rs):
 # single reads by name.
 - apiGroups: [""]

@@ -1,0 +1,200 @@
+//! Replay-checked rollouts (`spec.rollout.replayCheck`, issue #28), end to end: real
+//! AutoUpgrade workflows of v1 (open mid-history and completed), a v2 whose workflow commands
+//! are reordered (`SAMPLE_NONDETERMINISTIC`) aborted by the check before any routing change,
+//! and a v3 that changes only activity code passing it and taking the open workflows over
+//! (the Subscription's next task, its `end` signal, runs on v3).
+//! The check's Job runs `sample-worker replay` through the pod runner.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::chaos::cluster::Cluster;
+use crate::drain::{latest_run, wait_runs};
+use crate::harness::controls::{events, wait_event};
+use crate::harness::twd::{
+    apply, connection, get_twd, routing, target_build, wait_ready, wait_reason, worker,
+};
+use crate::harness::{kube_client, test_namespace};
+
+const ROLLOUT: Duration = Duration::from_secs(180);
+
+/// An AllAtOnce TWD of AutoUpgrade sample workers on `task_queue`, replay-checked, with more
+/// container environment `vars`.
+fn checked_worker(ns: &str, tag: &str, task_queue: &str, vars: &[(&str, &str)]) -> Value {
+    let mut manifest = worker(ns, "hello", tag, json!({ "strategy": "AllAtOnce" }));
+    manifest["spec"]["rollout"]["replayCheck"] = json!({ "args": ["replay"], "timeout": "90s" });
+    let mut env = vec![
+        json!({ "name": "SAMPLE_TASK_QUEUE", "value": task_queue }),
+        json!({ "name": "SAMPLE_VERSIONING_BEHAVIOR", "value": "auto-upgrade" }),
+    ];
+    env.extend(
+        vars.iter()
+            .map(|(name, value)| json!({ "name": name, "value": value })),
+    );
+    manifest["spec"]["template"]["spec"]["containers"][0]["env"] = Value::from(env);
+    manifest
+}
+
+async fn start(cluster: &Cluster, workflow_type: &str, task_queue: &str, id: &str, input: &str) {
+    let out = cluster
+        .temporal(&[
+            "workflow",
+            "start",
+            "--type",
+            workflow_type,
+            "--task-queue",
+            task_queue,
+            "--workflow-id",
+            id,
+            "--input",
+            input,
+        ])
+        .await;
+    assert!(out.success, "temporal workflow start {id}: {}", out.stderr);
+}
+
+#[tokio::test]
+async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_safe_one_passes() {
+    let client = kube_client().await;
+    let cluster = Cluster::shared().await;
+    let ns = test_namespace(&client, "replay").await;
+    let tq = format!("replay-{ns}");
+    let deployment_name = format!("{ns}/hello");
+    apply(&connection(&ns)).await;
+    apply(&checked_worker(&ns, "v1", &tq, &[])).await;
+    let v1 = target_build(&wait_ready(&client, &ns, "hello", ROLLOUT).await).expect("v1 build");
+
+    // AutoUpgrade work of v1: two completed HelloWorlds, a Sleeper open mid-history (its timer
+    // started) and a Subscription waiting for its `end` signal.
+    let hellos = [format!("{ns}-hello-1"), format!("{ns}-hello-2")];
+    for id in &hellos {
+        start(&cluster, "HelloWorld", &tq, id, "\"replay\"").await;
+    }
+    let sleeper = format!("{ns}-sleeper");
+    start(&cluster, "Sleeper", &tq, &sleeper, "3600").await;
+    let subscription = format!("{ns}-subscription");
+    start(&cluster, "Subscription", &tq, &subscription, "{}").await;
+    wait_runs(&cluster, &hellos, "COMPLETED", "v1").await;
+    let open = [sleeper.clone(), subscription.clone()];
+    wait_runs(&cluster, &open, "RUNNING", "v1").await;
+
+    // v2 reorders the commands of both workflow types: the check replays v1's histories with
+    // v2's image and aborts it, routing untouched.
+    apply(&checked_worker(
+        &ns,
+        "v2",
+        &tq,
+        &[("SAMPLE_NONDETERMINISTIC", "HelloWorld,Sleeper")],
+    ))
+    .await;
+    let (_, _, message) =
+        wait_reason(&client, &ns, "hello", "Ready", "ReplayCheckFailed", ROLLOUT).await;
+    eprintln!("replay check: v2: {message}");
+    assert!(
+        message.contains("Nondeterminism") && message.contains("aborted before any workflow moved"),
+        "{message}"
+    );
+    assert!(
+        [&hellos[0], &hellos[1], &sleeper]
+            .iter()
+            .any(|id| message.contains(id.as_str())),
+        "the condition names the workflow: {message}"
+    );
+    let v2 = target_build(&get_twd(&client, &ns, "hello").await.expect("the TWD")).expect("v2");
+    assert_ne!(v2, v1);
+    let routed = routing(&deployment_name).await.expect("routing");
+    assert_eq!(
+        (routed.current.as_deref(), routed.ramping.as_deref()),
+        (Some(v1.as_str()), None),
+        "routing unchanged"
+    );
+    let (_, _, warned) = wait_event(&client, &ns, "hello", "ReplayCheckFailed", &v2, ROLLOUT).await;
+    assert!(
+        warned.contains("cannot replay") && warned.contains("Routing: new workflows go to build"),
+        "{warned}"
+    );
+    // No AutoUpgrade workflow ran a task on v2.
+    for id in &open {
+        let (status, build) = latest_run(&cluster, id).await.expect("the run");
+        assert_eq!(
+            (status.as_str(), build.as_str()),
+            ("RUNNING", v1.as_str()),
+            "{id}"
+        );
+    }
+
+    // v3 changes only what an activity does: the same histories replay, it becomes Current
+    // and the open AutoUpgrade workflows go on there.
+    apply(&checked_worker(
+        &ns,
+        "v3",
+        &tq,
+        &[("SAMPLE_GREET_DELAY_MS", "1")],
+    ))
+    .await;
+    let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    let v3 = target_build(&twd).expect("v3 build");
+    assert!(v3 != v1 && v3 != v2);
+    let (_, _, passed) = wait_event(&client, &ns, "hello", "ReplayCheckPassed", &v3, ROLLOUT).await;
+    eprintln!("replay check: v3: {passed}");
+    assert!(
+        passed.contains("histories replayed") && passed.contains("HelloWorld"),
+        "{passed}"
+    );
+    let out = cluster
+        .temporal(&[
+            "workflow",
+            "signal",
+            "--workflow-id",
+            &subscription,
+            "--name",
+            "end",
+        ])
+        .await;
+    assert!(out.success, "signal end: {}", out.stderr);
+    wait_runs(
+        &cluster,
+        std::slice::from_ref(&subscription),
+        "COMPLETED",
+        "v3",
+    )
+    .await;
+    let all = events(&client, &ns, "hello").await;
+    assert!(
+        !all.iter()
+            .any(|(_, reason, m)| reason == "ReplayCheckFailed" && m.contains(&v3)),
+        "{all:?}"
+    );
+
+    // v4's check cannot run (its command is nowhere): inconclusive after the Job's timeout,
+    // with the pod's reason, and the rollout holds; routing stays on v3.
+    let mut v4 = checked_worker(&ns, "v4", &tq, &[]);
+    v4["spec"]["rollout"]["replayCheck"] =
+        json!({ "command": ["no-such-replayer"], "timeout": "10s" });
+    apply(&v4).await;
+    let (_, _, message) = wait_reason(
+        &client,
+        &ns,
+        "hello",
+        "Progressing",
+        "ReplayCheckInconclusive",
+        ROLLOUT,
+    )
+    .await;
+    eprintln!("replay check: v4: {message}");
+    assert!(
+        message.contains("could not start (BinaryNotFound") && message.contains("retry"),
+        "{message}"
+    );
+    let routed = routing(&deployment_name).await.expect("routing");
+    assert_eq!(
+        (routed.current.as_deref(), routed.ramping.as_deref()),
+        (Some(v3.as_str()), None),
+        "an inconclusive check moves nothing"
+    );
+    let out = cluster
+        .temporal(&["workflow", "terminate", "--workflow-id", &sleeper])
+        .await;
+    assert!(out.success, "terminate: {}", out.stderr);
+}
