@@ -150,6 +150,35 @@ async fn invalid_manifests_are_rejected_with_a_clear_message() {
             "pauseDuration must be at least 1s",
         ),
         (
+            "replay check without command or args",
+            worker(&ns, "a"),
+            Box::new(|m| m["spec"]["rollout"]["replayCheck"] = json!({ "maxHistories": 10 })),
+            "replayCheck needs command or args",
+        ),
+        (
+            "replay check with a negative bound",
+            worker(&ns, "a"),
+            Box::new(|m| {
+                m["spec"]["rollout"]["replayCheck"] =
+                    json!({ "args": ["replay"], "maxHistories": -1 })
+            }),
+            "spec.rollout.replayCheck.maxHistories: Invalid value: -1: spec.rollout.replayCheck.maxHistories in body should be greater than or equal to 1",
+        ),
+        (
+            "replay check with an empty command",
+            worker(&ns, "a"),
+            Box::new(|m| m["spec"]["rollout"]["replayCheck"] = json!({ "command": [] })),
+            "spec.rollout.replayCheck.command: Invalid value: 0: spec.rollout.replayCheck.command in body should have at least 1 items",
+        ),
+        (
+            "replay check with a short timeout",
+            worker(&ns, "a"),
+            Box::new(|m| {
+                m["spec"]["rollout"]["replayCheck"] = json!({ "args": ["replay"], "timeout": "5s" })
+            }),
+            "timeout must be at least 10s",
+        ),
+        (
             "unknown strategy",
             worker(&ns, "a"),
             Box::new(|m| m["spec"]["rollout"]["strategy"] = json!("Sometimes")),
