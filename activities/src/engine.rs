@@ -22,10 +22,10 @@ use twc_crds::worker_deployment::{
 use twc_workflows::contract::{
     AnalysisRequest, AnalysisResult, BacklogReport, BacklogRequest, BuildRequest, CleanupBlock,
     CleanupOutcome, CreateDeploymentOutcome, DeleteVersionOutcome, DeleteVersionRequest,
-    DeploymentRequest, DrainOutcome, DrainRequest, EventKind, EventRequest, GateOutcome,
-    GateRequest, Measurement, PinnedCount, PinnedRequest, PollerWaitOutcome, RecheckOutcome,
-    ReleaseRequest, ReplayCheckRequest, ReplayTarget, ReplayVerdict, RoutingChange, RoutingOutcome,
-    RoutingRequest, ScaleRequest, StatusRequest, Teardown, WaitForPollersRequest,
+    DeploymentRequest, DrainAction, DrainOutcome, DrainRequest, EventKind, EventRequest,
+    GateOutcome, GateRequest, Measurement, PinnedCount, PinnedRequest, PollerWaitOutcome,
+    RecheckOutcome, ReleaseRequest, ReplayCheckRequest, ReplayTarget, ReplayVerdict, RoutingChange,
+    RoutingOutcome, RoutingRequest, ScaleRequest, StatusRequest, Teardown, WaitForPollersRequest,
 };
 use twc_workflows::contract::{
     Notification, NotificationFailure, NotificationOutcome, NotificationRequest, TargetFailure,
@@ -533,6 +533,149 @@ impl EngineActivities {
     /// The activity error of a failed count or drain step: cancelled as such, retried when
     /// transient (or after rejected credentials, with the client evicted), otherwise a
     /// non-retryable failure named by [`temporal::DrainError::type_name`].
+    /// Replays `sample` in a Job of `build_id`'s Deployment (named by `job_name` from the
+    /// Deployment's name) and returns the verdict.
+    async fn replay_on(
+        &self,
+        resolved: &Resolved,
+        twd: &TwdRef,
+        build_id: &str,
+        sample: &[temporal::replay::ReplayCandidate],
+        check: &twc_workflows::model::ReplayCheckView,
+        job_name: impl Fn(&str) -> String,
+    ) -> Result<k8s::replay_job::JobVerdict, ActivityError> {
+        let uid = resolved.resource.metadata.uid.clone().unwrap_or_default();
+        let deployment = k8s::list_owned_deployments(&self.kube, twd, &uid)
+            .await
+            .map_err(retryable)?
+            .into_iter()
+            .find(|d| {
+                d.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(twc_crds::labels::BUILD_ID))
+                    .is_some_and(|b| b == build_id)
+            })
+            .ok_or_else(|| {
+                not_retryable(
+                    "ReplayDeploymentGone",
+                    format!("no Deployment of build {build_id} to run the replay check with"),
+                )
+            })?;
+        let targets: Vec<ReplayTarget> = sample
+            .iter()
+            .map(|c| ReplayTarget {
+                workflow_id: c.workflow_id.clone(),
+                run_id: c.run_id.clone(),
+            })
+            .collect();
+        let spec = k8s::replay_job::ReplayJobSpec {
+            command: check.command.clone(),
+            args: check.args.clone(),
+            timeout_seconds: check.timeout_seconds,
+        };
+        let name = job_name(&deployment.metadata.name.clone().unwrap_or_default());
+        let job = k8s::replay_job::build_replay_job(&deployment, &spec, &targets, name)
+            .map_err(|e| not_retryable("ReplayCheckInvalid", e))?;
+        let histories = u32::try_from(targets.len()).unwrap_or(u32::MAX);
+        k8s::replay_job::run_replay_job(&self.kube, job, histories)
+            .await
+            .map_err(retryable)
+    }
+
+    /// Before `moveToCurrent` moves `request`'s pinned workflows to the Current build: with
+    /// `spec.rollout.replayCheck`, a sample of them is replayed on the Current build; unless
+    /// they all replay (or the check is a dry run) the step fails without moving any, saying
+    /// why (the drain tries again at its next look, finding the same Job's verdict).
+    async fn check_move(
+        &self,
+        resolved: &Resolved,
+        request: &DrainRequest,
+        current_build_id: &str,
+    ) -> Result<(), ActivityError> {
+        use temporal::replay::{CandidateSource, candidate_query, list_candidates, pick};
+        let Some(check) = resolved.spec.replay_check.as_ref() else {
+            return Ok(());
+        };
+        let deployment_name = request.twd.key();
+        let query = candidate_query(
+            &deployment_name,
+            CandidateSource::PinnedOn(&request.build_id),
+        )
+        .map_err(|e| not_retryable("ReplayCheckInvalid", e.to_string()))?;
+        let listed = list_candidates(
+            &resolved.temporal,
+            &resolved.spec.temporal_namespace,
+            &query,
+        )
+        .await
+        .map_err(|e| {
+            self.after_error(&resolved.temporal, &e);
+            retryable(e)
+        })?
+        .into_iter()
+        .filter(|c| {
+            (request.include_types.is_empty() || request.include_types.contains(&c.workflow_type))
+                && !request.exclude_types.contains(&c.workflow_type)
+        })
+        .collect();
+        let max = usize::try_from(check.max_histories).unwrap_or(usize::MAX);
+        let (sample, _) = pick(listed, max, i64::from(check.max_history_events));
+        if sample.is_empty() {
+            return Ok(());
+        }
+        let retired = request.build_id.clone();
+        let found = self
+            .replay_on(
+                resolved,
+                &request.twd,
+                current_build_id,
+                &sample,
+                check,
+                |deployment| k8s::replay_job::move_job_name(deployment, &retired),
+            )
+            .await?;
+        let refusal = match found.verdict {
+            ReplayVerdict::Passed { .. } => return Ok(()),
+            ReplayVerdict::Nondeterministic {
+                workflow_id,
+                run_id,
+                workflow_type,
+                message,
+                count,
+            } => format!(
+                "replay check: {count} of the workflows pinned to {retired} do not replay on the Current build {current_build_id}, none was moved: workflow {workflow_id} (run {run_id}, type {workflow_type}): {message}"
+            ),
+            ReplayVerdict::Inconclusive { reason } => format!(
+                "replay check on the Current build {current_build_id} could not decide, none was moved: {reason}"
+            ),
+        };
+        let refusal = if check.dry_run {
+            format!("{refusal} (dryRun: moving them anyway)")
+        } else {
+            refusal
+        };
+        // Said once per check (the drain's later looks find the same Job and verdict): the
+        // workflow's own DrainFailed event only knows that the step failed.
+        if found.created
+            && let Err(e) = k8s::emit_event(
+                &self.kube,
+                &request.twd,
+                EventKind::Warning,
+                ("ReplayCheckFailed", &refusal),
+                Some(&self.own_namespace),
+            )
+            .await
+        {
+            tracing::warn!(twd = %request.twd.key(), "recording ReplayCheckFailed failed: {e}");
+        }
+        tracing::warn!(twd = %request.twd.key(), "{refusal}");
+        if check.dry_run {
+            return Ok(());
+        }
+        Err(not_retryable("ReplayCheckFailed", refusal))
+    }
+
     fn drain_failure(&self, client: &TemporalClient, error: temporal::DrainError) -> ActivityError {
         if let temporal::DrainError::Temporal(e) = &error {
             self.after_error(client, e);
@@ -1713,45 +1856,12 @@ impl EngineActivities {
                     seconds: 0.0,
                 });
             }
-            let uid = resolved.resource.metadata.uid.clone().unwrap_or_default();
-            let deployment = k8s::list_owned_deployments(&self.kube, &request.twd, &uid)
-                .await
-                .map_err(retryable)?
-                .into_iter()
-                .find(|d| {
-                    d.metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|l| l.get(twc_crds::labels::BUILD_ID))
-                        == Some(&request.build_id)
-                })
-                .ok_or_else(|| {
-                    not_retryable(
-                        "ReplayDeploymentGone",
-                        format!(
-                            "no Deployment of build {} to run the replay check with",
-                            request.build_id
-                        ),
-                    )
-                })?;
-            let targets: Vec<ReplayTarget> = sample
-                .iter()
-                .map(|c| ReplayTarget {
-                    workflow_id: c.workflow_id.clone(),
-                    run_id: c.run_id.clone(),
-                })
-                .collect();
-            let spec = k8s::replay_job::ReplayJobSpec {
-                command: request.check.command.clone(),
-                args: request.check.args.clone(),
-                timeout_seconds: request.check.timeout_seconds,
+            let job_name = |deployment: &str| {
+                k8s::replay_job::replay_job_name(deployment, request.attempt)
             };
-            let job = k8s::replay_job::build_replay_job(&deployment, &spec, &targets, request.attempt)
-                .map_err(|e| not_retryable("ReplayCheckInvalid", e))?;
-            let histories = u32::try_from(targets.len()).unwrap_or(u32::MAX);
-            k8s::replay_job::run_replay_job(&self.kube, job, histories)
+            self.replay_on(&resolved, &request.twd, &request.build_id, &sample, &request.check, job_name)
                 .await
-                .map_err(retryable)
+                .map(|found| found.verdict)
         })
         .await
     }
@@ -1790,6 +1900,12 @@ impl EngineActivities {
     ) -> Result<DrainOutcome, ActivityError> {
         with_heartbeats(&ctx, async {
             let resolved = self.resolve_or_fail(&request.twd, "DrainTwdGone").await?;
+            if let DrainAction::MoveToCurrent { current_build_id } = &request.action
+                && !request.dry_run
+            {
+                self.check_move(&resolved, &request, current_build_id)
+                    .await?;
+            }
             let deployment_name = request.twd.key();
             let uid = resolved.resource.metadata.uid.clone().unwrap_or_default();
             let step = temporal::DrainStep {

@@ -198,3 +198,75 @@ async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_sa
         .await;
     assert!(out.success, "terminate: {}", out.stderr);
 }
+
+#[tokio::test]
+async fn move_to_current_moves_pinned_workflows_only_once_they_replay_on_the_current_build() {
+    let client = kube_client().await;
+    let cluster = Cluster::shared().await;
+    let ns = test_namespace(&client, "replay-move").await;
+    let tq = format!("replay-move-{ns}");
+    // Pinned workers (the default), v1 declared compatible once its build ID is known.
+    let pinned = |tag: &str, drain: Value, vars: &[(&str, &str)]| {
+        let mut manifest = checked_worker(&ns, tag, &tq, vars);
+        manifest["spec"]["template"]["spec"]["containers"][0]["env"][1]["value"] = json!("pinned");
+        manifest["spec"]["sunset"] =
+            json!({ "scaledownDelay": "1h", "deleteDelay": "2h", "drain": drain });
+        manifest
+    };
+    apply(&connection(&ns)).await;
+    apply(&pinned("v1", json!({ "signalAfter": "1h" }), &[])).await;
+    let v1 = target_build(&wait_ready(&client, &ns, "hello", ROLLOUT).await).expect("v1 build");
+    let compatible = json!({ "signalAfter": "1h", "moveToCurrent": { "buildIDs": [v1] } });
+    apply(&pinned("v1", compatible.clone(), &[])).await;
+    let sleepers: Vec<String> = (1..=2).map(|i| format!("{ns}-sleep-{i}")).collect();
+    for id in &sleepers {
+        start(&cluster, "Sleeper", &tq, id, "75").await;
+    }
+    wait_runs(&cluster, &sleepers, "RUNNING", "v1").await;
+
+    // v2 reorders Sleeper's commands: its own check has nothing to replay (no AutoUpgrade or
+    // closed workflow on v1), but the move of v1's pinned Sleepers to it is refused.
+    apply(&pinned(
+        "v2",
+        compatible.clone(),
+        &[("SAMPLE_NONDETERMINISTIC", "Sleeper")],
+    ))
+    .await;
+    let v2 = target_build(&wait_ready(&client, &ns, "hello", ROLLOUT).await).expect("v2 build");
+    let (_, _, refused) =
+        wait_event(&client, &ns, "hello", "ReplayCheckFailed", &v1, ROLLOUT).await;
+    eprintln!("replay check: move to v2: {refused}");
+    assert!(
+        refused.contains("do not replay on the Current build")
+            && refused.contains(&v2)
+            && refused.contains("none was moved")
+            && refused.contains("Nondeterminism"),
+        "{refused}"
+    );
+    for id in &sleepers {
+        let (status, build) = latest_run(&cluster, id).await.expect("the run");
+        assert_eq!(
+            (status.as_str(), build.as_str()),
+            ("RUNNING", v1.as_str()),
+            "{id}"
+        );
+    }
+    let moved: Vec<_> = events(&client, &ns, "hello")
+        .await
+        .into_iter()
+        .filter(|(_, reason, _)| reason == "DrainMovedToCurrent")
+        .collect();
+    assert!(moved.is_empty(), "{moved:?}");
+
+    // v3 keeps Sleeper's commands: the same workflows replay on it and are moved, and complete
+    // there.
+    apply(&pinned("v3", compatible, &[])).await;
+    let v3 = target_build(&wait_ready(&client, &ns, "hello", ROLLOUT).await).expect("v3 build");
+    let (_, _, moved) =
+        wait_event(&client, &ns, "hello", "DrainMovedToCurrent", &v1, ROLLOUT).await;
+    assert!(
+        moved.contains(&v3) && moved.contains("for 2 workflows"),
+        "{moved}"
+    );
+    wait_runs(&cluster, &sleepers, "COMPLETED", "v3").await;
+}

@@ -46,11 +46,24 @@ pub struct ReplayJobSpec {
     pub timeout_seconds: i64,
 }
 
-/// The Job's name: the Deployment's, cut to fit, `-replay-<attempt>`.
+/// The rollout check's Job name: the Deployment's, cut to fit, `-replay-<attempt>`.
 pub fn replay_job_name(deployment: &str, attempt: u32) -> String {
-    let suffix = format!("-replay-{attempt}");
+    fitted(deployment, &format!("-replay-{attempt}"))
+}
+
+/// The Job name of the check before `moveToCurrent` moves `retired_build`'s pinned workflows
+/// to the Current build of Deployment `current_deployment`: `<Deployment>-move-<8 hex of the
+/// retired build's SHA-256>` (one Job per pair, found again at the next drain look).
+pub fn move_job_name(current_deployment: &str, retired_build: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = hex::encode(Sha256::digest(retired_build.as_bytes()));
+    fitted(current_deployment, &format!("-move-{}", &digest[..8]))
+}
+
+/// `base` cut so that `base` + `suffix` fits a label value (63 characters).
+fn fitted(base: &str, suffix: &str) -> String {
     let room = 63usize.saturating_sub(suffix.len());
-    let base: String = deployment.chars().take(room).collect();
+    let base: String = base.chars().take(room).collect();
     format!("{}{suffix}", base.trim_end_matches('-'))
 }
 
@@ -59,7 +72,7 @@ pub fn build_replay_job(
     deployment: &Deployment,
     spec: &ReplayJobSpec,
     targets: &[ReplayTarget],
-    attempt: u32,
+    job_name: String,
 ) -> Result<Job, String> {
     let name = deployment.name_any();
     let uid = deployment
@@ -128,7 +141,7 @@ pub fn build_replay_job(
     job_labels.insert(REPLAY_CHECK_LABEL.to_owned(), "true".to_owned());
     Ok(Job {
         metadata: ObjectMeta {
-            name: Some(replay_job_name(&name, attempt)),
+            name: Some(job_name),
             namespace: deployment.namespace(),
             labels: Some(job_labels),
             owner_references: Some(vec![OwnerReference {
@@ -303,24 +316,37 @@ pub fn verdict(job: &Job, pods: &[Pod], histories: u32) -> Option<ReplayVerdict>
     })
 }
 
+/// What [`run_replay_job`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobVerdict {
+    /// The verdict.
+    pub verdict: ReplayVerdict,
+    /// Whether this call created the Job (false: it existed, from an earlier attempt or look).
+    pub created: bool,
+}
+
 /// Creates the replay Job unless it exists (a retried activity), then waits for its verdict,
 /// looking every [`POLL_INTERVAL`].
 pub async fn run_replay_job(
     client: &Client,
     job: Job,
     histories: u32,
-) -> Result<ReplayVerdict, K8sError> {
+) -> Result<JobVerdict, K8sError> {
     let namespace = job.namespace().unwrap_or_default();
     let name = job.name_any();
     let object = ObjectName::new("Job", &namespace, &name);
     let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
-    match jobs.create(&PostParams::default(), &job).await {
-        Ok(_) => tracing::info!(job = %object, histories, "replay check started"),
+    let created = match jobs.create(&PostParams::default(), &job).await {
+        Ok(_) => {
+            tracing::info!(job = %object, histories, "replay check started");
+            true
+        }
         Err(e) if is_already_exists(&e) => {
-            tracing::info!(job = %object, "replay check already running; waiting for it");
+            tracing::info!(job = %object, "replay check Job exists; waiting for its verdict");
+            false
         }
         Err(e) => return Err(K8sError::api("create", &object)(e)),
-    }
+    };
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let selector = ListParams::default().labels(&format!("{JOB_NAME_LABEL}={name}"));
     loop {
@@ -334,7 +360,7 @@ pub async fn run_replay_job(
             .map_err(K8sError::api("list pods of", &object))?
             .items;
         if let Some(verdict) = verdict(&current, &listed, histories) {
-            return Ok(verdict);
+            return Ok(JobVerdict { verdict, created });
         }
         tokio::time::sleep(POLL_INTERVAL).await;
     }
@@ -388,7 +414,13 @@ mod tests {
             args: Some(vec!["replay".into()]),
             timeout_seconds: 300,
         };
-        let job = build_replay_job(&deployment(), &spec, &targets(), 2).expect("a Job");
+        let job = build_replay_job(
+            &deployment(),
+            &spec,
+            &targets(),
+            replay_job_name("hello-v2-abc", 2),
+        )
+        .expect("a Job");
         let value = serde_json::to_value(&job).expect("JSON");
         assert_eq!(value["metadata"]["name"], "hello-v2-abc-replay-2");
         assert_eq!(
@@ -429,7 +461,8 @@ mod tests {
             args: None,
             timeout_seconds: 60,
         };
-        let job = build_replay_job(&deployment(), &with_command, &targets(), 1).expect("a Job");
+        let job =
+            build_replay_job(&deployment(), &with_command, &targets(), "j".into()).expect("a Job");
         let worker =
             serde_json::to_value(&job).expect("JSON")["spec"]["template"]["spec"]["containers"][0]
                 .clone();
@@ -446,6 +479,14 @@ mod tests {
         let name = replay_job_name(&long, 12);
         assert!(name.len() <= 63 && name.ends_with("-replay-12"), "{name}");
         assert_eq!(replay_job_name("hello-v2", 1), "hello-v2-replay-1");
+        let moved = move_job_name(&long, "v1-abc");
+        assert!(moved.len() <= 63 && moved.contains("-move-"), "{moved}");
+        assert_ne!(
+            moved,
+            move_job_name(&long, "v0-abc"),
+            "one Job per retired build"
+        );
+        assert_eq!(moved, move_job_name(&long, "v1-abc"), "found again");
     }
 
     fn job(condition: Option<(&str, &str)>) -> Job {
