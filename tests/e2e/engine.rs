@@ -639,7 +639,7 @@ async fn unknown_temporal_namespace_is_reported_clearly_until_fixed() {
 }
 
 /// The controller's current process ID, from the sandbox's pid file.
-fn controller_pid() -> Result<u32, String> {
+pub(crate) fn controller_pid() -> Result<u32, String> {
     let file = env()
         .controller_pid_file
         .as_ref()

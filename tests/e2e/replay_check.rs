@@ -7,15 +7,19 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
 use crate::chaos::cluster::Cluster;
 use crate::drain::{latest_run, wait_runs};
+use crate::engine::controller_pid;
 use crate::harness::controls::{events, wait_event};
 use crate::harness::twd::{
     apply, connection, get_twd, routing, target_build, wait_ready, wait_reason, worker,
 };
-use crate::harness::{kube_client, test_namespace};
+use crate::harness::wait::wait_for;
+use crate::harness::{env, kube_client, test_namespace};
 
 const ROLLOUT: Duration = Duration::from_secs(180);
 
@@ -269,4 +273,83 @@ async fn move_to_current_moves_pinned_workflows_only_once_they_replay_on_the_cur
         "{moved}"
     );
     wait_runs(&cluster, &sleepers, "COMPLETED", "v3").await;
+}
+
+#[tokio::test]
+async fn a_controller_killed_while_the_replay_job_runs_waits_for_that_job_instead_of_a_second() {
+    let client = kube_client().await;
+    let cluster = Cluster::shared().await;
+    let ns = test_namespace(&client, "replay-kill").await;
+    let tq = format!("replay-kill-{ns}");
+    // A replay that takes its time: 8 s of sleep, then the sample worker's own replay.
+    let slow = |tag: &str, vars: &[(&str, &str)]| {
+        let mut manifest = checked_worker(&ns, tag, &tq, vars);
+        let worker = env().bin_dir.join("sample-worker");
+        manifest["spec"]["rollout"]["replayCheck"] = json!({
+            "command": ["sh", "-c", "sleep 8 && exec \"$0\" replay", worker.display().to_string()],
+            "timeout": "120s",
+        });
+        manifest
+    };
+    apply(&connection(&ns)).await;
+    apply(&slow("v1", &[])).await;
+    wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    let hello = format!("{ns}-hello");
+    start(&cluster, "HelloWorld", &tq, &hello, "\"kill\"").await;
+    wait_runs(&cluster, std::slice::from_ref(&hello), "COMPLETED", "v1").await;
+
+    apply(&slow("v2", &[("SAMPLE_GREET_DELAY_MS", "1")])).await;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let replay_jobs = ListParams::default().labels("twc.temporal.io/replay-check=true");
+    let running = wait_for("the replay Job to run", ROLLOUT, || async {
+        let listed = jobs
+            .list(&replay_jobs)
+            .await
+            .map_err(|e| e.to_string())?
+            .items;
+        match listed.as_slice() {
+            [job] if job.status.as_ref().and_then(|s| s.active) == Some(1) => {
+                Ok(job.metadata.name.clone().unwrap_or_default())
+            }
+            other => Err(format!("{} replay Jobs", other.len())),
+        }
+    })
+    .await;
+
+    let pid = controller_pid().unwrap_or_else(|e| panic!("{e}"));
+    let killed = tokio::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .await
+        .unwrap_or_else(|e| panic!("kill -9 {pid}: {e}"));
+    assert!(killed.success(), "kill -9 {pid}: {killed}");
+    wait_for(
+        "the sandbox to restart the killed controller",
+        Duration::from_secs(20),
+        || async {
+            match controller_pid() {
+                Ok(new) if new != pid => Ok(()),
+                other => Err(format!("controller pid {other:?} (killed {pid})")),
+            }
+        },
+    )
+    .await;
+
+    let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    let v2 = target_build(&twd).expect("v2 build");
+    let (_, _, passed) = wait_event(&client, &ns, "hello", "ReplayCheckPassed", &v2, ROLLOUT).await;
+    assert!(passed.contains("1 histories replayed"), "{passed}");
+    let listed: Vec<String> = jobs
+        .list(&replay_jobs)
+        .await
+        .expect("listing Jobs")
+        .items
+        .into_iter()
+        .map(|j| j.metadata.name.unwrap_or_default())
+        .collect();
+    assert_eq!(
+        listed,
+        vec![running],
+        "one replay Job, waited for across the kill"
+    );
 }
