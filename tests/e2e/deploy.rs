@@ -1122,8 +1122,11 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
     )
     .await;
 
+    // Replay-checked: v1's closed gate workflows are replayed on v2 by a Job, which the role
+    // must allow (create and get Jobs, list their Pods).
     let held = json!({ "strategy": "Progressive", "gate": gate("secretKeyRef"),
-        "steps": [ { "rampPercentage": 50, "pauseDuration": "1h" } ] });
+        "steps": [ { "rampPercentage": 50, "pauseDuration": "1h" } ],
+        "replayCheck": { "args": ["replay"], "timeout": "120s" } });
     nested
         .apply(&worker(WATCHED, "hello", "v2", held.clone()))
         .await;
@@ -1134,6 +1137,26 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
             other => Err(format!("{other:?}")),
         }
     })
+    .await;
+    wait_for_with_logs(
+        "a ReplayCheckPassed event with histories replayed by a Job",
+        ROLLOUT,
+        &logs,
+        || async {
+            let recorded = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items;
+            recorded
+                .iter()
+                .find(|e| e.reason.as_deref() == Some("ReplayCheckPassed"))
+                .and_then(|e| e.note.clone())
+                .filter(|note| note.contains("histories replayed"))
+                .map(|_| ())
+                .ok_or_else(|| format!("{} events", recorded.len()))
+        },
+    )
     .await;
     nested
         .kubectl_ok(
