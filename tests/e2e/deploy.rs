@@ -1139,7 +1139,7 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
     })
     .await;
     wait_for_with_logs(
-        "a ReplayCheckPassed event with histories replayed by a Job",
+        "a ReplayCheckPassed event for histories replayed by a Job",
         ROLLOUT,
         &logs,
         || async {
@@ -1152,7 +1152,7 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
                 .iter()
                 .find(|e| e.reason.as_deref() == Some("ReplayCheckPassed"))
                 .and_then(|e| e.note.clone())
-                .filter(|note| note.contains("histories replayed"))
+                .filter(|note| note.contains(" replayed ("))
                 .map(|_| ())
                 .ok_or_else(|| format!("{} events", recorded.len()))
         },

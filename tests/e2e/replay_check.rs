@@ -143,7 +143,7 @@ async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_sa
     let (_, _, passed) = wait_event(&client, &ns, "hello", "ReplayCheckPassed", &v3, ROLLOUT).await;
     eprintln!("replay check: v3: {passed}");
     assert!(
-        passed.contains("histories replayed") && passed.contains("HelloWorld"),
+        passed.contains("4 histories replayed") && passed.contains("HelloWorld"),
         "{passed}"
     );
     let out = cluster
@@ -338,7 +338,7 @@ async fn a_controller_killed_while_the_replay_job_runs_waits_for_that_job_instea
     let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
     let v2 = target_build(&twd).expect("v2 build");
     let (_, _, passed) = wait_event(&client, &ns, "hello", "ReplayCheckPassed", &v2, ROLLOUT).await;
-    assert!(passed.contains("1 histories replayed"), "{passed}");
+    assert!(passed.contains("1 history replayed"), "{passed}");
     let listed: Vec<String> = jobs
         .list(&replay_jobs)
         .await

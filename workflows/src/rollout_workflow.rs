@@ -781,8 +781,13 @@ async fn replay_check(
             let message = if *histories == 0 {
                 format!("Replay check of build {build_id}: no history to replay")
             } else {
+                let noun = if *histories == 1 {
+                    "history"
+                } else {
+                    "histories"
+                };
                 format!(
-                    "Replay check of build {build_id} passed: {histories} histories replayed ({}) in {seconds:.1}s",
+                    "Replay check of build {build_id} passed: {histories} {noun} replayed ({}) in {seconds:.1}s",
                     types.join(", ")
                 )
             };
@@ -803,7 +808,7 @@ async fn replay_check(
             EventKind::Warning,
             "ReplayCheckFailed",
             format!(
-                "Replay check of build {build_id}: {count} histories do not replay, the first workflow {workflow_id} ({workflow_type}){dry}"
+                "Replay check of build {build_id}: {count} of the histories do not replay, the first workflow {workflow_id} ({workflow_type}){dry}"
             ),
         ),
         ReplayVerdict::Inconclusive { reason } => (
