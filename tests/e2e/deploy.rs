@@ -1099,27 +1099,31 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
     })
     .await;
     let events: Api<Event> = Api::namespaced(admin.clone(), WATCHED);
-    wait_for_with_logs(
-        "a ClusterConnectionUnsupported event",
-        ROLLOUT,
-        &logs,
-        || async {
-            let recorded = events
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| e.to_string())?
-                .items;
-            recorded
-                .iter()
-                .any(|e| {
-                    e.reason.as_deref() == Some("ClusterConnectionUnsupported")
-                        && e.type_.as_deref() == Some("Warning")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("clustered")
-                })
-                .then_some(())
-                .ok_or_else(|| format!("{} events", recorded.len()))
-        },
-    )
+    // Waits for an event of `WATCHED` that `wanted` accepts.
+    let wait_event = |what: &'static str, wanted: fn(&Event) -> bool| {
+        let events = events.clone();
+        let logs = &logs;
+        async move {
+            wait_for_with_logs(what, ROLLOUT, logs, || async {
+                let recorded = events
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items;
+                recorded
+                    .iter()
+                    .any(wanted)
+                    .then_some(())
+                    .ok_or_else(|| format!("{} events", recorded.len()))
+            })
+            .await
+        }
+    };
+    wait_event("a ClusterConnectionUnsupported event", |e| {
+        e.reason.as_deref() == Some("ClusterConnectionUnsupported")
+            && e.type_.as_deref() == Some("Warning")
+            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("clustered")
+    })
     .await;
 
     // Replay-checked: v1's closed gate workflows are replayed on v2 by a Job, which the role
@@ -1138,23 +1142,11 @@ async fn restricted_install_rolls_out_with_only_the_verbs_the_chart_grants() {
         }
     })
     .await;
-    wait_for_with_logs(
+    wait_event(
         "a ReplayCheckPassed event for histories replayed by a Job",
-        ROLLOUT,
-        &logs,
-        || async {
-            let recorded = events
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| e.to_string())?
-                .items;
-            recorded
-                .iter()
-                .find(|e| e.reason.as_deref() == Some("ReplayCheckPassed"))
-                .and_then(|e| e.note.clone())
-                .filter(|note| note.contains(" replayed ("))
-                .map(|_| ())
-                .ok_or_else(|| format!("{} events", recorded.len()))
+        |e| {
+            e.reason.as_deref() == Some("ReplayCheckPassed")
+                && e.note.as_deref().is_some_and(|n| n.contains(" replayed ("))
         },
     )
     .await;

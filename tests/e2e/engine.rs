@@ -639,7 +639,7 @@ async fn unknown_temporal_namespace_is_reported_clearly_until_fixed() {
 }
 
 /// The controller's current process ID, from the sandbox's pid file.
-pub(crate) fn controller_pid() -> Result<u32, String> {
+fn controller_pid() -> Result<u32, String> {
     let file = env()
         .controller_pid_file
         .as_ref()
@@ -648,6 +648,29 @@ pub(crate) fn controller_pid() -> Result<u32, String> {
     text.trim()
         .parse()
         .map_err(|e| format!("{}: {text:?}: {e}", file.display()))
+}
+
+/// SIGKILLs the sandbox's controller and waits until the sandbox has restarted it (it
+/// supervises the controller like a Deployment would, checking every second).
+pub(crate) async fn kill_controller() {
+    let pid = controller_pid().unwrap_or_else(|e| panic!("{e}"));
+    let killed = tokio::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .await
+        .unwrap_or_else(|e| panic!("kill -9 {pid}: {e}"));
+    assert!(killed.success(), "kill -9 {pid}: {killed}");
+    wait_for(
+        "the sandbox to restart the killed controller",
+        Duration::from_secs(20),
+        || async {
+            match controller_pid() {
+                Ok(new) if new != pid => Ok(()),
+                other => Err(format!("controller pid {other:?} (killed {pid})")),
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -670,25 +693,7 @@ async fn controller_killed_mid_rollout_still_completes_it_exactly_once() {
     let seen = Rc::new(RefCell::new(Vec::new()));
     wait_ramp(&deployment_name, &v2, 30, &seen).await;
 
-    let pid = controller_pid().unwrap_or_else(|e| panic!("{e}"));
-    let killed = tokio::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .await
-        .unwrap_or_else(|e| panic!("kill -9 {pid}: {e}"));
-    assert!(killed.success(), "kill -9 {pid}: {killed}");
-    // The sandbox supervises the controller like a Deployment would (it checks every second).
-    wait_for(
-        "the sandbox to restart the killed controller",
-        Duration::from_secs(20),
-        || async {
-            match controller_pid() {
-                Ok(new) if new != pid => Ok(()),
-                other => Err(format!("controller pid {other:?} (killed {pid})")),
-            }
-        },
-    )
-    .await;
+    kill_controller().await;
 
     let twd = wait_ready(&client, &ns, NAME, Duration::from_secs(240)).await;
     assert_eq!(target_build(&twd).as_deref(), Some(v2.as_str()));

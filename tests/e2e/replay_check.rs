@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::chaos::cluster::Cluster;
 use crate::drain::{latest_run, wait_runs};
-use crate::engine::controller_pid;
+use crate::engine::kill_controller;
 use crate::harness::controls::{events, wait_event};
 use crate::harness::twd::{
     apply, connection, get_twd, routing, target_build, wait_ready, wait_reason, worker,
@@ -316,24 +316,7 @@ async fn a_controller_killed_while_the_replay_job_runs_waits_for_that_job_instea
     })
     .await;
 
-    let pid = controller_pid().unwrap_or_else(|e| panic!("{e}"));
-    let killed = tokio::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .await
-        .unwrap_or_else(|e| panic!("kill -9 {pid}: {e}"));
-    assert!(killed.success(), "kill -9 {pid}: {killed}");
-    wait_for(
-        "the sandbox to restart the killed controller",
-        Duration::from_secs(20),
-        || async {
-            match controller_pid() {
-                Ok(new) if new != pid => Ok(()),
-                other => Err(format!("controller pid {other:?} (killed {pid})")),
-            }
-        },
-    )
-    .await;
+    kill_controller().await;
 
     let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
     let v2 = target_build(&twd).expect("v2 build");

@@ -18,7 +18,7 @@ use temporalio_common::protos::temporal::api::{
         BatchOperationUpdateWorkflowExecutionOptions,
     },
     enums::v1::BatchOperationState,
-    workflow::v1::WorkflowExecutionOptions,
+    workflow::v1::{WorkflowExecutionInfo, WorkflowExecutionOptions},
     workflowservice::v1::{
         CountWorkflowExecutionsRequest, CountWorkflowExecutionsResponse,
         DescribeBatchOperationRequest, DescribeBatchOperationResponse,
@@ -414,6 +414,21 @@ async fn start_times(
     query: &str,
     page_size: i32,
 ) -> Result<Vec<UnixMillis>, TemporalError> {
+    Ok(first_page(client, namespace, query, page_size)
+        .await?
+        .iter()
+        .filter_map(|e| millis(e.start_time.as_ref()))
+        .collect())
+}
+
+/// The first page (at most `page_size`) of the executions `query` matches: one
+/// ListWorkflowExecutions, paid from the read budget.
+pub(crate) async fn first_page(
+    client: &TemporalClient,
+    namespace: &str,
+    query: &str,
+    page_size: i32,
+) -> Result<Vec<WorkflowExecutionInfo>, TemporalError> {
     client.acquire_read().await;
     let request = read_request(ListWorkflowExecutionsRequest {
         namespace: namespace.to_owned(),
@@ -429,12 +444,7 @@ async fn start_times(
         )
         .await
         .map_err(|s| client.rpc_error("ListWorkflowExecutions", query, &s))?;
-    Ok(response
-        .into_inner()
-        .executions
-        .iter()
-        .filter_map(|e| millis(e.start_time.as_ref()))
-        .collect())
+    Ok(response.into_inner().executions)
 }
 
 /// One drain step of a retired version.

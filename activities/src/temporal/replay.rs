@@ -9,11 +9,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use temporalio_client::grpc::WorkflowService;
 use temporalio_common::protos::temporal::api::enums::v1::WorkflowExecutionStatus;
-use temporalio_common::protos::temporal::api::workflowservice::v1::ListWorkflowExecutionsRequest;
 
-use crate::temporal::convert::{millis, read_request};
+use crate::temporal::convert::millis;
+use crate::temporal::drain::first_page;
 use crate::temporal::error::TemporalError;
 use crate::temporal::pool::TemporalClient;
 use crate::temporal::query::{UnsafeQueryValue, quote};
@@ -85,24 +84,8 @@ pub async fn list_candidates(
     namespace: &str,
     query: &str,
 ) -> Result<Vec<ReplayCandidate>, TemporalError> {
-    client.acquire_read().await;
-    let request = read_request(ListWorkflowExecutionsRequest {
-        namespace: namespace.to_owned(),
-        page_size: CANDIDATES_PER_QUERY,
-        next_page_token: Vec::new(),
-        query: query.to_owned(),
-    });
-    let mut raw = client.raw().clone();
-    let response = client
-        .observe(
-            "ListWorkflowExecutions",
-            WorkflowService::list_workflow_executions(&mut raw, request),
-        )
-        .await
-        .map_err(|s| client.rpc_error("ListWorkflowExecutions", query, &s))?;
-    Ok(response
-        .into_inner()
-        .executions
+    Ok(first_page(client, namespace, query, CANDIDATES_PER_QUERY)
+        .await?
         .into_iter()
         .filter_map(|info| {
             let execution = info.execution?;
