@@ -25,6 +25,9 @@
 //! - `dashboard`: `kubectl twc dashboard` in headless Chromium over the whole fleet (grown to
 //!   200 if smaller): the overview's first paint and every row shown, and how long after the
 //!   status a change shows on the open page (see `dashboard`);
+//! - `replay`: the replay check of a new build (`spec.rollout.replayCheck`) over
+//!   `BENCH_REPLAY_WORKFLOWS` (50) completed AutoUpgrade workflows: build ready → verdict, the
+//!   check's activity, the histories replayed, the extra Temporal reads (see `replay.rs`).
 //! - `drain`: a retired version with many open pinned workflows drained on purpose
 //!   (`spec.sunset.drain.signalAfter`): `signalAfter` → the version Drained in Temporal;
 //! - `analysis`: canary analysis stopping a bad build under load: its first failing workflow →
@@ -59,6 +62,7 @@ mod latency;
 mod ledger;
 mod procstat;
 mod prom;
+mod replay;
 mod report;
 mod sampler;
 mod stats;
@@ -74,7 +78,7 @@ use crate::cluster::Cluster;
 use crate::report::{Results, RunContext};
 
 /// Every scenario, in the order they run.
-const SCENARIOS: [&str; 12] = [
+const SCENARIOS: [&str; 13] = [
     "latency",
     "steps",
     "change-burst",
@@ -87,10 +91,11 @@ const SCENARIOS: [&str; 12] = [
     "drain",
     "analysis",
     "autoscaling",
+    "replay",
 ];
 
 /// The scenarios of `BENCH_QUICK=1`: the long ones (burst of 100, drain, analysis,
-/// autoscaling) are left out.
+/// autoscaling, replay) are left out.
 const QUICK_SCENARIOS: [&str; 5] = ["latency", "steps", "change-burst", "idle", "dashboard"];
 
 /// What to run, from the environment. `BENCH_QUICK=1` changes the defaults to a run of a few
@@ -111,6 +116,7 @@ struct Options {
     dashboard_loads: usize,
     dashboard_updates: usize,
     drain_workflows: usize,
+    replay_workflows: usize,
     analysis_interval: Duration,
     analysis_rate: f64,
     autoscale_rounds: usize,
@@ -206,6 +212,7 @@ impl Options {
             dashboard_loads: number("BENCH_DASHBOARD_LOADS", pick(5, 3))?,
             dashboard_updates: number("BENCH_DASHBOARD_UPDATES", pick(10, 3))?,
             drain_workflows: number("BENCH_DRAIN_WORKFLOWS", 200)?,
+            replay_workflows: number("BENCH_REPLAY_WORKFLOWS", 50)?,
             analysis_interval,
             analysis_rate,
             autoscale_rounds,
@@ -258,6 +265,7 @@ async fn run() -> anyhow::Result<()> {
         idle_two_replicas: None,
         dashboard: None,
         drain: None,
+        replay: None,
         analysis: None,
         autoscaling: None,
     };
@@ -413,6 +421,15 @@ async fn run() -> anyhow::Result<()> {
             )
             .await?,
         );
+        save(&mut results, &options)?;
+    }
+    if options.runs("replay") {
+        tracing::info!(
+            workflows = options.replay_workflows,
+            "replay: the replay check of a new build"
+        );
+        let ns = format!("bench-replay-{run}");
+        results.replay = Some(replay::run(&cluster, &ns, options.replay_workflows).await?);
         save(&mut results, &options)?;
     }
     println!("{}", results.table());

@@ -74,6 +74,9 @@ pub struct Results {
     pub analysis: Option<Analysis>,
     /// Autoscaling from Temporal's backlog.
     pub autoscaling: Option<Autoscaling>,
+    /// The replay check of a new build (`spec.rollout.replayCheck`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay: Option<crate::replay::ReplayCost>,
 }
 
 impl Results {
