@@ -583,6 +583,36 @@ impl EngineActivities {
             .map_err(retryable)
     }
 
+    /// The workflows of `twd` that each of `sources` names (one visibility page each), in
+    /// order, for a replay check to pick from. A query that cannot be written fails without
+    /// retry; a listing Temporal fails is retried (and the client evicted when it is broken).
+    async fn replay_candidates(
+        &self,
+        resolved: &Resolved,
+        twd: &TwdRef,
+        sources: &[temporal::replay::CandidateSource<'_>],
+    ) -> Result<Vec<temporal::replay::ReplayCandidate>, ActivityError> {
+        use temporal::replay::{candidate_query, list_candidates};
+        let deployment_name = twd.key();
+        let mut candidates = Vec::new();
+        for source in sources {
+            let query = candidate_query(&deployment_name, *source)
+                .map_err(|e| not_retryable("ReplayCheckInvalid", e.to_string()))?;
+            let listed = list_candidates(
+                &resolved.temporal,
+                &resolved.spec.temporal_namespace,
+                &query,
+            )
+            .await
+            .map_err(|e| {
+                self.after_error(&resolved.temporal, &e);
+                retryable(e)
+            })?;
+            candidates.extend(listed);
+        }
+        Ok(candidates)
+    }
+
     /// Before `moveToCurrent` moves `request`'s pinned workflows to the Current build: with
     /// `spec.rollout.replayCheck`, a sample of them is replayed on the Current build; unless
     /// they all replay (or the check is a dry run) the step fails without moving any, saying
@@ -593,32 +623,24 @@ impl EngineActivities {
         request: &DrainRequest,
         current_build_id: &str,
     ) -> Result<(), ActivityError> {
-        use temporal::replay::{CandidateSource, candidate_query, list_candidates, pick};
+        use temporal::replay::{CandidateSource, pick};
         let Some(check) = resolved.spec.replay_check.as_ref() else {
             return Ok(());
         };
-        let deployment_name = request.twd.key();
-        let query = candidate_query(
-            &deployment_name,
-            CandidateSource::PinnedOn(&request.build_id),
-        )
-        .map_err(|e| not_retryable("ReplayCheckInvalid", e.to_string()))?;
-        let listed = list_candidates(
-            &resolved.temporal,
-            &resolved.spec.temporal_namespace,
-            &query,
-        )
-        .await
-        .map_err(|e| {
-            self.after_error(&resolved.temporal, &e);
-            retryable(e)
-        })?
-        .into_iter()
-        .filter(|c| {
-            (request.include_types.is_empty() || request.include_types.contains(&c.workflow_type))
-                && !request.exclude_types.contains(&c.workflow_type)
-        })
-        .collect();
+        let listed = self
+            .replay_candidates(
+                resolved,
+                &request.twd,
+                &[CandidateSource::PinnedOn(&request.build_id)],
+            )
+            .await?
+            .into_iter()
+            .filter(|c| {
+                (request.include_types.is_empty()
+                    || request.include_types.contains(&c.workflow_type))
+                    && !request.exclude_types.contains(&c.workflow_type)
+            })
+            .collect();
         let max = usize::try_from(check.max_histories).unwrap_or(usize::MAX);
         let (sample, _) = pick(listed, max, i64::from(check.max_history_events));
         if sample.is_empty() {
@@ -1804,9 +1826,6 @@ impl EngineActivities {
         .await
     }
 
-    /// Counts the open workflows pinned to a version of the TWD (a visibility count) and finds
-    /// the oldest one's start time. A TWD that is gone or whose Temporal cannot be reached, and
-    /// a filter that cannot be queried, fail without retry; transient failures are retried.
     /// The replay check of a new build (see the contract's `RunReplayCheck`): candidates from
     /// visibility, a sample of them replayed by a Job of the build's own pod template.
     #[activity(name = "run_replay_check")]
@@ -1815,11 +1834,9 @@ impl EngineActivities {
         ctx: ActivityContext,
         request: ReplayCheckRequest,
     ) -> Result<ReplayVerdict, ActivityError> {
-        use temporal::replay::{CandidateSource, candidate_query, list_candidates, pick};
+        use temporal::replay::{CandidateSource, pick};
         with_heartbeats(&ctx, async {
             let resolved = self.resolve_or_fail(&request.twd, "ReplayTwdGone").await?;
-            let deployment_name = request.twd.key();
-            let namespace = resolved.spec.temporal_namespace.clone();
             let mut sources = Vec::new();
             for build in [&request.current_build_id, &request.ramping_build_id]
                 .into_iter()
@@ -1830,18 +1847,9 @@ impl EngineActivities {
             if let Some(current) = &request.current_build_id {
                 sources.push(CandidateSource::ClosedOn(current));
             }
-            let mut candidates = Vec::new();
-            for source in sources {
-                let query = candidate_query(&deployment_name, source)
-                    .map_err(|e| not_retryable("ReplayCheckInvalid", e.to_string()))?;
-                let listed = list_candidates(&resolved.temporal, &namespace, &query)
-                    .await
-                    .map_err(|e| {
-                        self.after_error(&resolved.temporal, &e);
-                        retryable(e)
-                    })?;
-                candidates.extend(listed);
-            }
+            let candidates = self
+                .replay_candidates(&resolved, &request.twd, &sources)
+                .await?;
             let max = usize::try_from(request.check.max_histories).unwrap_or(usize::MAX);
             let (sample, too_long) = pick(
                 candidates,
@@ -1856,8 +1864,9 @@ impl EngineActivities {
                     seconds: 0.0,
                 });
             }
+            let run_id = ctx.info().workflow_run_id.clone().unwrap_or_default();
             let job_name = |deployment: &str| {
-                k8s::replay_job::replay_job_name(deployment, request.attempt)
+                k8s::replay_job::replay_job_name(deployment, &run_id, request.attempt)
             };
             self.replay_on(&resolved, &request.twd, &request.build_id, &sample, &request.check, job_name)
                 .await
@@ -1866,6 +1875,9 @@ impl EngineActivities {
         .await
     }
 
+    /// Counts the open workflows pinned to a version of the TWD (a visibility count) and finds
+    /// the oldest one's start time. A TWD that is gone or whose Temporal cannot be reached, and
+    /// a filter that cannot be queried, fail without retry; transient failures are retried.
     #[activity(name = "count_pinned_workflows")]
     pub async fn count_pinned_workflows(
         self: Arc<Self>,

@@ -41,18 +41,31 @@ pub(crate) fn drained_worker(
 }
 
 pub(crate) async fn start_workflow(cluster: &Cluster, type_: &str, task_queue: &str, id: &str) {
-    let out = cluster
-        .temporal(&[
-            "workflow",
-            "start",
-            "--type",
-            type_,
-            "--task-queue",
-            task_queue,
-            "--workflow-id",
-            id,
-        ])
-        .await;
+    start_workflow_with(cluster, type_, task_queue, id, None).await;
+}
+
+/// Starts workflow `id` of `type_` on `task_queue`, with `input` (JSON) when given.
+pub(crate) async fn start_workflow_with(
+    cluster: &Cluster,
+    type_: &str,
+    task_queue: &str,
+    id: &str,
+    input: Option<&str>,
+) {
+    let mut args = vec![
+        "workflow",
+        "start",
+        "--type",
+        type_,
+        "--task-queue",
+        task_queue,
+        "--workflow-id",
+        id,
+    ];
+    if let Some(input) = input {
+        args.extend(["--input", input]);
+    }
+    let out = cluster.temporal(&args).await;
     assert!(out.success, "temporal workflow start {id}: {}", out.stderr);
 }
 

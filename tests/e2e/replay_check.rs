@@ -2,7 +2,9 @@
 //! AutoUpgrade workflows of v1 (open mid-history and completed), a v2 whose workflow commands
 //! are reordered (`SAMPLE_NONDETERMINISTIC`) aborted by the check before any routing change,
 //! and a v3 that changes only activity code passing it and taking the open workflows over
-//! (the Subscription's next task, its `end` signal, runs on v3).
+//! (the Subscription's next task, its `end` signal, runs on v3); a v4 whose check cannot run,
+//! held until its check is fixed and `retry` runs it again; a v5 that does not replay, rolled
+//! out anyway under `dryRun`.
 //! The check's Job runs `sample-worker replay` through the pod runner.
 
 use std::time::Duration;
@@ -10,11 +12,13 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
+use twc_crds::BuildId;
+use twc_crds::naming::versioned_deployment_name;
 
 use crate::chaos::cluster::Cluster;
-use crate::drain::{latest_run, wait_runs};
+use crate::drain::{latest_run, start_workflow_with, wait_runs};
 use crate::engine::kill_controller;
-use crate::harness::controls::{events, wait_event};
+use crate::harness::controls::{Via, events, send, wait_event};
 use crate::harness::twd::{
     apply, connection, get_twd, routing, target_build, wait_ready, wait_reason, worker,
 };
@@ -40,24 +44,6 @@ fn checked_worker(ns: &str, tag: &str, task_queue: &str, vars: &[(&str, &str)]) 
     manifest
 }
 
-async fn start(cluster: &Cluster, workflow_type: &str, task_queue: &str, id: &str, input: &str) {
-    let out = cluster
-        .temporal(&[
-            "workflow",
-            "start",
-            "--type",
-            workflow_type,
-            "--task-queue",
-            task_queue,
-            "--workflow-id",
-            id,
-            "--input",
-            input,
-        ])
-        .await;
-    assert!(out.success, "temporal workflow start {id}: {}", out.stderr);
-}
-
 #[tokio::test]
 async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_safe_one_passes() {
     let client = kube_client().await;
@@ -73,12 +59,12 @@ async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_sa
     // started) and a Subscription waiting for its `end` signal.
     let hellos = [format!("{ns}-hello-1"), format!("{ns}-hello-2")];
     for id in &hellos {
-        start(&cluster, "HelloWorld", &tq, id, "\"replay\"").await;
+        start_workflow_with(&cluster, "HelloWorld", &tq, id, Some("\"replay\"")).await;
     }
     let sleeper = format!("{ns}-sleeper");
-    start(&cluster, "Sleeper", &tq, &sleeper, "3600").await;
+    start_workflow_with(&cluster, "Sleeper", &tq, &sleeper, Some("3600")).await;
     let subscription = format!("{ns}-subscription");
-    start(&cluster, "Subscription", &tq, &subscription, "{}").await;
+    start_workflow_with(&cluster, "Subscription", &tq, &subscription, Some("{}")).await;
     wait_runs(&cluster, &hellos, "COMPLETED", "v1").await;
     let open = [sleeper.clone(), subscription.clone()];
     wait_runs(&cluster, &open, "RUNNING", "v1").await;
@@ -118,6 +104,34 @@ async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_sa
         warned.contains("cannot replay") && warned.contains("Routing: new workflows go to build"),
         "{warned}"
     );
+    // `retry` rolls v2 out again and checks it afresh (a second Job, not the first one's
+    // verdict read back), which aborts it again: still nothing moved.
+    send(Via::Cli, "retry", &ns, "hello").await;
+    let v2_deployment = versioned_deployment_name("hello", &BuildId::new(&v2));
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    wait_for("a second replay Job of v2, finished", ROLLOUT, || async {
+        let finished: Vec<String> = jobs
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .filter(|job| {
+                job.status
+                    .as_ref()
+                    .is_some_and(|s| s.succeeded.unwrap_or(0) + s.failed.unwrap_or(0) > 0)
+            })
+            .filter_map(|job| job.metadata.name)
+            .filter(|name| name.starts_with(&format!("{v2_deployment}-replay-")))
+            .collect();
+        if finished.len() == 2 {
+            Ok(())
+        } else {
+            Err(format!("finished: {finished:?}"))
+        }
+    })
+    .await;
+    wait_reason(&client, &ns, "hello", "Ready", "ReplayCheckFailed", ROLLOUT).await;
     // No AutoUpgrade workflow ran a task on v2.
     for id in &open {
         let (status, build) = latest_run(&cluster, id).await.expect("the run");
@@ -197,6 +211,58 @@ async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_sa
         (Some(v3.as_str()), None),
         "an inconclusive check moves nothing"
     );
+
+    // The check's command fixed (spec.rollout only: still build v4) and `retry` sent: the
+    // check runs again as its next attempt (a second Job), passes, and v4 becomes Current.
+    let held = target_build(&get_twd(&client, &ns, "hello").await.expect("the TWD")).expect("v4");
+    apply(&checked_worker(&ns, "v4", &tq, &[])).await;
+    send(Via::Cli, "retry", &ns, "hello").await;
+    let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    let v4 = target_build(&twd).expect("v4 build");
+    assert_eq!(v4, held, "the fixed check is the same build's");
+    let (_, _, passed) = wait_event(&client, &ns, "hello", "ReplayCheckPassed", &v4, ROLLOUT).await;
+    eprintln!("replay check: v4 retried: {passed}");
+    let routed = routing(&deployment_name).await.expect("routing");
+    assert_eq!(routed.current.as_deref(), Some(v4.as_str()));
+    let deployment = versioned_deployment_name("hello", &BuildId::new(&v4));
+    let mut v4_jobs: Vec<String> = jobs
+        .list(&ListParams::default())
+        .await
+        .expect("list Jobs")
+        .items
+        .into_iter()
+        .filter_map(|job| job.metadata.name)
+        .filter(|name| name.starts_with(&format!("{deployment}-replay-")))
+        .collect();
+    v4_jobs.sort_by_key(|name| name.ends_with("-1"));
+    assert!(
+        v4_jobs.len() == 2 && v4_jobs[0].ends_with("-0") && v4_jobs[1].ends_with("-1"),
+        "one Job per attempt of v4's check: {v4_jobs:?}"
+    );
+
+    // A dry run: v5 reorders HelloWorld's commands, the check finds it on a HelloWorld that
+    // completed on v4, says so in a Warning, and the rollout goes on: v5 becomes Current.
+    let on_v4 = format!("{ns}-hello-3");
+    start_workflow_with(&cluster, "HelloWorld", &tq, &on_v4, Some("\"dry\"")).await;
+    wait_runs(&cluster, std::slice::from_ref(&on_v4), "COMPLETED", "v4").await;
+    let mut v5 = checked_worker(&ns, "v5", &tq, &[("SAMPLE_NONDETERMINISTIC", "HelloWorld")]);
+    v5["spec"]["rollout"]["replayCheck"]["dryRun"] = json!(true);
+    apply(&v5).await;
+    let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
+    let v5 = target_build(&twd).expect("v5 build");
+    assert_ne!(v5, v4);
+    let (_, _, warned) = wait_event(&client, &ns, "hello", "ReplayCheckFailed", &v5, ROLLOUT).await;
+    eprintln!("replay check: v5 dry run: {warned}");
+    assert!(
+        warned.contains(&on_v4) && warned.contains("dryRun: the rollout goes on"),
+        "{warned}"
+    );
+    let routed = routing(&deployment_name).await.expect("routing");
+    assert_eq!(
+        routed.current.as_deref(),
+        Some(v5.as_str()),
+        "a dry run holds nothing"
+    );
     let out = cluster
         .temporal(&["workflow", "terminate", "--workflow-id", &sleeper])
         .await;
@@ -224,7 +290,7 @@ async fn move_to_current_moves_pinned_workflows_only_once_they_replay_on_the_cur
     apply(&pinned("v1", compatible.clone(), &[])).await;
     let sleepers: Vec<String> = (1..=2).map(|i| format!("{ns}-sleep-{i}")).collect();
     for id in &sleepers {
-        start(&cluster, "Sleeper", &tq, id, "75").await;
+        start_workflow_with(&cluster, "Sleeper", &tq, id, Some("75")).await;
     }
     wait_runs(&cluster, &sleepers, "RUNNING", "v1").await;
 
@@ -295,7 +361,7 @@ async fn a_controller_killed_while_the_replay_job_runs_waits_for_that_job_instea
     apply(&slow("v1", &[])).await;
     wait_ready(&client, &ns, "hello", ROLLOUT).await;
     let hello = format!("{ns}-hello");
-    start(&cluster, "HelloWorld", &tq, &hello, "\"kill\"").await;
+    start_workflow_with(&cluster, "HelloWorld", &tq, &hello, Some("\"kill\"")).await;
     wait_runs(&cluster, std::slice::from_ref(&hello), "COMPLETED", "v1").await;
 
     apply(&slow("v2", &[("SAMPLE_GREET_DELAY_MS", "1")])).await;

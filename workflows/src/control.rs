@@ -195,8 +195,11 @@ pub fn effect(action: ControlAction, state: &ControlState) -> ControlEffect {
             Some(BlockReason::ProgressDeadlineExceeded) if blocked(state) => ControlEffect::Apply(
                 format!("retry: the progress deadline of build {build} starts again"),
             ),
+            Some(BlockReason::ReplayCheckInconclusive) if blocked(state) => ControlEffect::Apply(
+                format!("retry: running the replay check of build {build} again"),
+            ),
             _ => ControlEffect::NotApplicable(format!(
-                "retry: nothing to retry; retry re-runs a failed gate or a rollout stopped by its progress deadline, and the rollout of build {build} is {}",
+                "retry: nothing to retry; retry re-runs a failed gate or an inconclusive replay check, or a rollout stopped by its progress deadline, and the rollout of build {build} is {}",
                 describe(state)
             )),
         },
@@ -436,6 +439,12 @@ mod tests {
                 "retry a missed deadline",
                 Retry,
                 blocked_by(BlockReason::ProgressDeadlineExceeded),
+                "apply",
+            ),
+            (
+                "retry an inconclusive replay check",
+                Retry,
+                blocked_by(BlockReason::ReplayCheckInconclusive),
                 "apply",
             ),
             (

@@ -1,9 +1,9 @@
 //! The replay check's Job (issue #28): the new build's own pod template, running its replay
 //! command over a list of real histories, and the verdict read back from its pod.
 //!
-//! The Job is named after the versioned Deployment and the check's attempt, so a retried
-//! activity (a controller killed while the Job runs) finds the Job it created instead of
-//! starting a second one. It is owned by the Deployment (retired with the build). Its pod runs
+//! The Job is named after the versioned Deployment, the rollout's run and the check's attempt,
+//! so a retried activity (a controller killed while the Job runs) finds the Job it created
+//! instead of starting a second one. It is owned by the Deployment (retired with the build). Its pod runs
 //! the Deployment template's first container (sidecar containers would keep a Job from ever
 //! finishing; init containers are kept) with the check's `command`/`args`, the list of
 //! histories in `TWC_REPLAY_WORKFLOWS`, `TWC_REPLAY_REPORT_PATH=/dev/termination-log`, no
@@ -46,18 +46,32 @@ pub struct ReplayJobSpec {
     pub timeout_seconds: i64,
 }
 
-/// The rollout check's Job name: the Deployment's, cut to fit, `-replay-<attempt>`.
-pub fn replay_job_name(deployment: &str, attempt: u32) -> String {
-    fitted(deployment, &format!("-replay-{attempt}"))
+/// The rollout check's Job name: the Deployment's, cut to fit, `-replay-<8 hex of the rollout
+/// run's SHA-256>-<attempt>`. An activity retried in the same run finds its Job again; a new
+/// run of the rollout (a `retry` after the check aborted it) checks afresh instead of reading
+/// the aborted run's verdict back.
+pub fn replay_job_name(deployment: &str, run_id: &str, attempt: u32) -> String {
+    fitted(
+        deployment,
+        &format!("-replay-{}-{attempt}", short_digest(run_id)),
+    )
+}
+
+/// The first 8 hex digits of `value`'s SHA-256 (run IDs may be time-ordered UUIDs, whose own
+/// first digits two runs a minute apart share).
+fn short_digest(value: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(value.as_bytes()))[..8].to_owned()
 }
 
 /// The Job name of the check before `moveToCurrent` moves `retired_build`'s pinned workflows
 /// to the Current build of Deployment `current_deployment`: `<Deployment>-move-<8 hex of the
 /// retired build's SHA-256>` (one Job per pair, found again at the next drain look).
 pub fn move_job_name(current_deployment: &str, retired_build: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let digest = hex::encode(Sha256::digest(retired_build.as_bytes()));
-    fitted(current_deployment, &format!("-move-{}", &digest[..8]))
+    fitted(
+        current_deployment,
+        &format!("-move-{}", short_digest(retired_build)),
+    )
 }
 
 /// `base` cut so that `base` + `suffix` fits a label value (63 characters).
@@ -418,7 +432,7 @@ mod tests {
             &deployment(),
             &spec,
             &targets(),
-            replay_job_name("hello-v2-abc", 2),
+            "hello-v2-abc-replay-2".into(),
         )
         .expect("a Job");
         let value = serde_json::to_value(&job).expect("JSON");
@@ -476,9 +490,28 @@ mod tests {
     #[test]
     fn job_names_fit_a_label_value() {
         let long = "x".repeat(80);
-        let name = replay_job_name(&long, 12);
-        assert!(name.len() <= 63 && name.ends_with("-replay-12"), "{name}");
-        assert_eq!(replay_job_name("hello-v2", 1), "hello-v2-replay-1");
+        let name = replay_job_name(&long, "run-1", 12);
+        assert!(name.len() <= 63 && name.ends_with("-12"), "{name}");
+        let name = replay_job_name("hello-v2", "run-1", 1);
+        assert!(
+            name.starts_with("hello-v2-replay-") && name.ends_with("-1") && name.len() == 26,
+            "{name}"
+        );
+        assert_eq!(
+            name,
+            replay_job_name("hello-v2", "run-1", 1),
+            "an activity retried in the run finds its Job again"
+        );
+        assert_ne!(
+            name,
+            replay_job_name("hello-v2", "run-1", 2),
+            "a new attempt"
+        );
+        assert_ne!(
+            name,
+            replay_job_name("hello-v2", "run-2", 1),
+            "a new run of the rollout"
+        );
         let moved = move_job_name(&long, "v1-abc");
         assert!(moved.len() <= 63 && moved.contains("-move-"), "{moved}");
         assert_ne!(

@@ -476,11 +476,17 @@ impl TwdState {
         if !from_active || !newer {
             return false;
         }
+        self.note_aborted(&report);
+        self.last_report = Some(report);
+        true
+    }
+
+    /// Remembers `report`'s build as aborted when the report says so, so the spec naming it
+    /// again does not roll it out again (until the spec moves on: [`take_spec`](Self::take_spec)).
+    fn note_aborted(&mut self, report: &RolloutReport) {
         if report.progress == RolloutProgress::Aborted && !self.aborted.contains(&report.build_id) {
             self.aborted.push(report.build_id.clone());
         }
-        self.last_report = Some(report);
-        true
     }
 
     /// Takes `signal` as the spec when it is newer than the one held; returns whether it was.
@@ -761,7 +767,7 @@ impl TwdState {
     ) {
         let early = std::mem::take(&mut self.early_reports);
         self.launching = None;
-        self.last_report = early
+        let early = early
             .into_iter()
             .filter(|early| {
                 keep_early
@@ -769,12 +775,10 @@ impl TwdState {
                     && run_id.is_none_or(|run_id| early.run_id == run_id)
             })
             .max_by_key(|early| early.sequence);
-        if let Some(early) = &self.last_report
-            && early.progress == RolloutProgress::Aborted
-            && !self.aborted.contains(&early.build_id)
-        {
-            self.aborted.push(early.build_id.clone());
+        if let Some(early) = &early {
+            self.note_aborted(early);
         }
+        self.last_report = early;
         self.active = Some(ActiveRollout {
             build_id: spec.build_id.clone(),
             workflow_id,
