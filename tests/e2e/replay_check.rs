@@ -7,10 +7,15 @@
 //! out anyway under `dryRun`.
 //! The check's Job runs `sample-worker replay` through the pod runner.
 
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures::StreamExt;
 
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, ListParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use twc_crds::BuildId;
 use twc_crds::naming::versioned_deployment_name;
@@ -44,6 +49,24 @@ fn checked_worker(ns: &str, tag: &str, task_queue: &str, vars: &[(&str, &str)]) 
     manifest
 }
 
+/// The names of every replay Job `namespace` has had since the call, kept by a watch that
+/// runs until the test ends (a Job deleted later stays in the set).
+fn watch_job_names(client: kube::Client, namespace: &str) -> Arc<Mutex<BTreeSet<String>>> {
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let config = watcher::Config::default().labels("twc.temporal.io/replay-check=true");
+    let events = watcher::watcher(Api::<Job>::namespaced(client, namespace), config);
+    let names = Arc::clone(&seen);
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(events.default_backoff().applied_objects());
+        while let Some(job) = events.next().await {
+            if let (Ok(job), Ok(mut names)) = (job, names.lock()) {
+                names.extend(job.metadata.name);
+            }
+        }
+    });
+    seen
+}
+
 #[tokio::test]
 async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_safe_one_passes() {
     let client = kube_client().await;
@@ -68,6 +91,10 @@ async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_sa
     wait_runs(&cluster, &hellos, "COMPLETED", "v1").await;
     let open = [sleeper.clone(), subscription.clone()];
     wait_runs(&cluster, &open, "RUNNING", "v1").await;
+
+    // Every replay Job the namespace ever has, watched from before the first one: an aborted
+    // build's Deployment (and the Jobs it owns) may be deleted seconds after the abort.
+    let jobs_seen = watch_job_names(client.clone(), &ns);
 
     // v2 reorders the commands of both workflow types: the check replays v1's histories with
     // v2's image and aborts it, routing untouched.
@@ -107,27 +134,19 @@ async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_sa
     // `retry` rolls v2 out again and checks it afresh (a second Job, not the first one's
     // verdict read back), which aborts it again: still nothing moved.
     send(Via::Cli, "retry", &ns, "hello").await;
-    let v2_deployment = versioned_deployment_name("hello", &BuildId::new(&v2));
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
-    wait_for("a second replay Job of v2, finished", ROLLOUT, || async {
-        let finished: Vec<String> = jobs
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?
-            .items
-            .into_iter()
-            .filter(|job| {
-                job.status
-                    .as_ref()
-                    .is_some_and(|s| s.succeeded.unwrap_or(0) + s.failed.unwrap_or(0) > 0)
-            })
-            .filter_map(|job| job.metadata.name)
-            .filter(|name| name.starts_with(&format!("{v2_deployment}-replay-")))
-            .collect();
-        if finished.len() == 2 {
-            Ok(())
-        } else {
-            Err(format!("finished: {finished:?}"))
+    let v2_jobs = format!(
+        "{}-replay-",
+        versioned_deployment_name("hello", &BuildId::new(&v2))
+    );
+    wait_for("a second replay Job of v2", ROLLOUT, || async {
+        let seen = jobs_seen.lock().map_err(|e| e.to_string())?;
+        match seen
+            .iter()
+            .filter(|name| name.starts_with(&v2_jobs))
+            .count()
+        {
+            2 => Ok(()),
+            _ => Err(format!("replay Jobs seen: {seen:?}")),
         }
     })
     .await;
@@ -225,14 +244,12 @@ async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_sa
     let routed = routing(&deployment_name).await.expect("routing");
     assert_eq!(routed.current.as_deref(), Some(v4.as_str()));
     let deployment = versioned_deployment_name("hello", &BuildId::new(&v4));
-    let mut v4_jobs: Vec<String> = jobs
-        .list(&ListParams::default())
-        .await
-        .expect("list Jobs")
-        .items
-        .into_iter()
-        .filter_map(|job| job.metadata.name)
+    let mut v4_jobs: Vec<String> = jobs_seen
+        .lock()
+        .expect("the Jobs seen")
+        .iter()
         .filter(|name| name.starts_with(&format!("{deployment}-replay-")))
+        .cloned()
         .collect();
     v4_jobs.sort_by_key(|name| name.ends_with("-1"));
     assert!(
