@@ -76,6 +76,9 @@ pub enum NotificationEvent {
     Drain,
     /// Deleting the worker deployment is blocked (Temporal cannot be cleaned up).
     DeletionBlocked,
+    /// The replay check of a new build (`spec.rollout.replayCheck`) decided: passed, found
+    /// histories that do not replay, or could not decide.
+    ReplayCheck,
 }
 
 impl NotificationEvent {
@@ -94,6 +97,7 @@ impl NotificationEvent {
             Self::ProgressDeadlineExceeded => "ProgressDeadlineExceeded",
             Self::Drain => "Drain",
             Self::DeletionBlocked => "DeletionBlocked",
+            Self::ReplayCheck => "ReplayCheck",
         }
     }
 
@@ -117,6 +121,9 @@ impl NotificationEvent {
             | "DrainMovedToCurrent"
             | "DrainFailed" => Self::Drain,
             "DeletionBlocked" => Self::DeletionBlocked,
+            "ReplayCheckPassed" | "ReplayCheckFailed" | "ReplayCheckInconclusive" => {
+                Self::ReplayCheck
+            }
             _ => return None,
         })
     }
@@ -144,6 +151,12 @@ mod tests {
             ("AnalysisFailed", Some(NotificationEvent::AnalysisFailed)),
             ("DrainFailed", Some(NotificationEvent::Drain)),
             ("DeletionBlocked", Some(NotificationEvent::DeletionBlocked)),
+            ("ReplayCheckPassed", Some(NotificationEvent::ReplayCheck)),
+            ("ReplayCheckFailed", Some(NotificationEvent::ReplayCheck)),
+            (
+                "ReplayCheckInconclusive",
+                Some(NotificationEvent::ReplayCheck),
+            ),
             ("Resumed", None),
             ("ScaledDown", None),
             ("GatePassed", None),

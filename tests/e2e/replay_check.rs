@@ -28,6 +28,7 @@ use crate::harness::twd::{
     apply, connection, get_twd, routing, target_build, wait_ready, wait_reason, worker,
 };
 use crate::harness::wait::wait_for;
+use crate::harness::webhook::{self, Receiver, notifications_of, url_secret, wait_delivered};
 use crate::harness::{env, kube_client, test_namespace};
 
 const ROLLOUT: Duration = Duration::from_secs(180);
@@ -74,8 +75,15 @@ async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_sa
     let ns = test_namespace(&client, "replay").await;
     let tq = format!("replay-{ns}");
     let deployment_name = format!("{ns}/hello");
+    // A webhook that wants only the replay check's notifications.
+    let receiver = Receiver::start().await;
+    apply(&url_secret(&ns, "hook", &receiver.url)).await;
+    let put = |mut manifest: Value| {
+        manifest["spec"]["notifications"] = notifications_of("ops", "hook", &["ReplayCheck"]);
+        async move { apply(&manifest).await }
+    };
     apply(&connection(&ns)).await;
-    apply(&checked_worker(&ns, "v1", &tq, &[])).await;
+    put(checked_worker(&ns, "v1", &tq, &[])).await;
     let v1 = target_build(&wait_ready(&client, &ns, "hello", ROLLOUT).await).expect("v1 build");
 
     // AutoUpgrade work of v1: two completed HelloWorlds, a Sleeper open mid-history (its timer
@@ -98,7 +106,7 @@ async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_sa
 
     // v2 reorders the commands of both workflow types: the check replays v1's histories with
     // v2's image and aborts it, routing untouched.
-    apply(&checked_worker(
+    put(checked_worker(
         &ns,
         "v2",
         &tq,
@@ -163,7 +171,7 @@ async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_sa
 
     // v3 changes only what an activity does: the same histories replay, it becomes Current
     // and the open AutoUpgrade workflows go on there.
-    apply(&checked_worker(
+    put(checked_worker(
         &ns,
         "v3",
         &tq,
@@ -209,7 +217,7 @@ async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_sa
     let mut v4 = checked_worker(&ns, "v4", &tq, &[]);
     v4["spec"]["rollout"]["replayCheck"] =
         json!({ "command": ["no-such-replayer"], "timeout": "10s" });
-    apply(&v4).await;
+    put(v4).await;
     let (_, _, message) = wait_reason(
         &client,
         &ns,
@@ -234,7 +242,7 @@ async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_sa
     // The check's command fixed (spec.rollout only: still build v4) and `retry` sent: the
     // check runs again as its next attempt (a second Job), passes, and v4 becomes Current.
     let held = target_build(&get_twd(&client, &ns, "hello").await.expect("the TWD")).expect("v4");
-    apply(&checked_worker(&ns, "v4", &tq, &[])).await;
+    put(checked_worker(&ns, "v4", &tq, &[])).await;
     send(Via::Cli, "retry", &ns, "hello").await;
     let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
     let v4 = target_build(&twd).expect("v4 build");
@@ -264,7 +272,7 @@ async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_sa
     wait_runs(&cluster, std::slice::from_ref(&on_v4), "COMPLETED", "v4").await;
     let mut v5 = checked_worker(&ns, "v5", &tq, &[("SAMPLE_NONDETERMINISTIC", "HelloWorld")]);
     v5["spec"]["rollout"]["replayCheck"]["dryRun"] = json!(true);
-    apply(&v5).await;
+    put(v5).await;
     let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
     let v5 = target_build(&twd).expect("v5 build");
     assert_ne!(v5, v4);
@@ -280,6 +288,21 @@ async fn a_non_deterministic_build_is_aborted_before_any_workflow_moves_and_a_sa
         Some(v5.as_str()),
         "a dry run holds nothing"
     );
+
+    // Every verdict was notified, in order, and nothing else (the target wants ReplayCheck).
+    let expected: Vec<(String, String)> = [
+        "ReplayCheckFailed",
+        "ReplayCheckFailed",
+        "ReplayCheckPassed",
+        "ReplayCheckInconclusive",
+        "ReplayCheckPassed",
+        "ReplayCheckFailed",
+    ]
+    .iter()
+    .map(|reason| ("ReplayCheck".to_owned(), (*reason).to_owned()))
+    .collect();
+    let delivered = wait_delivered(&receiver, expected.len(), ROLLOUT).await;
+    assert_eq!(webhook::events(&delivered), expected);
     let out = cluster
         .temporal(&["workflow", "terminate", "--workflow-id", &sleeper])
         .await;
