@@ -185,6 +185,12 @@ pub async fn start_on(
         "--dynamic-config-value",
         "system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute=2",
     ]);
+    // Matching's metrics without a series per worker deployment version (`worker_version`
+    // reads `__versioned__`): with a few hundred versions in the sandbox the metrics page grew
+    // to 36 MB, and the benchmark's once-a-second read of it cost the dev server and the
+    // benchmark most of a core, which the scenarios then measured as the controller's slowness.
+    // Temporal's own advice for a high version cardinality; nothing here reads those series.
+    command.args(["--dynamic-config-value", "metrics.breakdownByBuildID=false"]);
     // Activities scheduled by a workflow task come back in the answer to its completion, to
     // the worker that has a slot for them, instead of through a poll (off by default in the
     // server): the engine's first activity of a turn starts one round trip sooner.

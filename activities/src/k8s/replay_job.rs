@@ -3,11 +3,11 @@
 //!
 //! The Job is named after the versioned Deployment, the rollout's run and the check's attempt,
 //! so a retried activity (a controller killed while the Job runs) finds the Job it created
-//! instead of starting a second one. It is owned by the Deployment (retired with the build). Its pod runs
-//! the Deployment template's first container (sidecar containers would keep a Job from ever
-//! finishing; init containers are kept) with the check's `command`/`args`, the list of
-//! histories in `TWC_REPLAY_WORKFLOWS`, `TWC_REPLAY_REPORT_PATH=/dev/termination-log`, no
-//! probes, `restartPolicy: Never`, `backoffLimit: 0` and the check's timeout as
+//! instead of starting a second one. It is owned by the Deployment (retired with the build).
+//! Its pod runs the Deployment template's first container (sidecar containers would keep a
+//! Job from ever finishing; init containers are kept) with the check's `command`/`args`, the
+//! list of histories in `TWC_REPLAY_WORKFLOWS`, `TWC_REPLAY_REPORT_PATH=/dev/termination-log`,
+//! no probes, `restartPolicy: Never`, `backoffLimit: 0` and the check's timeout as
 //! `activeDeadlineSeconds`. The pod template's labels lose the Deployment's selector labels (its
 //! ReplicaSet must not count the Job's pod) and gain [`REPLAY_CHECK_LABEL`].
 
