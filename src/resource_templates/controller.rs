@@ -14,10 +14,12 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams,
+};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use twc_activities::k8s::conditions::merge_patch;
 use twc_activities::k8s::deployment_view::is_controlled_by;
@@ -172,11 +174,25 @@ async fn run_in(
     let by_deployment = store.clone();
     let by_wd = store.clone();
     let by_twd = store;
+    // The other objects are watched by their metadata alone: the mappers read names, labels
+    // and namespaces, and a full Deployment, TWD or WorkerDeployment (pod template, status) is
+    // many times larger to receive and decode, at every list and every status update.
+    let deployments = watcher::watcher(
+        scoped::<PartialObjectMeta<Deployment>>(&client, namespace),
+        watcher::Config::default().labels(labels::DEPLOYMENT_NAME),
+    );
+    let worker_deployments = watcher::watcher(
+        scoped::<PartialObjectMeta<WorkerDeployment>>(&client, namespace),
+        watcher::Config::default(),
+    );
+    let twds = watcher::watcher(
+        scoped::<PartialObjectMeta<TemporalWorkerDeployment>>(&client, namespace),
+        watcher::Config::default(),
+    );
     controller
-        .watches(
-            scoped::<Deployment>(&client, namespace),
-            watcher::Config::default().labels(labels::DEPLOYMENT_NAME),
-            move |deployment: Deployment| {
+        .watches_stream(
+            deployments.default_backoff().touched_objects(),
+            move |deployment: PartialObjectMeta<Deployment>| {
                 let label = deployment.labels().get(labels::DEPLOYMENT_NAME).cloned();
                 let namespace = deployment.namespace();
                 templates_of(&by_deployment, namespace.as_deref(), |worker| {
@@ -184,18 +200,16 @@ async fn run_in(
                 })
             },
         )
-        .watches(
-            scoped::<WorkerDeployment>(&client, namespace),
-            watcher::Config::default(),
-            move |worker: WorkerDeployment| {
+        .watches_stream(
+            worker_deployments.default_backoff().touched_objects(),
+            move |worker: PartialObjectMeta<WorkerDeployment>| {
                 let name = worker.name_any();
                 templates_of(&by_wd, worker.namespace().as_deref(), |w| w == name)
             },
         )
-        .watches(
-            scoped::<TemporalWorkerDeployment>(&client, namespace),
-            watcher::Config::default(),
-            move |worker: TemporalWorkerDeployment| {
+        .watches_stream(
+            twds.default_backoff().touched_objects(),
+            move |worker: PartialObjectMeta<TemporalWorkerDeployment>| {
                 let name = worker.name_any();
                 templates_of(&by_twd, worker.namespace().as_deref(), |w| w == name)
             },
