@@ -29,9 +29,7 @@ use tokio::time::Instant;
 /// Default reads per second per Temporal namespace (the server's default limit is 50/s).
 pub const DEFAULT_READ_RATE: f64 = 40.0;
 /// Default burst: reads allowed at once after an idle period. In any one second the bucket
-/// grants at most its rate plus its burst: 45 with the defaults, which leaves room under the
-/// server's 50 for a counting window a little longer than a second (with a burst of 10 the
-/// burst benchmark counted 51.1 reads in the controller's peak second).
+/// grants at most its rate plus its burst: 45 with the defaults, under the server's 50.
 pub const DEFAULT_READ_BURST: u32 = 5;
 // The defaults together stay under Temporal's limit in any second.
 const _: () = assert!(DEFAULT_READ_RATE as u32 + DEFAULT_READ_BURST <= 45);
