@@ -133,7 +133,8 @@ prometheus: $(PROMETHEUS) ## Unpack Debian's prometheus binary into .tools/bin (
 
 # The Go builds run side by side (make -j), so a machine with more cores overlaps their
 # downloads, compiles and links; on 2 cores they are CPU-bound and took 13 min from an empty Go
-# cache (2026-11-27), about what one after the other took. Beside them, mostly waiting on the
+# cache (2026-11-27), about what one after the other took, and 17.7 min with the module
+# downloads as well (2026-11-28, README). Beside them, mostly waiting on the
 # network and the disk: the Debian packages, one at a time (apt takes a lock), and the crates
 # the Rust build needs (`cargo fetch`), so neither waits for the Go builds on a fresh machine.
 .PHONY: tools
@@ -195,9 +196,9 @@ production-temporal: tools build ## The production-like Temporal (PostgreSQL, mT
 	TWC_SAMPLE_WORKER=$(BIN_DIR)/sample-worker $(CARGO) test --workspace --test production_temporal $(TEST_FEATURES)
 
 .PHONY: e2e
-# The upgrade test (tests/e2e/baseline_upgrade.rs) runs the last release's controller first: `baseline`
-# builds it before the tests start (a full dependency build into a target dir of its own the
-# first time, nothing once it is cached), and TWC_BASELINE_BIN names it.
+# The upgrade test (tests/e2e/baseline_upgrade.rs) runs the last release's controller first:
+# `baseline` builds it before the tests start (a full dependency build into a target dir of its
+# own the first time, nothing once it is cached), and TWC_BASELINE_BIN names it.
 e2e: tools build baseline ## End-to-end tests against a real Temporal dev server and kube-apiserver
 	$(CARGO) test --workspace --test e2e --no-run $(TEST_FEATURES)
 	baseline=$$(scripts/build-baseline.sh); \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds `twc` at the release the upgrade test starts from (tests/e2e/baseline_upgrade.rs) and prints the
-# binary's path on stdout (everything else goes to stderr).
+# Builds `twc` at the release the upgrade test starts from (tests/e2e/baseline_upgrade.rs) and
+# prints the binary's path on stdout (everything else goes to stderr).
 #
 # TWC_BASELINE_REF         the release: a tag, branch or commit of this clone (default v0.1.0)
 # TWC_BASELINE_TARGET_DIR  cargo's target dir for it (default ~/.cache/twc/baseline-target):
