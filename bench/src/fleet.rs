@@ -21,7 +21,7 @@ use crate::ledger::{
 };
 use crate::procstat::{self, MachineCpu};
 use crate::prom;
-use crate::sampler::{CallTime, Counters, Sampler, Tick, peak_rate, peak_rate_over, wait_quiet};
+use crate::sampler::{CallTime, Counters, Page, Sampler, Tick, peak_rate_over, wait_quiet};
 use crate::stats::Summary;
 
 /// Applies in flight at once.
@@ -50,7 +50,8 @@ pub struct Burst {
     pub peak_server_reads_per_s: f64,
     /// Worker-deployment reads the Temporal frontend served per second, over the whole burst.
     pub mean_server_reads_per_s: f64,
-    /// Highest worker-deployment read rate of the controller, per second.
+    /// Highest worker-deployment read rate of the controller, per second, over spans of at
+    /// least 1 s between readings of its pages (timed by their own arrival).
     pub peak_controller_reads_per_s: f64,
     /// Controller calls refused with ResourceExhausted during the burst (any cause).
     pub resource_exhausted_calls: f64,
@@ -597,13 +598,15 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
                 .map(|t| t.saturating_duration_since(started).as_secs_f64())
                 .collect::<Vec<_>>(),
         ),
-        peak_server_reads_per_s: peak_rate_over(&ticks, 10.0, |c| c.server_reads),
+        peak_server_reads_per_s: peak_rate_over(&ticks, 10.0, Page::Temporal, |c| c.server_reads),
         mean_server_reads_per_s: (after.server_reads - before.server_reads)
             / all_ready
                 .saturating_duration_since(started)
                 .as_secs_f64()
                 .max(1.0),
-        peak_controller_reads_per_s: peak_rate(&ticks, |c| c.controller_reads),
+        peak_controller_reads_per_s: peak_rate_over(&ticks, 1.0, Page::Controllers, |c| {
+            c.controller_reads
+        }),
         resource_exhausted_calls: after.controller_rate_limited - before.controller_rate_limited,
         busy_refusals: after.server_busy - before.server_busy,
         rate_limited_calls: after.server_rate_limited - before.server_rate_limited,

@@ -307,7 +307,7 @@ impl Results {
                 Unit::PerS,
             );
             row(
-                "Burst: peak worker-deployment reads of the controller",
+                "Burst: peak worker-deployment reads of the controller (spans of 1 s or more)",
                 Target::below(50.0),
                 one(b.peak_controller_reads_per_s).as_ref(),
                 Unit::PerS,
@@ -618,7 +618,9 @@ impl Results {
                 Unit::PerS,
             );
             row(
-                &format!("{what}: peak worker-deployment reads of the controllers together (1 s)"),
+                &format!(
+                    "{what}: peak worker-deployment reads of the controllers together (spans of 1 s or more)"
+                ),
                 Target::NONE,
                 one(b.peak_controller_reads_per_s).as_ref(),
                 Unit::PerS,

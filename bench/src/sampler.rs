@@ -54,13 +54,19 @@ pub struct MetricsPages {
 }
 
 impl MetricsPages {
-    /// Every controller's samples (one list: their counters add up) and Temporal's.
-    async fn read(&self) -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
+    /// Every controller's samples (one list: their counters add up) with the moment the last
+    /// of their pages arrived, and Temporal's samples. The pages are read side by side, and
+    /// Temporal's (megabytes) can arrive a second after the controllers' (kilobytes), so a rate
+    /// of the controllers' counters must be divided by the controllers' own times.
+    async fn read(&self) -> anyhow::Result<(Vec<Sample>, Instant, Vec<Sample>)> {
         let controllers = async {
             let pages = futures::future::try_join_all(self.controllers.iter().map(|u| scrape(u)));
-            Ok::<_, anyhow::Error>(pages.await?.concat())
+            let pages = pages.await?.concat();
+            Ok::<_, anyhow::Error>((pages, Instant::now()))
         };
-        tokio::try_join!(controllers, scrape(&self.temporal))
+        let ((controller, arrived), server) =
+            tokio::try_join!(controllers, scrape(&self.temporal))?;
+        Ok((controller, arrived, server))
     }
 }
 
@@ -68,13 +74,18 @@ impl Counters {
     /// Reads the controllers' and the Temporal server's pages; the controllers' counters are
     /// summed over the replicas.
     pub async fn read(pages: &MetricsPages) -> anyhow::Result<Self> {
-        let (controller, server) = pages.read().await?;
-        Ok(Self::from_pages(&controller, &server))
+        Ok(Self::read_stamped(pages).await?.0)
+    }
+
+    /// [`Counters::read`], with the moment the controllers' pages arrived.
+    async fn read_stamped(pages: &MetricsPages) -> anyhow::Result<(Self, Instant)> {
+        let (controller, arrived, server) = pages.read().await?;
+        Ok((Self::from_pages(&controller, &server), arrived))
     }
 
     /// The counters and Temporal's own time per call, from one reading of each page.
     pub async fn read_with_server_time(pages: &MetricsPages) -> anyhow::Result<(Self, ServerTime)> {
-        let (controller, server) = pages.read().await?;
+        let (controller, _, server) = pages.read().await?;
         Ok((
             Self::from_pages(&controller, &server),
             ServerTime::from_page(&server),
@@ -174,8 +185,12 @@ impl ServerTime {
 /// One sample.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Tick {
-    /// Seconds since sampling started.
+    /// Seconds since sampling started, when the tick's last page (Temporal's) had arrived: the
+    /// time of the Temporal server's counters.
     pub at_s: f64,
+    /// Seconds since sampling started, when the controllers' pages had arrived: the time of
+    /// their counters.
+    pub controller_at_s: f64,
     /// CPU seconds so far of the sandbox's own controller.
     pub controller_cpu_s: f64,
     /// Resident set of the sandbox's own controller, bytes.
@@ -211,11 +226,15 @@ impl Sampler {
                     .and_then(|f| std::fs::read_to_string(f).ok())
                     .and_then(|p| p.trim().parse().ok())
                     .and_then(procstat::sample);
-                let Ok(counters) = Counters::read(&pages).await else {
+                let Ok((counters, controllers_arrived)) = Counters::read_stamped(&pages).await
+                else {
                     continue;
                 };
                 ticks.push(Tick {
                     at_s: started.elapsed().as_secs_f64(),
+                    controller_at_s: controllers_arrived
+                        .saturating_duration_since(started)
+                        .as_secs_f64(),
                     controller_cpu_s: process.map_or(0.0, |p| p.cpu.as_secs_f64()),
                     controller_rss: process.map_or(0, |p| p.rss),
                     counters,
@@ -261,25 +280,46 @@ pub async fn wait_quiet(
     Ok(())
 }
 
-/// Highest per-second rate of a counter between consecutive samples.
-pub fn peak_rate(ticks: &[Tick], counter: impl Fn(&Counters) -> f64) -> f64 {
-    peak_rate_over(ticks, 0.0, counter)
+/// Whose page a counter was read from, and so which of a tick's times it belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Page {
+    /// The controllers' pages ([`Tick::controller_at_s`]).
+    Controllers,
+    /// Temporal's page ([`Tick::at_s`]).
+    Temporal,
+}
+
+impl Tick {
+    fn at(&self, page: Page) -> f64 {
+        match page {
+            Page::Controllers => self.controller_at_s,
+            Page::Temporal => self.at_s,
+        }
+    }
 }
 
 /// Highest rate of a counter, per second, over spans of at least `span_s` seconds (the
-/// shortest span of consecutive samples that long, from each sample). The Temporal server
-/// publishes its counters in batches, so its per-second differences overstate peaks; spans of
-/// 10 s smooth that out.
-pub fn peak_rate_over(ticks: &[Tick], span_s: f64, counter: impl Fn(&Counters) -> f64) -> f64 {
+/// shortest span of consecutive samples that long, from each sample), timed by the moments
+/// `page` was read. The Temporal server publishes its counters in batches, so its per-second
+/// differences overstate peaks; spans of 10 s smooth that out. A token bucket grants at most
+/// rate + burst in any span of a second, but more per second over shorter spans, so a peak
+/// second needs spans of at least 1 s.
+pub fn peak_rate_over(
+    ticks: &[Tick],
+    span_s: f64,
+    page: Page,
+    counter: impl Fn(&Counters) -> f64,
+) -> f64 {
     let mut peak: f64 = 0.0;
     for (i, start) in ticks.iter().enumerate() {
         let Some(end) = ticks[i + 1..]
             .iter()
-            .find(|t| t.at_s - start.at_s >= span_s && t.at_s > start.at_s)
+            .find(|t| t.at(page) - start.at(page) >= span_s && t.at(page) > start.at(page))
         else {
             break;
         };
-        let rate = (counter(&end.counters) - counter(&start.counters)) / (end.at_s - start.at_s);
+        let rate =
+            (counter(&end.counters) - counter(&start.counters)) / (end.at(page) - start.at(page));
         peak = peak.max(rate);
     }
     peak
@@ -292,6 +332,7 @@ mod tests {
     fn tick(at_s: f64, server_reads: f64) -> Tick {
         Tick {
             at_s,
+            controller_at_s: at_s,
             controller_cpu_s: 0.0,
             controller_rss: 0,
             counters: Counters {
@@ -309,10 +350,64 @@ mod tests {
             tick(2.0, 40.0),
             tick(4.0, 50.0),
         ];
-        assert_eq!(peak_rate(&ticks, |c| c.server_reads), 30.0);
-        assert_eq!(peak_rate(&ticks[..1], |c| c.server_reads), 0.0);
+        let reads = |c: &Counters| c.server_reads;
+        assert_eq!(peak_rate_over(&ticks, 0.0, Page::Temporal, reads), 30.0);
+        assert_eq!(peak_rate_over(&ticks[..1], 0.0, Page::Temporal, reads), 0.0);
         // Over 2 s spans: 0→2 s gives 20/s, 1→4 s gives 13.3/s, 2→4 s gives 5/s.
-        assert_eq!(peak_rate_over(&ticks, 2.0, |c| c.server_reads), 20.0);
+        assert_eq!(peak_rate_over(&ticks, 2.0, Page::Temporal, reads), 20.0);
+    }
+
+    /// The burst benchmark's case: the controller read 45 a second, its pages arrived once a
+    /// second, but Temporal's slow page finished its ticks 1.27 s and then 0.73 s apart. Timed
+    /// by the ticks' ends, the second interval came out at 61.6/s; timed by the controllers'
+    /// pages it is 45/s.
+    #[test]
+    fn controller_rates_are_timed_by_the_controllers_pages() {
+        let tick = |at_s: f64, controller_at_s: f64, controller_reads: f64| Tick {
+            at_s,
+            controller_at_s,
+            controller_rss: 0,
+            controller_cpu_s: 0.0,
+            counters: Counters {
+                controller_reads,
+                ..Counters::default()
+            },
+        };
+        let ticks = [
+            tick(0.30, 0.02, 0.0),
+            tick(1.57, 1.02, 45.0),
+            tick(2.30, 2.02, 90.0),
+            tick(3.31, 3.02, 135.0),
+        ];
+        let reads = |c: &Counters| c.controller_reads;
+        assert!(peak_rate_over(&ticks, 0.0, Page::Temporal, reads) > 61.0);
+        assert_eq!(peak_rate_over(&ticks, 1.0, Page::Controllers, reads), 45.0);
+    }
+
+    /// Over spans shorter than a second the bucket's burst shows as a higher rate; spans of at
+    /// least 1 s do not take them.
+    #[test]
+    fn a_one_second_span_skips_shorter_intervals() {
+        let tick = |controller_at_s: f64, controller_reads: f64| Tick {
+            at_s: controller_at_s,
+            controller_at_s,
+            controller_rss: 0,
+            controller_cpu_s: 0.0,
+            counters: Counters {
+                controller_reads,
+                ..Counters::default()
+            },
+        };
+        // 5 + 40 × 0.5 = 25 reads in half a second (50/s), then 20 in the next half.
+        let ticks = [
+            tick(0.0, 0.0),
+            tick(0.5, 25.0),
+            tick(1.0, 45.0),
+            tick(2.0, 85.0),
+        ];
+        let reads = |c: &Counters| c.controller_reads;
+        assert_eq!(peak_rate_over(&ticks, 0.0, Page::Controllers, reads), 50.0);
+        assert_eq!(peak_rate_over(&ticks, 1.0, Page::Controllers, reads), 45.0);
     }
 
     #[test]
