@@ -266,20 +266,12 @@ deploy-check: $(VENV)/$(PIP_TOOLS_STAMP) docker-lint ## Lint the Helm charts, bu
 	diff -r crds deploy/helm/twc-crds/files --exclude=Cargo.toml --exclude=src --exclude=testdata
 	$(KUBECTL) kustomize deploy/manifests > /dev/null
 
-# `make test` starts the Rust builds (the workspace, and the baseline in its own target dir) in
-# the same `make -j` as the tools: on a fresh machine the tools step waits on downloads and the
-# Go builds' links, and two cargo builds have stretches on one core (a large crate, a link), so
-# each takes CPU the others leave idle. cargo downloads the crates it needs itself.
-.PHONY: prepare
-prepare:
-	@$(MAKE) --no-print-directory -j8 system-tools fetch go-tools build baseline
-
 # The checks that need no server (lint, unit tests, deploy checks: ~7 min of CPU on their own)
 # run beside the end-to-end tests at the lowest CPU priority (scripts/beside.sh), in the share of
 # the CPUs the tests leave idle; their lines are prefixed with "[beside]". The test binary is
 # built before they start, so they never hold cargo's lock while it is needed.
 .PHONY: test
-test: prepare replay temporal-ops production-temporal e2e-build ## Install what is missing, build, lint, run unit and end-to-end tests
+test: tools build baseline replay temporal-ops production-temporal e2e-build ## Install what is missing, build, lint, run unit and end-to-end tests
 	@scripts/beside.sh "$(MAKE) --no-print-directory lint unit deploy-check" \
 		$(MAKE) --no-print-directory e2e-run
 
