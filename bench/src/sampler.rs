@@ -330,16 +330,9 @@ mod tests {
     use super::*;
 
     fn tick(at_s: f64, server_reads: f64) -> Tick {
-        Tick {
-            at_s,
-            controller_at_s: at_s,
-            controller_cpu_s: 0.0,
-            controller_rss: 0,
-            counters: Counters {
-                server_reads,
-                ..Counters::default()
-            },
-        }
+        let mut tick = controller_tick(at_s, at_s, 0.0);
+        tick.counters.server_reads = server_reads;
+        tick
     }
 
     #[test]
@@ -357,13 +350,9 @@ mod tests {
         assert_eq!(peak_rate_over(&ticks, 2.0, Page::Temporal, reads), 20.0);
     }
 
-    /// The burst benchmark's case: the controller read 45 a second, its pages arrived once a
-    /// second, but Temporal's slow page finished its ticks 1.27 s and then 0.73 s apart. Timed
-    /// by the ticks' ends, the second interval came out at 61.6/s; timed by the controllers'
-    /// pages it is 45/s.
-    #[test]
-    fn controller_rates_are_timed_by_the_controllers_pages() {
-        let tick = |at_s: f64, controller_at_s: f64, controller_reads: f64| Tick {
+    /// A tick whose Temporal page arrived at `at_s` and the controllers' at `controller_at_s`.
+    fn controller_tick(at_s: f64, controller_at_s: f64, controller_reads: f64) -> Tick {
+        Tick {
             at_s,
             controller_at_s,
             controller_rss: 0,
@@ -372,12 +361,20 @@ mod tests {
                 controller_reads,
                 ..Counters::default()
             },
-        };
+        }
+    }
+
+    /// The burst benchmark's case: the controller read 45 a second, its pages arrived once a
+    /// second, but Temporal's slow page finished its ticks 1.27 s and then 0.73 s apart. Timed
+    /// by the ticks' ends, the second interval came out at 61.6/s; timed by the controllers'
+    /// pages it is 45/s.
+    #[test]
+    fn controller_rates_are_timed_by_the_controllers_pages() {
         let ticks = [
-            tick(0.30, 0.02, 0.0),
-            tick(1.57, 1.02, 45.0),
-            tick(2.30, 2.02, 90.0),
-            tick(3.31, 3.02, 135.0),
+            controller_tick(0.30, 0.02, 0.0),
+            controller_tick(1.57, 1.02, 45.0),
+            controller_tick(2.30, 2.02, 90.0),
+            controller_tick(3.31, 3.02, 135.0),
         ];
         let reads = |c: &Counters| c.controller_reads;
         assert!(peak_rate_over(&ticks, 0.0, Page::Temporal, reads) > 61.0);
@@ -388,16 +385,7 @@ mod tests {
     /// least 1 s do not take them.
     #[test]
     fn a_one_second_span_skips_shorter_intervals() {
-        let tick = |controller_at_s: f64, controller_reads: f64| Tick {
-            at_s: controller_at_s,
-            controller_at_s,
-            controller_rss: 0,
-            controller_cpu_s: 0.0,
-            counters: Counters {
-                controller_reads,
-                ..Counters::default()
-            },
-        };
+        let tick = |at_s: f64, controller_reads: f64| controller_tick(at_s, at_s, controller_reads);
         // 5 + 40 × 0.5 = 25 reads in half a second (50/s), then 20 in the next half.
         let ticks = [
             tick(0.0, 0.0),
