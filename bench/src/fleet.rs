@@ -50,9 +50,14 @@ pub struct Burst {
     pub peak_server_reads_per_s: f64,
     /// Worker-deployment reads the Temporal frontend served per second, over the whole burst.
     pub mean_server_reads_per_s: f64,
-    /// Highest worker-deployment read rate of the controller, per second, over spans of at
-    /// least 1 s between readings of its pages (timed by their own arrival).
+    /// Highest rate of worker-deployment reads the controller sent (its read budget's grants),
+    /// per second, over spans of at least 1 s between readings of its pages (timed by their own
+    /// arrival): what reaches Temporal's per-namespace limit.
     pub peak_controller_reads_per_s: f64,
+    /// The same for its reads counted as their answers arrived (`twc_temporal_requests_total`):
+    /// answers that waited on a busy server arrive together, so this can exceed what was sent
+    /// in any second.
+    pub peak_controller_answered_reads_per_s: f64,
     /// Controller calls refused with ResourceExhausted during the burst (any cause).
     pub resource_exhausted_calls: f64,
     /// Calls the Temporal frontend refused because a worker deployment was busy applying a
@@ -605,6 +610,9 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
                 .as_secs_f64()
                 .max(1.0),
         peak_controller_reads_per_s: peak_rate_over(&ticks, 1.0, Page::Controllers, |c| {
+            c.controller_read_grants
+        }),
+        peak_controller_answered_reads_per_s: peak_rate_over(&ticks, 1.0, Page::Controllers, |c| {
             c.controller_reads
         }),
         resource_exhausted_calls: after.controller_rate_limited - before.controller_rate_limited,

@@ -307,9 +307,15 @@ impl Results {
                 Unit::PerS,
             );
             row(
-                "Burst: peak worker-deployment reads of the controller (spans of 1 s or more)",
+                "Burst: peak worker-deployment reads sent by the controller (its read budget's grants; spans of 1 s or more)",
                 Target::below(50.0),
                 one(b.peak_controller_reads_per_s).as_ref(),
+                Unit::PerS,
+            );
+            row(
+                "Burst: peak worker-deployment reads answered to the controller (counted as the answers arrive; spans of 1 s or more)",
+                Target::NONE,
+                one(b.peak_controller_answered_reads_per_s).as_ref(),
                 Unit::PerS,
             );
             row(
@@ -619,7 +625,7 @@ impl Results {
             );
             row(
                 &format!(
-                    "{what}: peak worker-deployment reads of the controllers together (spans of 1 s or more)"
+                    "{what}: peak worker-deployment reads sent by the controllers together (their read budgets' grants; spans of 1 s or more)"
                 ),
                 Target::NONE,
                 one(b.peak_controller_reads_per_s).as_ref(),

@@ -28,6 +28,10 @@ pub struct Counters {
     /// Worker-deployment reads the controller made (its `twc_temporal_requests_total`; every
     /// replica's together).
     pub controller_reads: f64,
+    /// Worker-deployment reads the controller's read budget let through, counted as they were
+    /// sent (its `twc_temporal_read_grants_total`; every replica's together). The reads above
+    /// are counted as their answers arrive, and answers slower than others bunch up.
+    pub controller_read_grants: f64,
     /// Controller Temporal calls refused with ResourceExhausted.
     pub controller_rate_limited: f64,
     /// Worker-deployment reads the Temporal frontend served (`service_requests`).
@@ -96,6 +100,9 @@ impl Counters {
         let is_read = |s: &Sample| s.label("operation").is_some_and(|op| READS.contains(&op));
         Self {
             controller_reads: prom::sum(controller, "twc_temporal_requests_total", is_read),
+            controller_read_grants: prom::sum(controller, "twc_temporal_read_grants_total", |_| {
+                true
+            }),
             controller_rate_limited: prom::sum(controller, "twc_temporal_requests_total", |s| {
                 s.label("outcome") == Some("resource_exhausted")
             }),
@@ -404,6 +411,7 @@ mod tests {
             "twc_temporal_requests_total{operation=\"DescribeWorkerDeployment\",outcome=\"success\"} 7\n\
              twc_temporal_requests_total{operation=\"DescribeWorkerDeployment\",outcome=\"resource_exhausted\"} 1\n\
              twc_temporal_requests_total{operation=\"SetWorkerDeploymentCurrentVersion\",outcome=\"success\"} 3\n\
+             twc_temporal_read_grants_total 10\n\
              twc_kubernetes_requests_total{verb=\"get\",resource=\"deployments\",outcome=\"success\"} 5\n",
         );
         let server = prom::parse(
@@ -418,11 +426,12 @@ mod tests {
         assert_eq!(
             (
                 c.controller_reads,
+                c.controller_read_grants,
                 c.controller_rate_limited,
                 c.server_reads,
                 c.controller_kube_requests
             ),
-            (8.0, 1.0, 9.0, 5.0)
+            (8.0, 10.0, 1.0, 9.0, 5.0)
         );
         assert_eq!((c.server_busy, c.server_rate_limited), (6.0, 2.0));
     }

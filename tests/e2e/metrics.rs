@@ -333,6 +333,7 @@ async fn rollout_metrics_move_with_real_rollouts() {
         "twc_ramp_percentage gauge",
         "twc_versions gauge",
         "twc_temporal_requests counter",
+        "twc_temporal_read_grants counter",
         "twc_kubernetes_requests counter",
         "twc_wait_for_pollers_seconds histogram",
         "twc_watcher_signals counter",
@@ -368,6 +369,21 @@ async fn rollout_metrics_move_with_real_rollouts() {
             r#"operation="SetWorkerDeploymentRampingVersion""#,
             r#"outcome="success""#,
         ],
+    );
+    // Every worker-deployment read is counted as granted when it is sent, before its answer is
+    // counted: the grants never trail the answered reads.
+    moved("twc_temporal_read_grants_total", &[]);
+    let answered_reads = [
+        r#"operation="DescribeWorkerDeployment""#,
+        r#"operation="DescribeWorkerDeploymentVersion""#,
+    ]
+    .iter()
+    .map(|op| after.sum("twc_temporal_requests_total", &[op]))
+    .sum::<f64>();
+    let grants = after.value("twc_temporal_read_grants_total");
+    assert!(
+        grants >= answered_reads,
+        "{grants} read grants, {answered_reads} worker-deployment reads answered"
     );
     moved(
         "twc_kubernetes_requests_total",

@@ -129,6 +129,7 @@ pub struct Metrics {
     ramp_percentage: Family<TwdLabels, Gauge<f64, AtomicU64>>,
     versions: Family<TwdLabels, Gauge>,
     temporal_requests: Family<TemporalLabels, Counter>,
+    read_grants: Counter,
     kubernetes_requests: Family<KubernetesLabels, Counter>,
     wait_for_pollers: Histograms<PollerWaitLabels>,
     watcher_signals: Family<SignalLabels, Counter>,
@@ -220,6 +221,12 @@ impl Metrics {
                 "twc_temporal_requests",
                 "Temporal API calls made by the controller (activities and watcher), by RPC and outcome (success or the gRPC status code)",
                 Family::default(),
+            ),
+            read_grants: registered(
+                &mut registry,
+                "twc_temporal_read_grants",
+                "Worker-deployment reads the read budget let through, counted as they are sent (twc_temporal_requests counts each once its answer arrives, so answers slower than others bunch up there)",
+                Counter::default(),
             ),
             kubernetes_requests: registered(
                 &mut registry,
@@ -378,6 +385,11 @@ impl Metrics {
                 outcome: outcome.to_owned(),
             })
             .inc();
+    }
+
+    /// Counts a worker-deployment read the read budget let through, as it is sent.
+    pub fn read_granted(&self) {
+        self.read_grants.inc();
     }
 
     /// Counts a Kubernetes API request.

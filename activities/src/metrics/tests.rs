@@ -194,6 +194,7 @@ fn with_samples() -> Metrics {
         )),
     );
     metrics.temporal_request("DescribeWorkerDeployment", "success");
+    metrics.read_granted();
     metrics.kubernetes_request("get", "deployments", "success");
     metrics.waited_for_pollers(Duration::from_millis(700), true);
     metrics.watcher_signal("spec_changed", true);
@@ -216,7 +217,7 @@ const STEP_LE: [&str; 13] = [
 #[test]
 fn every_family_is_exposed_with_its_type_labels_and_buckets() {
     // (family, type, label names, buckets of a histogram)
-    let expected: [(&str, &str, &[&str], &[&str]); 15] = [
+    let expected: [(&str, &str, &[&str], &[&str]); 16] = [
         ("twc_build_info", "gauge", &["version"], &[]),
         ("twc_controller_replicas", "gauge", &[], &[]),
         ("twc_rollouts_started", "counter", &["strategy"], &[]),
@@ -259,6 +260,7 @@ fn every_family_is_exposed_with_its_type_labels_and_buckets() {
             &["operation", "outcome"],
             &[],
         ),
+        ("twc_temporal_read_grants", "counter", &[], &[]),
         (
             "twc_kubernetes_requests",
             "counter",

@@ -337,10 +337,13 @@ impl TemporalClient {
         &self.identity
     }
 
-    /// Waits for a token of the namespace's worker-deployment read budget. Every read of this
-    /// module calls it; call it before other worker-deployment reads too (e.g. DescribeTaskQueue).
+    /// Waits for a token of the namespace's worker-deployment read budget, and counts the read
+    /// as sent (`twc_temporal_read_grants_total`). Every read of this module calls it right
+    /// before its call; call it before other worker-deployment reads too (e.g.
+    /// DescribeTaskQueue).
     pub async fn acquire_read(&self) {
         self.budget.acquire().await;
+        self.metrics.read_granted();
     }
 
     /// Awaits one `WorkflowService` call and counts it in `twc_temporal_requests_total` under
