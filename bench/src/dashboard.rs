@@ -83,13 +83,19 @@ const STAMP_ROWS: &str = r#"
 })();
 "#;
 
-/// Resolves with the page's clock (Unix ms) when the row of `arguments[0]` shows a target build
-/// starting with `arguments[1]`.
+/// Resolves with the page's clock (Unix ms) when the row of `arguments[0]` shows a build
+/// starting with `arguments[1]` as its target, or already as its current build: the overview
+/// hides the target once it is Current, and a page that re-reads the rows (after a reconnection
+/// or a `reload`) while an AllAtOnce rollout promotes fast sees only that. Waiting for the target
+/// cell alone, the 2026-11-28 run's script timed out at update 8.
 const WAIT_FOR_TARGET: &str = r#"
 const key = arguments[0], prefix = arguments[1], done = arguments[arguments.length - 1];
 const shows = () => {
-  const cell = document.querySelector('tr[data-key="' + CSS.escape(key) + '"] td.target');
-  return !!cell && cell.textContent.startsWith(prefix);
+  const row = 'tr[data-key="' + CSS.escape(key) + '"] ';
+  return [row + 'td.target', row + 'td.current'].some((cell) => {
+    const found = document.querySelector(cell);
+    return !!found && found.textContent.startsWith(prefix);
+  });
 };
 if (shows()) { done(Date.now()); return; }
 const observer = new MutationObserver(() => { if (shows()) { observer.disconnect(); done(Date.now()); } });
