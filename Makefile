@@ -269,8 +269,9 @@ deploy-check: $(VENV)/$(PIP_TOOLS_STAMP) docker-lint ## Lint the Helm charts, bu
 # The checks that need no server (lint, unit tests, deploy checks: ~7 min on their own from
 # empty caches) run beside the end-to-end tests at the lowest CPU priority (scripts/beside.sh),
 # in the share of the CPUs the tests leave idle; their lines are prefixed with "[beside]". With
-# warm caches they end before the tests; from empty caches they ran ~2 min past them once and ended before them once (README). The test binary is
-# built before they start, so they never hold cargo's lock while it is needed.
+# warm caches they end before the tests; from empty caches they ran ~2 min past them once and
+# ended before them once (README). The test binary is built before they start, so they never
+# hold cargo's lock while it is needed.
 .PHONY: test
 test: tools build baseline replay temporal-ops production-temporal e2e-build ## Install what is missing, build, lint, run unit and end-to-end tests
 	@scripts/beside.sh "$(MAKE) --no-print-directory lint unit deploy-check" \
