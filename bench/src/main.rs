@@ -447,7 +447,10 @@ fn save(results: &mut Results, options: &Options) -> anyhow::Result<()> {
 fn context(options: &Options) -> RunContext {
     let mut command = String::from("make bench");
     for (key, value) in std::env::vars() {
-        if key.starts_with("BENCH_") && key != "BENCH_SERVERS" {
+        // The sandbox's extra dynamic config changes the server measured: the table says so.
+        if (key.starts_with("BENCH_") && key != "BENCH_SERVERS")
+            || key == "TWC_SANDBOX_TEMPORAL_DYNAMIC_CONFIG"
+        {
             command.push_str(&format!(" {key}={value}"));
         }
     }

@@ -46,6 +46,17 @@ struct Common {
     /// authorization; `make temporal-server postgres`) and run the controller's engine on it.
     #[arg(long)]
     production_temporal: bool,
+    /// More dynamic config for the Temporal dev server, `key=value` (repeatable; in the
+    /// environment variable, entries separated by spaces), given after the sandbox's own: e.g.
+    /// `matching.deploymentWorkflowVersion=2` for routing changes that return before they
+    /// reach every task queue.
+    #[arg(
+        long = "temporal-dynamic-config",
+        env = "TWC_SANDBOX_TEMPORAL_DYNAMIC_CONFIG",
+        value_delimiter = ' ',
+        value_parser = twc_sandbox::temporal::parse_dynamic_config
+    )]
+    temporal_dynamic_config: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -265,6 +276,7 @@ fn options(common: &Common, ui: bool, fast_drainage: bool) -> anyhow::Result<San
         repo_dir: absolute(&common.repo_dir)?,
         ui,
         fast_drainage,
+        temporal_dynamic_config: common.temporal_dynamic_config.clone(),
         controller: !common.no_controller && own_dir()?.join("twc").exists(),
         controller_bin: None,
     })

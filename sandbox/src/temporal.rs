@@ -30,6 +30,9 @@ pub struct TemporalOptions {
     pub ui: bool,
     /// Refresh drainage status every second and forget stopped pollers after 5 s (tests).
     pub fast_drainage: bool,
+    /// More dynamic config, `key=value` each, given to the dev server after the sandbox's own
+    /// (a later value of a key wins); see [`parse_dynamic_config`].
+    pub dynamic_config: Vec<String>,
 }
 
 /// The loopback ports of a dev server; a restart reuses them so clients reconnect.
@@ -103,6 +106,28 @@ pub enum TemporalError {
 const PORT_ATTEMPTS: usize = 3;
 
 /// Whether the dev server's log says one of its ports was taken.
+/// Checks one `--temporal-dynamic-config` entry: `key=value`, the key a dynamic config name
+/// (letters, digits, `.` and `_`), the value non-empty; the value is passed as written (the dev
+/// server reads it as YAML: `2`, `true`, `"1s"`).
+pub fn parse_dynamic_config(entry: &str) -> Result<String, String> {
+    let Some((key, value)) = entry.split_once('=') else {
+        return Err(format!("`{entry}` is not key=value"));
+    };
+    if key.is_empty()
+        || !key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '_')
+    {
+        return Err(format!(
+            "`{key}` is not a dynamic config name (letters, digits, `.` and `_`)"
+        ));
+    }
+    if value.trim().is_empty() {
+        return Err(format!("`{key}` has no value"));
+    }
+    Ok(entry.to_owned())
+}
+
 fn port_was_taken(log: &Path) -> bool {
     std::fs::read_to_string(log).is_ok_and(|l| l.contains("address already in use"))
 }
@@ -198,6 +223,9 @@ pub async fn start_on(
         "--dynamic-config-value",
         "system.enableActivityEagerExecution=true",
     ]);
+    for entry in &options.dynamic_config {
+        command.args(["--dynamic-config-value", entry]);
+    }
     for (name, kind) in SEARCH_ATTRIBUTES {
         command.args(["--search-attribute", &format!("{name}={kind}")]);
     }
@@ -253,4 +281,29 @@ async fn wait_healthy(cli: &Path, address: &str, log: &Path) -> Result<(), Tempo
         log: log.to_owned(),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_dynamic_config;
+
+    #[test]
+    fn dynamic_config_entries() {
+        for (entry, accepted) in [
+            ("matching.deploymentWorkflowVersion=2", true),
+            ("matching.PollerHistoryTTL=\"5s\"", true),
+            ("system.enableActivityEagerExecution=true", true),
+            ("matching.deploymentWorkflowVersion", false),
+            ("=2", false),
+            ("matching deploymentWorkflowVersion=2", false),
+            ("matching.deploymentWorkflowVersion=", false),
+            ("matching.deploymentWorkflowVersion= ", false),
+        ] {
+            let parsed = parse_dynamic_config(entry);
+            assert_eq!(parsed.is_ok(), accepted, "{entry}: {parsed:?}");
+            if accepted {
+                assert_eq!(parsed.as_deref(), Ok(entry));
+            }
+        }
+    }
 }

@@ -44,6 +44,9 @@ pub struct SandboxOptions {
     pub ui: bool,
     /// Make drainage status refresh every second.
     pub fast_drainage: bool,
+    /// More dynamic config for the Temporal dev server, `key=value` each
+    /// (`--temporal-dynamic-config`).
+    pub temporal_dynamic_config: Vec<String>,
     /// Start the controller (`twc run`).
     pub controller: bool,
     /// The controller's binary; None: `<bin_dir>/twc` (e.g. an older release's build, for an
@@ -108,6 +111,7 @@ impl Sandbox {
             log: logs_dir.join("temporal.log"),
             ui: options.ui,
             fast_drainage: options.fast_drainage,
+            dynamic_config: options.temporal_dynamic_config.clone(),
         };
         let apiserver_dir = options.state_dir.join("apiserver");
         let apiserver_log = logs_dir.join("apiserver.log");
@@ -139,6 +143,7 @@ impl Sandbox {
             temporal_ui_url: temporal.ui_url.clone(),
             temporal_metrics_url: temporal.metrics_url.clone(),
             temporal_pid_file: Some(temporal_pid_file),
+            temporal_dynamic_config: options.temporal_dynamic_config.clone(),
             kubeconfig: apiserver.kubeconfig.clone(),
             logs_dir,
             pods_dir,

@@ -4,6 +4,7 @@
 mod harness;
 
 mod analysis;
+mod async_routing;
 mod autoscaling;
 mod availability;
 // libtest starts the tests in the order of their names. The upgrade test is among the longest of

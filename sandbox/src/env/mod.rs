@@ -26,6 +26,10 @@ pub struct SandboxEnv {
     /// restarts it), for measuring its CPU.
     #[serde(default)]
     pub temporal_pid_file: Option<PathBuf>,
+    /// The dynamic config given to the dev server beyond the sandbox's own
+    /// (`--temporal-dynamic-config`), so sandboxes a test starts of its own can run the same.
+    #[serde(default)]
+    pub temporal_dynamic_config: Vec<String>,
     /// Admin kubeconfig of the kube-apiserver.
     pub kubeconfig: PathBuf,
     /// Folder with the server logs.

@@ -432,6 +432,16 @@ impl Private {
     /// [`Self::start`] with the controller run from `controller_bin` (None: the build under
     /// test's `twc`), e.g. an older release's build.
     pub async fn start_with_controller(name: &str, controller_bin: Option<PathBuf>) -> Self {
+        Self::start_with(name, controller_bin, &[]).await
+    }
+
+    /// [`Self::start_with_controller`] with more dynamic config for its Temporal dev server
+    /// (`key=value` each, after the shared sandbox's own).
+    pub async fn start_with(
+        name: &str,
+        controller_bin: Option<PathBuf>,
+        temporal_dynamic_config: &[&str],
+    ) -> Self {
         let shared = env();
         let base = shared
             .logs_dir
@@ -451,6 +461,12 @@ impl Private {
             repo_dir,
             ui: false,
             fast_drainage: true,
+            temporal_dynamic_config: shared
+                .temporal_dynamic_config
+                .iter()
+                .cloned()
+                .chain(temporal_dynamic_config.iter().map(|e| (*e).to_owned()))
+                .collect(),
             controller: true,
             controller_bin,
         };
