@@ -7,7 +7,9 @@
 # CLI, SAMPLE_WORKER the worker).
 MODE=$1; P=$2; D=${TMPDIR:-/tmp}/cli-set-current-settled-$MODE; rm -rf $D; mkdir -p $D
 T=${TEMPORAL:-.tools/venv/bin/temporal}
-$T server start-dev --headless --port $P --http-port $((P+1)) --metrics-port $((P+2)) --db-filename $D/db --sqlite-pragma journal_mode=wal --sqlite-pragma synchronous=normal --dynamic-config-value matching.deploymentWorkflowVersion=$MODE > $D/server.log 2>&1 &
+# EXTRA_DC: more dynamic config, key=value entries separated by spaces.
+extra=(); for kv in $EXTRA_DC; do extra+=(--dynamic-config-value "$kv"); done
+$T server start-dev --headless --port $P --http-port $((P+1)) --metrics-port $((P+2)) --db-filename $D/db --sqlite-pragma journal_mode=wal --sqlite-pragma synchronous=normal --dynamic-config-value matching.deploymentWorkflowVersion=$MODE "${extra[@]}" > $D/server.log 2>&1 &
 for i in $(seq 1 60); do $T operator namespace describe default --address 127.0.0.1:$P >/dev/null 2>&1 && break; sleep 0.5; done
 for b in b1 b2; do
   TEMPORAL_ADDRESS=127.0.0.1:$P TEMPORAL_DEPLOYMENT_NAME=exp TEMPORAL_WORKER_BUILD_ID=$b ${SAMPLE_WORKER:-target/release/sample-worker} > $D/w-$b.log 2>&1 &

@@ -30,8 +30,8 @@ pub struct TemporalOptions {
     pub ui: bool,
     /// Refresh drainage status every second and forget stopped pollers after 5 s (tests).
     pub fast_drainage: bool,
-    /// More dynamic config, `key=value` each, given to the dev server after the sandbox's own
-    /// (a later value of a key wins); see [`parse_dynamic_config`].
+    /// More dynamic config, `key=value` each, given to the dev server after the sandbox's own;
+    /// see [`parse_dynamic_config`].
     pub dynamic_config: Vec<String>,
 }
 
@@ -105,7 +105,6 @@ pub enum TemporalError {
 /// Attempts of [`start`] when the ports it picked were taken in the meantime.
 const PORT_ATTEMPTS: usize = 3;
 
-/// Whether the dev server's log says one of its ports was taken.
 /// Checks one `--temporal-dynamic-config` entry: `key=value`, the key a dynamic config name
 /// (letters, digits, `.` and `_`), the value non-empty; the value is passed as written (the dev
 /// server reads it as YAML: `2`, `true`, `"1s"`).
@@ -128,6 +127,7 @@ pub fn parse_dynamic_config(entry: &str) -> Result<String, String> {
     Ok(entry.to_owned())
 }
 
+/// Whether the dev server's log says one of its ports was taken.
 fn port_was_taken(log: &Path) -> bool {
     std::fs::read_to_string(log).is_ok_and(|l| l.contains("address already in use"))
 }
