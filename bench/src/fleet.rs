@@ -21,7 +21,7 @@ use crate::ledger::{
 };
 use crate::procstat::{self, MachineCpu};
 use crate::prom;
-use crate::sampler::{CallTime, Counters, Page, Sampler, Tick, peak_rate_over, wait_quiet};
+use crate::sampler::{CallTime, Counters, Page, Reads, Sampler, Tick, peak_rate_over, wait_quiet};
 use crate::stats::Summary;
 
 /// Applies in flight at once.
@@ -549,7 +549,12 @@ pub async fn burst(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::
         .iter()
         .map(|n| (n.clone(), "burst-".to_owned()))
         .collect();
-    let sampler = Sampler::start(cluster, Duration::from_secs(1));
+    // Temporal's counters are judged over 10 s spans (`peak_server_reads_per_s`).
+    let sampler = Sampler::start(
+        cluster,
+        Duration::from_secs(1),
+        Reads::Counters { temporal_every: 5 },
+    );
     let (before, server_time_before) =
         Counters::read_with_server_time(&cluster.metrics_pages()).await?;
     let cpu_before = controller_cpu(cluster)?;
@@ -696,7 +701,8 @@ pub async fn idle(
     );
 
     let minute = Duration::from_secs(60).min(window);
-    let sampler = Sampler::start(cluster, Duration::from_secs(1));
+    // The ticks give the resident set; the counters come from the snapshots, once a minute.
+    let sampler = Sampler::start(cluster, Duration::from_secs(1), Reads::ProcessOnly);
     let window_from = SystemTime::now();
     let mut snapshots = vec![Snapshot::take(cluster).await?];
     let started = Instant::now();

@@ -63,14 +63,15 @@ impl MetricsPages {
     /// Temporal's (megabytes) can arrive a second after the controllers' (kilobytes), so a rate
     /// of the controllers' counters must be divided by the controllers' own times.
     async fn read(&self) -> anyhow::Result<(Vec<Sample>, Instant, Vec<Sample>)> {
-        let controllers = async {
-            let pages = futures::future::try_join_all(self.controllers.iter().map(|u| scrape(u)));
-            let pages = pages.await?.concat();
-            Ok::<_, anyhow::Error>((pages, Instant::now()))
-        };
         let ((controller, arrived), server) =
-            tokio::try_join!(controllers, scrape(&self.temporal))?;
+            tokio::try_join!(self.read_controllers(), scrape(&self.temporal))?;
         Ok((controller, arrived, server))
+    }
+
+    /// Every controller's samples, with the moment the last of their pages arrived.
+    async fn read_controllers(&self) -> anyhow::Result<(Vec<Sample>, Instant)> {
+        let pages = futures::future::try_join_all(self.controllers.iter().map(|u| scrape(u)));
+        Ok((pages.await?.concat(), Instant::now()))
     }
 }
 
@@ -85,6 +86,23 @@ impl Counters {
     async fn read_stamped(pages: &MetricsPages) -> anyhow::Result<(Self, Instant)> {
         let (controller, arrived, server) = pages.read().await?;
         Ok((Self::from_pages(&controller, &server), arrived))
+    }
+
+    /// The controllers' counters alone (the Temporal server's are left at 0): Temporal's page
+    /// is megabytes, and the server spends CPU on every reading of it.
+    pub async fn read_controllers(pages: &MetricsPages) -> anyhow::Result<(Self, Instant)> {
+        let (controller, arrived) = pages.read_controllers().await?;
+        Ok((Self::from_pages(&controller, &[]), arrived))
+    }
+
+    /// These counters with the Temporal server's taken from `server` (read earlier).
+    fn with_server_of(self, server: &Self) -> Self {
+        Self {
+            server_reads: server.server_reads,
+            server_busy: server.server_busy,
+            server_rate_limited: server.server_rate_limited,
+            ..self
+        }
     }
 
     /// The counters and Temporal's own time per call, from one reading of each page.
@@ -192,8 +210,9 @@ impl ServerTime {
 /// One sample.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Tick {
-    /// Seconds since sampling started, when the tick's last page (Temporal's) had arrived: the
-    /// time of the Temporal server's counters.
+    /// Seconds since sampling started, when the Temporal page the tick's server counters come
+    /// from had arrived (an earlier tick's, when this one did not read it): the time of the
+    /// Temporal server's counters.
     pub at_s: f64,
     /// Seconds since sampling started, when the controllers' pages had arrived: the time of
     /// their counters.
@@ -206,6 +225,20 @@ pub struct Tick {
     pub counters: Counters,
 }
 
+/// What a sampler reads at each tick beside the controller process's CPU and RSS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reads {
+    /// Nothing more: the ticks' counters stay at 0.
+    ProcessOnly,
+    /// The controllers' pages at every tick, Temporal's at the first tick and then every
+    /// `temporal_every` ticks. Temporal's page is megabytes once a burst has created its task
+    /// queues, and the dev server spends CPU on each reading, CPU the scenario measures.
+    Counters {
+        /// Ticks from one reading of Temporal's page to the next (0: only the first tick reads it).
+        temporal_every: u32,
+    },
+}
+
 /// A running sampler.
 pub struct Sampler {
     stop: oneshot::Sender<()>,
@@ -214,13 +247,17 @@ pub struct Sampler {
 
 impl Sampler {
     /// Samples every `interval` until [`Sampler::finish`].
-    pub fn start(cluster: &Cluster, interval: Duration) -> Self {
+    pub fn start(cluster: &Cluster, interval: Duration, reads: Reads) -> Self {
         let (stop, mut stopped) = oneshot::channel();
         let pid_file = cluster.env.controller_pid_file.clone();
         let pages = cluster.metrics_pages();
         let task = tokio::spawn(async move {
             let started = Instant::now();
+            let since_start = |at: Instant| at.saturating_duration_since(started).as_secs_f64();
             let mut ticks = Vec::new();
+            // The last reading of Temporal's page and when it arrived.
+            let mut server: Option<(Counters, f64)> = None;
+            let mut tick_count: u32 = 0;
             let mut timer = tokio::time::interval(interval);
             timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             loop {
@@ -233,15 +270,38 @@ impl Sampler {
                     .and_then(|f| std::fs::read_to_string(f).ok())
                     .and_then(|p| p.trim().parse().ok())
                     .and_then(procstat::sample);
-                let Ok((counters, controllers_arrived)) = Counters::read_stamped(&pages).await
-                else {
-                    continue;
+                let (counters, at_s, controller_at_s) = match reads {
+                    Reads::ProcessOnly => {
+                        let now = since_start(Instant::now());
+                        (Counters::default(), now, now)
+                    }
+                    Reads::Counters { temporal_every } => {
+                        let due = tick_count.is_multiple_of(temporal_every);
+                        tick_count = tick_count.wrapping_add(1);
+                        match server {
+                            Some((last, at_s)) if !due => {
+                                let Ok((counters, arrived)) =
+                                    Counters::read_controllers(&pages).await
+                                else {
+                                    continue;
+                                };
+                                (counters.with_server_of(&last), at_s, since_start(arrived))
+                            }
+                            _ => {
+                                let Ok((counters, arrived)) = Counters::read_stamped(&pages).await
+                                else {
+                                    continue;
+                                };
+                                let at_s = since_start(Instant::now());
+                                server = Some((counters, at_s));
+                                (counters, at_s, since_start(arrived))
+                            }
+                        }
+                    }
                 };
                 ticks.push(Tick {
-                    at_s: started.elapsed().as_secs_f64(),
-                    controller_at_s: controllers_arrived
-                        .saturating_duration_since(started)
-                        .as_secs_f64(),
+                    at_s,
+                    controller_at_s,
                     controller_cpu_s: process.map_or(0.0, |p| p.cpu.as_secs_f64()),
                     controller_rss: process.map_or(0, |p| p.rss),
                     counters,
@@ -267,10 +327,12 @@ pub async fn wait_quiet(
     quiet_for: Duration,
     max: Duration,
 ) -> anyhow::Result<()> {
-    let activity = |c: Counters| (c.controller_kube_requests, c.controller_reads);
+    // The controllers' pages only: this polls four times a second, and Temporal's counters
+    // say nothing about the controller being quiet.
+    let activity = |(c, _): (Counters, Instant)| (c.controller_kube_requests, c.controller_reads);
     let deadline = Instant::now() + max;
     let pages = cluster.metrics_pages();
-    let mut last = activity(Counters::read(&pages).await?);
+    let mut last = activity(Counters::read_controllers(&pages).await?);
     let mut since = Instant::now();
     while since.elapsed() < quiet_for {
         if Instant::now() > deadline {
@@ -278,7 +340,7 @@ pub async fn wait_quiet(
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let now = activity(Counters::read(&pages).await?);
+        let now = activity(Counters::read_controllers(&pages).await?);
         if now != last {
             last = now;
             since = Instant::now();
@@ -403,6 +465,63 @@ mod tests {
         let reads = |c: &Counters| c.controller_reads;
         assert_eq!(peak_rate_over(&ticks, 0.0, Page::Controllers, reads), 50.0);
         assert_eq!(peak_rate_over(&ticks, 1.0, Page::Controllers, reads), 45.0);
+    }
+
+    /// Temporal's page read every 5 ticks: the ticks in between repeat its last counters and
+    /// their time, and the peak over 10 s spans is that of the readings alone.
+    #[test]
+    fn repeated_temporal_readings_do_not_change_the_peak() {
+        // Readings at 0, 5, 10, 15, 20 s: 0, 50, 400, 450, 500 reads.
+        let readings = [
+            (0.0, 0.0),
+            (5.0, 50.0),
+            (10.0, 400.0),
+            (15.0, 450.0),
+            (20.0, 500.0),
+        ];
+        let sparse: Vec<Tick> = readings.iter().map(|&(at, n)| tick(at, n)).collect();
+        let every_second: Vec<Tick> = (0..=20)
+            .map(|second| {
+                let (at, n) = readings[second / 5];
+                let mut t = tick(at, n);
+                t.controller_at_s = second as f64;
+                t
+            })
+            .collect();
+        let reads = |c: &Counters| c.server_reads;
+        // 0 → 10 s: 40/s; 5 → 15 s: 40/s; 10 → 20 s: 10/s.
+        assert_eq!(peak_rate_over(&sparse, 10.0, Page::Temporal, reads), 40.0);
+        assert_eq!(
+            peak_rate_over(&every_second, 10.0, Page::Temporal, reads),
+            40.0
+        );
+    }
+
+    #[test]
+    fn the_server_counters_of_an_earlier_reading_keep_the_controllers() {
+        let now = Counters {
+            controller_reads: 8.0,
+            controller_kube_requests: 3.0,
+            ..Counters::default()
+        };
+        let earlier = Counters {
+            controller_reads: 1.0,
+            server_reads: 9.0,
+            server_busy: 2.0,
+            server_rate_limited: 1.0,
+            ..Counters::default()
+        };
+        let merged = now.with_server_of(&earlier);
+        assert_eq!(
+            (
+                merged.controller_reads,
+                merged.controller_kube_requests,
+                merged.server_reads,
+                merged.server_busy,
+                merged.server_rate_limited
+            ),
+            (8.0, 3.0, 9.0, 2.0, 1.0)
+        );
     }
 
     #[test]
