@@ -19,6 +19,11 @@ pub(crate) const PATCH_CANCEL_BEATEN_TIMERS: &str = "cancel-beaten-timers";
 /// arrive in the same workflow task as the start's result, and are handed over first) instead
 /// of dropping them (since v0.1.0; see `CHANGELOG.md`).
 pub(crate) const PATCH_KEEP_EARLY_REPORTS: &str = "keep-early-reports";
+/// The `twd` workflow notes when it started a rollout, and its status names that rollout
+/// (workflow ID, start) and shows it waiting for pollers until its first report, instead of
+/// deriving a `WaitingForPromotion` from a build Temporal already holds (since v0.1.0; see
+/// `CHANGELOG.md`).
+pub(crate) const PATCH_SHOW_STARTING_ROLLOUT: &str = "show-starting-rollout";
 
 /// Waits for `future` (a timer or an activity) unless `woken` comes to hold first; then the
 /// future is cancelled when `cancel` says so, and `None` is returned.

@@ -22,15 +22,29 @@ use crate::plan::conditions::{ConditionView, rollout_conditions};
 use crate::plan::drain;
 use crate::plan::sunset::{SunsetMemory, eligible_for_deletion};
 
+/// A rollout the TWD workflow started, known before it reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StartedRollout<'a> {
+    /// Its build.
+    pub build_id: &'a str,
+    /// Its workflow ID.
+    pub workflow_id: &'a str,
+    /// When its start was recorded.
+    pub started_at: UnixMillis,
+}
+
 /// Builds the full status to write. Condition times are filled by the status writer.
 ///
 /// Conditions carry `now` as `lastTransitionTime`; the status writer keeps the previous time
 /// when a condition's status did not change. While Temporal cannot be read, every version is
 /// shown `NotRegistered`, there is no `currentVersion`, and both conditions say why
-/// (`TemporalStateFetchFailed` or the connection reason).
+/// (`TemporalStateFetchFailed` or the connection reason). A rollout of the target that was
+/// `started` and has not reported yet is named by its workflow ID and start, and shown
+/// waiting for pollers (its first step), whatever state Temporal holds its build in.
 pub fn project(
     observation: &Observation,
     report: Option<&RolloutReport>,
+    started: Option<StartedRollout<'_>>,
     generation: i64,
     now: UnixMillis,
 ) -> TemporalWorkerDeploymentStatus {
@@ -44,6 +58,7 @@ pub fn project(
     let temporal = observation.temporal.as_ref().ok();
     let target = spec.target_build_id.as_str();
     let report = report.filter(|r| r.build_id == target);
+    let started = started.filter(|s| s.build_id == target && report.is_none());
     let routing = Routing::of(temporal);
     let versions = Versions {
         observation,
@@ -63,12 +78,18 @@ pub fn project(
         status.version_conflict_token = non_empty(&t.conflict_token);
     }
 
-    let (progress, blocked) = effective_progress(observation, report, versions.state(target));
+    let (progress, blocked) =
+        effective_progress(observation, report, started, versions.state(target));
     status.conditions = rollout_conditions(target, progress, blocked.as_ref())
         .into_iter()
         .map(|c| condition(c, generation, now))
         .collect();
-    status.rollout = Some(rollout_status(report, progress, blocked.as_ref(), now));
+    let mut rollout = rollout_status(report, progress, blocked.as_ref(), now);
+    if let Some(started) = started {
+        rollout.workflow_id = Some(started.workflow_id.to_owned());
+        rollout.started_at = Some(time(started.started_at));
+    }
+    status.rollout = Some(rollout);
     status
 }
 
@@ -209,10 +230,12 @@ fn deprecated_versions(versions: &Versions<'_>, target: &str) -> Vec<DeprecatedV
     by_build.into_values().collect()
 }
 
-/// The progress to show: the report's, unless the observation knows better.
+/// The progress to show: the report's, unless the observation knows better; a rollout
+/// `started` and not reported yet is waiting for pollers.
 fn effective_progress(
     observation: &Observation,
     report: Option<&RolloutReport>,
+    started: Option<StartedRollout<'_>>,
     target_state: VersionState,
 ) -> (RolloutProgress, Option<Blocked>) {
     if let Some(spec) = observation.spec.as_ref().filter(|s| !s.invalid.is_empty()) {
@@ -236,6 +259,7 @@ fn effective_progress(
         }
         _ if target_state == VersionState::Current => (RolloutProgress::Complete, None),
         Some(r) if r.progress != RolloutProgress::Complete => (r.progress, r.blocked.clone()),
+        None if started.is_some() => (RolloutProgress::WaitingForPollers, None),
         // No report yet, or one that says Complete while Temporal no longer agrees.
         _ => (progress_from_state(target_state), None),
     }
@@ -544,6 +568,7 @@ mod tests {
         let status = project(
             &mid_rollout(),
             Some(&report(RolloutProgress::Ramping)),
+            None,
             3,
             NOW,
         );
@@ -584,6 +609,7 @@ mod tests {
         let status = project(
             &mid_rollout(),
             Some(&report(RolloutProgress::Ramping)),
+            None,
             3,
             NOW,
         );
@@ -631,7 +657,7 @@ mod tests {
             .iter_mut()
             .filter(|d| d.build_id == RETIRED)
             .for_each(|d| d.status_replicas = 1);
-        let status = project(&obs, None, 3, NOW);
+        let status = project(&obs, None, None, 3, NOW);
         assert!(
             status
                 .deprecated_versions
@@ -648,7 +674,7 @@ mod tests {
             temporal.versions.retain(|v| v.build_id != NEW);
             temporal.ramping_build_id = None;
         }
-        let target = project(&obs, None, 3, NOW)
+        let target = project(&obs, None, None, 3, NOW)
             .target_version
             .expect("target version");
         assert_eq!(target.version.status, VersionState::NotRegistered);
@@ -665,7 +691,7 @@ mod tests {
             .iter_mut()
             .filter(|d| d.build_id == NEW)
             .for_each(|d| d.available = false);
-        let target = project(&obs, None, 3, NOW)
+        let target = project(&obs, None, None, 3, NOW)
             .target_version
             .expect("target version");
         assert_eq!(target.version.healthy_since, None);
@@ -801,7 +827,7 @@ mod tests {
             ),
         ];
         for (name, obs, report, expected, phase) in cases {
-            let status = project(&obs, report.as_ref(), 3, NOW);
+            let status = project(&obs, report.as_ref(), None, 3, NOW);
             assert_eq!(reasons(&status), expected, "{name}");
             assert_eq!(status.rollout.and_then(|r| r.phase), Some(phase), "{name}");
         }
@@ -826,8 +852,104 @@ mod tests {
     }
 
     #[test]
+    fn a_started_rollout_is_named_and_waits_for_pollers_until_it_reports() {
+        let workflow = format!("rollout/demo/hello/{NEW}");
+        let started = |build| StartedRollout {
+            build_id: build,
+            workflow_id: &workflow,
+            started_at: secs(300),
+        };
+        let with_target = |state: VersionState| {
+            let mut obs = mid_rollout();
+            if let Ok(t) = obs.temporal.as_mut() {
+                t.ramping_build_id = None;
+                t.versions.retain(|v| v.build_id != NEW);
+                match state {
+                    VersionState::Current => t.current_build_id = Some(NEW.into()),
+                    VersionState::NotRegistered => {}
+                    state => t.versions.push(version(NEW, state)),
+                }
+            }
+            obs
+        };
+        // (case, target's state in Temporal, report, started rollout) -> what is shown:
+        // (Ready reason, rollout.workflowID, rollout.startedAt)
+        type Shown<'a> = (&'a str, Option<&'a str>, Option<UnixMillis>);
+        type Case<'a> = (
+            &'a str,
+            VersionState,
+            Option<RolloutReport>,
+            Option<StartedRollout<'a>>,
+            Shown<'a>,
+        );
+        let cases: Vec<Case<'_>> = vec![
+            (
+                "registered before the rollout reported: not yet waiting for promotion",
+                VersionState::Inactive,
+                None,
+                Some(started(NEW)),
+                ("WaitingForPollers", Some(&workflow), Some(secs(300))),
+            ),
+            (
+                "not registered, started",
+                VersionState::NotRegistered,
+                None,
+                Some(started(NEW)),
+                ("WaitingForPollers", Some(&workflow), Some(secs(300))),
+            ),
+            (
+                "a drained build rolled out again",
+                VersionState::Drained,
+                None,
+                Some(started(NEW)),
+                ("WaitingForPollers", Some(&workflow), Some(secs(300))),
+            ),
+            (
+                "already Current: complete",
+                VersionState::Current,
+                None,
+                Some(started(NEW)),
+                ("RolloutComplete", Some(&workflow), Some(secs(300))),
+            ),
+            (
+                "its first report takes over, with the rollout's own start",
+                VersionState::Inactive,
+                Some(report(RolloutProgress::WaitingForPromotion)),
+                Some(started(NEW)),
+                ("WaitingForPromotion", Some(&workflow), Some(secs(90))),
+            ),
+            (
+                "a rollout of another build is not the target's",
+                VersionState::Inactive,
+                None,
+                Some(started("v9-other")),
+                ("WaitingForPromotion", None, None),
+            ),
+            (
+                "no start known (histories before show-starting-rollout)",
+                VersionState::Inactive,
+                None,
+                None,
+                ("WaitingForPromotion", None, None),
+            ),
+        ];
+        for (name, state, report, started, (reason, workflow_id, started_at)) in cases {
+            let status = project(&with_target(state), report.as_ref(), started, 3, NOW);
+            let ready = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .map(|c| c.reason.as_str());
+            assert_eq!(ready, Some(reason), "{name}");
+            let rollout = status.rollout.expect("rollout");
+            assert_eq!(rollout.workflow_id.as_deref(), workflow_id, "{name}");
+            assert_eq!(rollout.started_at, started_at.map(t), "{name}");
+        }
+    }
+
+    #[test]
     fn conditions_carry_generation_and_now() {
-        let status = project(&mid_rollout(), None, 9, NOW);
+        let status = project(&mid_rollout(), None, None, 9, NOW);
         assert_eq!(status.conditions.len(), 2);
         for c in &status.conditions {
             assert_eq!(c.observed_generation, Some(9));
@@ -845,7 +967,7 @@ mod tests {
     fn rollout_links_the_workflow_and_says_where_it_is() {
         let mut paused = report(RolloutProgress::Paused);
         paused.step = Some(2);
-        let rollout = project(&mid_rollout(), Some(&paused), 3, NOW)
+        let rollout = project(&mid_rollout(), Some(&paused), None, 3, NOW)
             .rollout
             .expect("rollout");
         assert_eq!(
@@ -869,7 +991,7 @@ mod tests {
             }),
             ..report(RolloutProgress::Blocked)
         };
-        let rollout = project(&mid_rollout(), Some(&blocked), 3, NOW)
+        let rollout = project(&mid_rollout(), Some(&blocked), None, 3, NOW)
             .rollout
             .expect("rollout");
         assert_eq!(rollout.message.as_deref(), Some("deadline"));
@@ -883,7 +1005,7 @@ mod tests {
             reason: BlockReason::AuthSecretInvalid,
             message: "secret missing".into(),
         });
-        let status = project(&obs, None, 3, NOW);
+        let status = project(&obs, None, None, 3, NOW);
         assert_eq!(
             status.target_version.as_ref().map(|t| t.version.status),
             Some(VersionState::NotRegistered)
@@ -898,7 +1020,7 @@ mod tests {
         let mut obs = mid_rollout();
         obs.spec = None;
         assert_eq!(
-            project(&obs, None, 3, NOW),
+            project(&obs, None, None, 3, NOW),
             TemporalWorkerDeploymentStatus {
                 observed_generation: Some(3),
                 ..Default::default()

@@ -95,6 +95,10 @@ pub struct ActiveRollout {
     /// Spec generation it was started for.
     #[serde(default)]
     pub started_generation: Option<i64>,
+    /// When its start was recorded (workflow time), under `show-starting-rollout`: until its
+    /// first report the status names it by this and its workflow ID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<UnixMillis>,
 }
 
 /// What survives a continue-as-new.
@@ -757,13 +761,15 @@ impl TwdState {
     /// `None` when it was already running) was started: it is the one in flight, and its
     /// reports (whose sequence starts over) are shown from its first on, including
     /// (`keep_early`) those of that run that arrived since [`launching`](Self::launching),
-    /// before its start was recorded.
+    /// before its start was recorded. `at` (under `show-starting-rollout`) is when: the status
+    /// names the rollout from then on, not only from its first report.
     pub fn started(
         &mut self,
         spec: &SpecSignal,
         workflow_id: String,
         run_id: Option<&str>,
         keep_early: bool,
+        at: Option<UnixMillis>,
     ) {
         let early = std::mem::take(&mut self.early_reports);
         self.launching = None;
@@ -784,6 +790,7 @@ impl TwdState {
             workflow_id,
             notified_generation: spec.generation,
             started_generation: Some(spec.generation),
+            started_at: at,
         });
         self.routing_shown = 0;
     }
@@ -860,9 +867,17 @@ impl TwdState {
         now: UnixMillis,
     ) -> TemporalWorkerDeploymentStatus {
         let observation = &shown.observation;
+        let starting = self.active.as_ref().and_then(|active| {
+            Some(status::StartedRollout {
+                build_id: &active.build_id,
+                workflow_id: &active.workflow_id,
+                started_at: active.started_at?,
+            })
+        });
         let projected = status::project(
             observation,
             self.last_report.as_ref(),
+            starting,
             shown.generation,
             now,
         );

@@ -24,8 +24,8 @@ use crate::rollout_workflow::{
     RolloutInput, RolloutWorkflow, SA_BUILD_ID, SA_NAME, SA_NAMESPACE, SA_OUTCOME,
 };
 use crate::support::{
-    self, PATCH_KEEP_EARLY_REPORTS, now_millis, run_activity, run_local_activity, short_options,
-    with_summary,
+    self, PATCH_KEEP_EARLY_REPORTS, PATCH_SHOW_STARTING_ROLLOUT, now_millis, run_activity,
+    run_local_activity, short_options, with_summary,
 };
 
 /// Runs `turn`; returns when to look again.
@@ -297,9 +297,12 @@ async fn launch(
     }
     let run_id = started.as_ref().ok().map(|child| child.run_id.clone());
     let keep_early = ctx.patched(PATCH_KEEP_EARLY_REPORTS);
+    let at = ctx
+        .patched(PATCH_SHOW_STARTING_ROLLOUT)
+        .then(|| now_millis(ctx));
     ctx.state_mut(|s| {
         s.state
-            .started(spec, workflow_id, run_id.as_deref(), keep_early)
+            .started(spec, workflow_id, run_id.as_deref(), keep_early, at)
     });
 }
 

@@ -57,6 +57,7 @@ fn rolling() -> TwdState {
             workflow_id: "r2".to_owned(),
             notified_generation: 3,
             started_generation: Some(3),
+            started_at: None,
         }),
         last_report: Some(report("r2", NEW, RolloutProgress::WaitingForPollers)),
         reasserted_at: Some(0),
@@ -765,7 +766,7 @@ fn a_started_rollout_is_the_one_in_flight_and_its_reports_are_shown_from_the_fir
     let mut state = rolling();
     state.routing_shown = 7;
     let spec = signal(5, "v3-cccccccccc");
-    state.started(&spec, "r3".to_owned(), Some("run"), true);
+    state.started(&spec, "r3".to_owned(), Some("run"), true, None);
     assert_eq!(
         state.active,
         Some(ActiveRollout {
@@ -773,6 +774,7 @@ fn a_started_rollout_is_the_one_in_flight_and_its_reports_are_shown_from_the_fir
             workflow_id: "r3".to_owned(),
             notified_generation: 5,
             started_generation: Some(5),
+            started_at: None,
         })
     );
     assert_eq!((state.last_report.clone(), state.routing_shown), (None, 0));
@@ -927,7 +929,7 @@ fn reports_of_a_rollout_arriving_before_its_start_is_recorded_are_shown_once_it_
             );
             assert_eq!(unpatched(&state), unpatched(&reference), "{case}");
         }
-        state.started(&v3, "r3".to_owned(), run_id, patched);
+        state.started(&v3, "r3".to_owned(), run_id, patched, None);
         assert_eq!(state.last_report, shown, "{case}");
         assert_eq!(state.launching, None, "{case}");
         assert!(state.early_reports.is_empty(), "{case}");
@@ -936,7 +938,7 @@ fn reports_of_a_rollout_arriving_before_its_start_is_recorded_are_shown_once_it_
     let mut state = rolling();
     state.receive_report(complete.clone());
     state.launching("r3");
-    state.started(&v3, "r3".to_owned(), Some("new"), true);
+    state.started(&v3, "r3".to_owned(), Some("new"), true, None);
     assert_eq!(
         state.last_report, None,
         "a report received before the launch is not shown"
@@ -1243,6 +1245,70 @@ fn a_reading_of_a_newer_spec_is_taken_and_acted_on_at_once() {
             "{case}"
         );
     }
+}
+
+/// The status written between a rollout's start and its first report (the metrics count a
+/// rollout by the workflow a status names): under `show-starting-rollout` it names the rollout
+/// and shows it waiting for pollers, even when Temporal already holds its build (registered
+/// by pods that came up first); without the patch it showed no workflow and a
+/// `WaitingForPromotion` derived from that build's state.
+#[test]
+fn a_rollout_started_and_not_reported_is_named_and_waits_for_pollers() {
+    let mut temporal = temporal_with_old_current();
+    temporal.versions.push(version(NEW, VersionState::Inactive));
+    let shown = Shown::of(
+        observation(
+            spec(RolloutStrategy::Manual),
+            vec![deployment(OLD), deployment(NEW)],
+            temporal,
+        ),
+        3,
+    );
+    let shows = |state: &TwdState| {
+        let status = state.status(&shown, "hello", 900);
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+        let rollout = status.rollout.unwrap_or_default();
+        (
+            ready.map(|c| c.reason.clone()).unwrap_or_default(),
+            rollout.workflow_id,
+            rollout.started_at.map(|t| t.0.as_millisecond()),
+        )
+    };
+    let started = |at| {
+        let mut state = rolling();
+        state.launching("r2");
+        state.started(&signal(3, NEW), "r2".to_owned(), Some("run"), true, at);
+        state
+    };
+
+    let mut patched = started(Some(800));
+    assert_eq!(
+        shows(&patched),
+        (
+            "WaitingForPollers".to_owned(),
+            Some("r2".to_owned()),
+            Some(800)
+        )
+    );
+    let first = RolloutReport {
+        started_at: 810,
+        ..report("r2", NEW, RolloutProgress::WaitingForPromotion)
+    };
+    assert!(patched.receive_report(first));
+    assert_eq!(
+        shows(&patched),
+        (
+            "WaitingForPromotion".to_owned(),
+            Some("r2".to_owned()),
+            Some(810)
+        ),
+        "its first report takes over"
+    );
+    assert_eq!(
+        shows(&started(None)),
+        ("WaitingForPromotion".to_owned(), None, None),
+        "a history before the patch shows what it showed"
+    );
 }
 
 #[test]
