@@ -105,8 +105,19 @@ pub(crate) async fn latest_run(cluster: &Cluster, id: &str) -> Result<(String, S
 
 /// Waits until the latest run of each of `ids` is `status` on a build starting with `tag-`.
 pub(crate) async fn wait_runs(cluster: &Cluster, ids: &[String], status: &str, tag: &str) {
+    wait_runs_within(cluster, ids, status, tag, DRAIN).await;
+}
+
+/// [`wait_runs`] with a deadline of the caller's.
+pub(crate) async fn wait_runs_within(
+    cluster: &Cluster,
+    ids: &[String],
+    status: &str,
+    tag: &str,
+    deadline: Duration,
+) {
     let prefix = format!("{tag}-");
-    wait_for(&format!("{ids:?} {status} on {tag}"), DRAIN, || async {
+    wait_for(&format!("{ids:?} {status} on {tag}"), deadline, || async {
         let mut seen = Vec::new();
         for id in ids {
             let (s, build) = latest_run(cluster, id).await?;
