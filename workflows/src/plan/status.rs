@@ -84,12 +84,13 @@ pub fn project(
         .into_iter()
         .map(|c| condition(c, generation, now))
         .collect();
-    let mut rollout = rollout_status(report, progress, blocked.as_ref(), now);
-    if let Some(started) = started {
-        rollout.workflow_id = Some(started.workflow_id.to_owned());
-        rollout.started_at = Some(time(started.started_at));
-    }
-    status.rollout = Some(rollout);
+    status.rollout = Some(rollout_status(
+        report,
+        started,
+        progress,
+        blocked.as_ref(),
+        now,
+    ));
     status
 }
 
@@ -276,8 +277,11 @@ fn progress_from_state(state: VersionState) -> RolloutProgress {
     }
 }
 
+/// `status.rollout`: the target's rollout as its last `report` tells it or, before its first
+/// report, as the TWD workflow `started` it (its workflow ID and start only).
 fn rollout_status(
     report: Option<&RolloutReport>,
+    started: Option<StartedRollout<'_>>,
     progress: RolloutProgress,
     blocked: Option<&Blocked>,
     now: UnixMillis,
@@ -299,7 +303,9 @@ fn rollout_status(
         _ => report_message,
     };
     RolloutStatus {
-        workflow_id: report.map(|r| r.workflow_id.clone()),
+        workflow_id: report
+            .map(|r| r.workflow_id.clone())
+            .or_else(|| started.map(|s| s.workflow_id.to_owned())),
         run_id: report.map(|r| r.run_id.clone()),
         phase: Some(phase),
         step: report
@@ -307,7 +313,10 @@ fn rollout_status(
             .map(|s| i32::try_from(s).unwrap_or(i32::MAX)),
         paused: progress == RolloutProgress::Paused,
         message,
-        started_at: report.map(|r| time(r.started_at)),
+        started_at: report
+            .map(|r| r.started_at)
+            .or_else(|| started.map(|s| s.started_at))
+            .map(time),
         updated_at: Some(time(now)),
         analysis: report.map(|r| r.analysis.clone()).unwrap_or_default(),
     }
