@@ -575,11 +575,18 @@ async fn rollouts_of_a_twd_are_listed_by_a_visibility_query() {
     })
     .await;
     assert!(!listed.contains("gate/"), "only rollouts: {listed}");
-    let complete = list_workflows(&format!("{query} AND TwcOutcome='Complete'")).await;
-    assert!(
-        complete.contains(&v1) && complete.contains(&v2),
-        "{complete}"
-    );
+    // A rollout records its outcome as it ends, which can be after the TWD shows it Ready,
+    // and the visibility store indexes it moments later: wait for both.
+    let complete_query = format!("{query} AND TwcOutcome='Complete'");
+    wait_for("both rollouts are listed Complete", ROLLOUT, || async {
+        let complete = list_workflows(&complete_query).await;
+        if complete.contains(&v1) && complete.contains(&v2) {
+            Ok(())
+        } else {
+            Err(complete)
+        }
+    })
+    .await;
 
     // `twc status` shows the same history, with Web UI links.
     let out = twc(&[
