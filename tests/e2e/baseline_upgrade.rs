@@ -40,15 +40,17 @@ const DRAINED: &str = "drained";
 const ANALYSED: &str = "analysed";
 const SCENARIOS: [&str; 4] = [HELD, MANUAL, DRAINED, ANALYSED];
 
-/// The held step's pause, and the analysed step's: each outlasts getting every scenario into
-/// its state plus the controller swap (at most 10 s to stop). That took tens of seconds on an
-/// idle machine and over 75 s on a loaded 2-core one (a CI run of 2026-11-29, where the
-/// analysed step of 75 s ended during the swap and was never measured by the build under
-/// test), hence 150 s.
-const HELD_STEP: &str = "150s";
-const ANALYSED_STEP: &str = "150s";
+/// The held step's pause, the analysed step's, and the drain's cancel: each outlasts getting
+/// every scenario into its state plus the controller swap (at most 10 s to stop). That took tens
+/// of seconds on an idle machine, over 75 s on a loaded 2-core one (a CI run of 2026-11-29, where
+/// an analysed step of 75 s ended during the swap), and 155 s from empty caches, with clippy and
+/// the unit tests compiling cold beside the tests (2026-11-29, where a held step of 150 s ended
+/// before the swap); hence 300 s. The test prints when each scenario reached its state.
+const LASTING: Duration = Duration::from_secs(300);
+const HELD_STEP: &str = "300s";
+const ANALYSED_STEP: &str = "300s";
 /// The drain: signalled at once, cancelled well after the swap (the same margin).
-const DRAIN: &str = r#"{ "signalAfter": "2s", "cancelAfter": "150s" }"#;
+const DRAIN: &str = r#"{ "signalAfter": "2s", "cancelAfter": "300s" }"#;
 /// Every wait's deadline. Generous: on a loaded 2-core machine the debug controllers' workflow
 /// tasks have outrun Temporal's 10 s task timeout and a retried task waited 41 s for a poller
 /// (a CI run of 2026-11-29), so a rollout or the drain's cancel step can take minutes there;
@@ -105,7 +107,7 @@ fn manifest(ns: &str, name: &str, tag: &str) -> Value {
         _ => {
             let steps = json!([{ "rampPercentage": 50, "pauseDuration": ANALYSED_STEP }]);
             let analysis = json!({ "checks": [ {
-                "name": "failures", "interval": "5s", "inconclusiveLimit": 40,
+                "name": "failures", "interval": "5s", "inconclusiveLimit": 80,
                 "temporal": { "maxFailurePercent": 50, "minSamples": 3 }
             } ] });
             return analysed_worker(ns, name, tag, &tq, 0, steps, Some(analysis));
@@ -150,11 +152,34 @@ async fn rollouts_the_last_release_left_held_complete_once_under_this_build() {
     for name in SCENARIOS {
         cluster.apply(&manifest(&ns, name, "v2")).await;
     }
+    let applied = std::time::Instant::now();
+    let reached = |name: &str| {
+        eprintln!(
+            "{ns}/{name} in its state {:.1}s after v2 was applied",
+            applied.elapsed().as_secs_f64()
+        );
+    };
     let (held, manual, drained, analysed) = tokio::join!(
-        held_in_its_step(cluster, &ns),
-        waiting_for_promotion(cluster, &ns),
-        drain_signalled(cluster, &ns, &stubborn),
-        analysis_measured(cluster, &ns),
+        async {
+            let build = held_in_its_step(cluster, &ns).await;
+            reached(HELD);
+            build
+        },
+        async {
+            let build = waiting_for_promotion(cluster, &ns).await;
+            reached(MANUAL);
+            build
+        },
+        async {
+            let build = drain_signalled(cluster, &ns, &stubborn).await;
+            reached(DRAINED);
+            build
+        },
+        async {
+            let build = analysis_measured(cluster, &ns).await;
+            reached(ANALYSED);
+            build
+        },
     );
     wait_runs_within(
         cluster,
@@ -174,18 +199,21 @@ async fn rollouts_the_last_release_left_held_complete_once_under_this_build() {
     eprintln!("controller replaced by the build under test between {stopping} and {started}");
 
     // 3. Everything completes, unless the build under test cannot run the release's workflows.
+    // The held step, the analysed step and the drain's cancel have up to LASTING still to run.
     let complete = async {
         cluster.control(&ns, MANUAL, "promote").await;
         let analysed_ready = async {
-            cluster.wait_ready(&ns, ANALYSED, "v2", ROLLOUT).await;
+            cluster
+                .wait_ready(&ns, ANALYSED, "v2", LASTING + ROLLOUT)
+                .await;
             drop(analysed_load);
         };
         tokio::join!(
-            cluster.wait_ready(&ns, HELD, "v2", ROLLOUT),
+            cluster.wait_ready(&ns, HELD, "v2", LASTING + ROLLOUT),
             cluster.wait_ready(&ns, MANUAL, "v2", ROLLOUT),
             cluster.wait_ready(&ns, DRAINED, "v2", ROLLOUT),
             analysed_ready,
-            wait_runs_within(cluster, &stubborn, "CANCELED", "v1", ROLLOUT),
+            wait_runs_within(cluster, &stubborn, "CANCELED", "v1", LASTING + ROLLOUT),
         );
     };
     tokio::select! {
