@@ -47,10 +47,11 @@ const SCENARIOS: [&str; 4] = [HELD, MANUAL, DRAINED, ANALYSED];
 /// the unit tests compiling cold beside the tests (2026-11-29, where a held step of 150 s ended
 /// before the swap); hence 300 s. The test prints when each scenario reached its state.
 const LASTING: Duration = Duration::from_secs(300);
-const HELD_STEP: &str = "300s";
-const ANALYSED_STEP: &str = "300s";
-/// The drain: signalled at once, cancelled well after the swap (the same margin).
-const DRAIN: &str = r#"{ "signalAfter": "2s", "cancelAfter": "300s" }"#;
+
+/// [`LASTING`] as a duration of the spec (the held step's and the analysed step's pause).
+fn lasting() -> String {
+    format!("{}s", LASTING.as_secs())
+}
 /// Every wait's deadline. Generous: on a loaded 2-core machine the debug controllers' workflow
 /// tasks have outrun Temporal's 10 s task timeout and a retried task waited 41 s for a poller
 /// (a CI run of 2026-11-29), so a rollout or the drain's cancel step can take minutes there;
@@ -93,7 +94,7 @@ fn manifest(ns: &str, name: &str, tag: &str) -> Value {
             name,
             tag,
             json!({ "strategy": "Progressive", "gate": gate, "steps": [
-                { "rampPercentage": 25, "pauseDuration": HELD_STEP },
+                { "rampPercentage": 25, "pauseDuration": lasting() },
                 { "rampPercentage": 50, "pauseDuration": "3s" }
             ] }),
         ),
@@ -101,11 +102,12 @@ fn manifest(ns: &str, name: &str, tag: &str) -> Value {
         MANUAL if tag == "v1" => worker(ns, name, tag, json!({ "strategy": "AllAtOnce" })),
         MANUAL => worker(ns, name, tag, json!({ "strategy": "Manual", "gate": gate })),
         DRAINED => {
-            let drain = serde_json::from_str(DRAIN).unwrap_or_else(|e| panic!("{DRAIN}: {e}"));
+            // Signalled at once, cancelled well after the swap.
+            let drain = json!({ "signalAfter": "2s", "cancelAfter": lasting() });
             return drained_worker(ns, name, tag, &tq, drain);
         }
         _ => {
-            let steps = json!([{ "rampPercentage": 50, "pauseDuration": ANALYSED_STEP }]);
+            let steps = json!([{ "rampPercentage": 50, "pauseDuration": lasting() }]);
             let analysis = json!({ "checks": [ {
                 "name": "failures", "interval": "5s", "inconclusiveLimit": 80,
                 "temporal": { "maxFailurePercent": 50, "minSamples": 3 }
@@ -347,7 +349,7 @@ async fn drain_signalled(cluster: &Cluster, ns: &str, stubborn: &[String]) -> St
                     );
                     assert_eq!(
                         cancels, 0,
-                        "{id} cancelled before the upgrade: lengthen DRAIN"
+                        "{id} cancelled before the upgrade: lengthen LASTING"
                     );
                     if signals != 1 || !signalled {
                         return Err(format!("{id}: {signals} drain signals; event {signalled}"));
