@@ -14,7 +14,7 @@
 //! histories for failed workflow tasks and stops with them.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use k8s_openapi::jiff::Timestamp;
@@ -48,6 +48,9 @@ const SCENARIOS: [&str; 4] = [HELD, MANUAL, DRAINED, ANALYSED];
 /// before the swap); hence 300 s. The test prints when each scenario reached its state.
 const LASTING: Duration = Duration::from_secs(300);
 
+/// The analysed step's measurement interval.
+const MEASURED_EVERY: Duration = Duration::from_secs(5);
+
 /// [`LASTING`] as a duration of the spec (the held step's and the analysed step's pause).
 fn lasting() -> String {
     format!("{}s", LASTING.as_secs())
@@ -57,6 +60,9 @@ fn lasting() -> String {
 /// (a CI run of 2026-11-29), so a rollout or the drain's cancel step can take minutes there;
 /// what the test asserts is that each completes, once.
 const ROLLOUT: Duration = Duration::from_secs(300);
+/// The most the controller swap takes: the release gets 10 s to stop (SIGKILL after), the
+/// build under test starts in a few more. Checked against what is left of [`LASTING`].
+const SWAP: Duration = Duration::from_secs(30);
 /// How often the histories are read for failed workflow tasks while the rollouts complete.
 const TASK_FAILURE_SCAN: Duration = Duration::from_secs(5);
 
@@ -108,8 +114,12 @@ fn manifest(ns: &str, name: &str, tag: &str) -> Value {
         }
         _ => {
             let steps = json!([{ "rampPercentage": 50, "pauseDuration": lasting() }]);
+            // Inconclusive measurements (too few samples) never end the step early: the limit
+            // is twice the measurements the step has time for.
+            let every = MEASURED_EVERY.as_secs();
             let analysis = json!({ "checks": [ {
-                "name": "failures", "interval": "5s", "inconclusiveLimit": 80,
+                "name": "failures", "interval": format!("{every}s"),
+                "inconclusiveLimit": 2 * LASTING.as_secs() / every,
                 "temporal": { "maxFailurePercent": 50, "minSamples": 3 }
             } ] });
             return analysed_worker(ns, name, tag, &tq, 0, steps, Some(analysis));
@@ -154,34 +164,17 @@ async fn rollouts_the_last_release_left_held_complete_once_under_this_build() {
     for name in SCENARIOS {
         cluster.apply(&manifest(&ns, name, "v2")).await;
     }
-    let applied = std::time::Instant::now();
-    let reached = |name: &str| {
-        eprintln!(
-            "{ns}/{name} in its state {:.1}s after v2 was applied",
-            applied.elapsed().as_secs_f64()
-        );
-    };
+    let applied = Instant::now();
     let (held, manual, drained, analysed) = tokio::join!(
-        async {
-            let build = held_in_its_step(cluster, &ns).await;
-            reached(HELD);
-            build
-        },
-        async {
-            let build = waiting_for_promotion(cluster, &ns).await;
-            reached(MANUAL);
-            build
-        },
-        async {
-            let build = drain_signalled(cluster, &ns, &stubborn).await;
-            reached(DRAINED);
-            build
-        },
-        async {
-            let build = analysis_measured(cluster, &ns).await;
-            reached(ANALYSED);
-            build
-        },
+        reached(&ns, HELD, applied, held_in_its_step(cluster, &ns)),
+        reached(&ns, MANUAL, applied, waiting_for_promotion(cluster, &ns)),
+        reached(
+            &ns,
+            DRAINED,
+            applied,
+            drain_signalled(cluster, &ns, &stubborn)
+        ),
+        reached(&ns, ANALYSED, applied, analysis_measured(cluster, &ns)),
     );
     wait_runs_within(
         cluster,
@@ -192,7 +185,20 @@ async fn rollouts_the_last_release_left_held_complete_once_under_this_build() {
     )
     .await;
 
-    // 2. The upgrade: the release stops gracefully, the build under test starts.
+    // 2. The upgrade: the release stops gracefully, the build under test starts. The clocked
+    // states (the held step, the analysed step, the drain's cancel) began after v2's apply, so
+    // each has at least LASTING minus the time since then left; the swap must fit in it.
+    let setup = applied.elapsed();
+    assert!(
+        setup + SWAP < LASTING,
+        "the scenarios took {:.0}s after v2's apply to reach their states (lines above): the \
+         held step, the analysed step and the drain's cancel, {}s each, may end before the \
+         controller swap (up to {}s) and would be done by the release, not by the build under \
+         test; the machine is too loaded for LASTING",
+        setup.as_secs_f64(),
+        LASTING.as_secs(),
+        SWAP.as_secs()
+    );
     let stopping = Timestamp::now();
     if let Err(e) = private.sandbox.restart_controller_with_binary(None).await {
         panic!("starting the build under test: {e:#}");
@@ -277,6 +283,17 @@ async fn rollouts_the_last_release_left_held_complete_once_under_this_build() {
         failures.join("\n")
     );
     private.sandbox.stop().await;
+}
+
+/// Awaits `state`, scenario `name`'s wait for its lasting state, and prints how long after
+/// `applied` (v2's apply) it got there; returns what the wait returned.
+async fn reached<T>(ns: &str, name: &str, applied: Instant, state: impl Future<Output = T>) -> T {
+    let out = state.await;
+    eprintln!(
+        "{ns}/{name} in its state {:.1}s after v2 was applied",
+        applied.elapsed().as_secs_f64()
+    );
+    out
 }
 
 /// Waits until v2 of [`HELD`] ramps at 25 % in its held step; returns its build ID.
