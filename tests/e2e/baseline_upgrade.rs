@@ -50,6 +50,12 @@ const LASTING: Duration = Duration::from_secs(300);
 
 /// The analysed step's measurement interval.
 const MEASURED_EVERY: Duration = Duration::from_secs(5);
+/// Inconclusive measurements (too few samples) in a row the analysed step tolerates: every
+/// measurement it has time for, and some, so they never end it early.
+const INCONCLUSIVE_LIMIT: u64 = LASTING.as_secs() / MEASURED_EVERY.as_secs() + 20;
+// The CRD admits at most 100 (`inconclusiveLimit`'s maximum); a longer LASTING needs a longer
+// interval.
+const _: () = assert!(INCONCLUSIVE_LIMIT <= 100);
 
 /// [`LASTING`] as a duration of the spec (the held step's and the analysed step's pause).
 fn lasting() -> String {
@@ -114,12 +120,9 @@ fn manifest(ns: &str, name: &str, tag: &str) -> Value {
         }
         _ => {
             let steps = json!([{ "rampPercentage": 50, "pauseDuration": lasting() }]);
-            // Inconclusive measurements (too few samples) never end the step early: the limit
-            // is twice the measurements the step has time for.
-            let every = MEASURED_EVERY.as_secs();
             let analysis = json!({ "checks": [ {
-                "name": "failures", "interval": format!("{every}s"),
-                "inconclusiveLimit": 2 * LASTING.as_secs() / every,
+                "name": "failures", "interval": format!("{}s", MEASURED_EVERY.as_secs()),
+                "inconclusiveLimit": INCONCLUSIVE_LIMIT,
                 "temporal": { "maxFailurePercent": 50, "minSamples": 3 }
             } ] });
             return analysed_worker(ns, name, tag, &tq, 0, steps, Some(analysis));
