@@ -203,11 +203,21 @@ async fn rollouts_the_last_release_left_held_complete_once_under_this_build() {
         SWAP.as_secs()
     );
     let stopping = Timestamp::now();
+    let swap_began = Instant::now();
     if let Err(e) = private.sandbox.restart_controller_with_binary(None).await {
         panic!("starting the build under test: {e:#}");
     }
+    let swap_took = swap_began.elapsed();
     let started = Timestamp::now();
     eprintln!("controller replaced by the build under test between {stopping} and {started}");
+    // The check above counted SWAP for this; when the swap took longer, its margin did not hold,
+    // and the test says so here rather than leaving it to a later failure to explain.
+    assert!(
+        swap_took <= SWAP,
+        "the controller swap took {:.1}s, more than the {}s the check before it allowed",
+        swap_took.as_secs_f64(),
+        SWAP.as_secs()
+    );
 
     // 3. Everything completes, unless the build under test cannot run the release's workflows.
     // The held step, the analysed step and the drain's cancel have up to LASTING still to run.
