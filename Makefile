@@ -9,7 +9,6 @@ TOOLS_DIR   ?= $(CURDIR)/.tools
 TARGET_DIR  := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 BIN_DIR     := $(TARGET_DIR)/debug
 CARGO       ?= cargo
-RUSTC       ?= rustc
 GO          ?= go
 # The tests' builds enable the test hooks (fault injection the end-to-end tests use); the
 # release build, the image and `make bench` do not. One feature set for every test target, so
@@ -116,15 +115,15 @@ $(PROMETHEUS): scripts/install-prometheus.sh
 	scripts/install-prometheus.sh $(dir $@)
 	@touch $@
 
-# ~6 min from an empty Go build cache on 2 cores optimised (less now, above); seconds when only
-# main.go changed.
+# Unoptimised (GO_UNOPTIMISED, above); seconds when only main.go changed.
 $(TEMPORAL_SERVER): $(TEMPORAL_SERVER_SRC) $(TOOLS_DIR)/go-mod/temporal-server.stamp | $(GO_STD)
 	@mkdir -p $(dir $@)
 	cd sandbox/temporal-server && $(GO_BUILD) $(GO_UNOPTIMISED) -ldflags "-s -w" -o $@ .
 	@touch $@
 
-# 5-6 min on 2 shared cores from an empty Go build cache (150-270 s of CPU; the v2 binary,
-# cmd/jaeger, took 11.5 min and 410 s); seconds when nothing changed.
+# Unoptimised (GO_UNOPTIMISED, above): 324 CPU-s from an empty Go build cache on the AMD machine
+# (the v2 binary, cmd/jaeger, took 410 CPU-s optimised on the earlier one); seconds when nothing
+# changed.
 $(JAEGER): $(JAEGER_SRC) $(TOOLS_DIR)/go-mod/tracing.stamp | $(GO_STD)
 	@mkdir -p $(dir $@)
 	cd sandbox/tracing && \
@@ -150,29 +149,16 @@ prometheus: $(PROMETHEUS) ## Unpack Debian's prometheus binary into .tools/bin (
 
 # The Go builds run side by side (make -j), after the standard library and while the modules
 # download, so a machine with more cores overlaps their compiles and links; on 2 cores they are
-# CPU-bound (five builds with helm's: 17.7 min with the downloads, 2026-11-28, README). Beside
+# CPU-bound (five builds with helm's: 17.7 min with the downloads, 2026-11-28, README): from
+# empty caches they kept both CPUs 99-100 % busy from start to end (2026-11-29, AMD machine), so
+# the workspace build, started beside them at the lowest CPU priority, found no idle CPU and
+# ended no sooner than after them (b740579, README "make test"). Beside
 # them, mostly waiting on the network and the disk: pip, the Debian packages, one at a time (apt
 # takes a lock), and the crates the Rust build needs (`cargo fetch`), so none of them waits for
 # the Go builds on a fresh machine.
 .PHONY: tools
 tools: ## Install temporal, kubectl, helm, prometheus, postgresql, chromium; build the local kube-apiserver, twc-kstatus, twc-temporal-server and Jaeger; fetch the crates
 	@$(MAKE) --no-print-directory -j8 system-tools fetch go-tools
-
-# `make test` starts the workspace's build, then the release baseline's, as soon as the crates
-# are fetched, beside the Go builds, at the lowest CPU priority (scripts/lowest.sh, one make job:
-# cargo's own two). On 2 cores the Go builds keep both CPUs busy most of the time; the compiles
-# take what they leave (the module downloads at the start, each binary's link, the last build
-# alone) and run at full speed once the Go builds are done. At the same priority as the Go builds
-# (b310542, 2026-11-28) they slowed each other: 1,805 s for steps that took ~1,255 s one after
-# the other. Cargo runs with its own two jobs, not make's jobserver (MAKEFLAGS unset for it). The
-# steps after this one find both built.
-.PHONY: tools-and-builds compile-early
-tools-and-builds:
-	@$(MAKE) --no-print-directory -j8 system-tools go-tools compile-early
-
-compile-early: fetch
-	env -u MAKEFLAGS -u MFLAGS scripts/lowest.sh $(BUILD)
-	env -u MAKEFLAGS -u MFLAGS scripts/lowest.sh scripts/build-baseline.sh > /dev/null
 
 .PHONY: go-tools
 go-tools: $(VENV)/$(PIP_TOOLS_STAMP) $(APISERVER) $(KSTATUS) $(TEMPORAL_SERVER) $(JAEGER)
@@ -190,9 +176,8 @@ fetch: ## Download the crates of Cargo.lock (nothing when they are in cargo's ca
 ## ---- build -----------------------------------------------------------------
 
 .PHONY: build
-BUILD = $(CARGO) build --locked --workspace --bins $(TEST_FEATURES)
 build: ## Build every binary (controller with the test hooks, sandbox, sample worker)
-	$(BUILD)
+	$(CARGO) build --locked --workspace --bins $(TEST_FEATURES)
 
 .PHONY: baseline
 baseline: ## Build twc at TWC_BASELINE_REF (default v0.1.0) for the upgrade test, cached in ~/.cache/twc
@@ -205,26 +190,10 @@ crds: ## Regenerate crds/*.yaml from the Rust types
 
 ## ---- checks ----------------------------------------------------------------
 
-.PHONY: lint fmt-check
-lint: fmt-check ## cargo fmt --check and clippy with warnings as errors
-	$(CARGO) clippy --workspace --all-targets $(TEST_FEATURES) -- -D warnings
-
-fmt-check: ## cargo fmt --check
+.PHONY: lint
+lint: ## cargo fmt --check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
-
-# `make test` lints as it compiles, rather than in a pass of its own. Its cargo steps (the
-# build, the replay, Temporal operations, production-like Temporal and end-to-end test builds,
-# the unit tests) compile the workspace's own crates through clippy-driver as the workspace
-# wrapper, which is what `cargo clippy` does around `cargo check`: the same lints, warnings as
-# errors, and code generated as usual (the dependencies are compiled by rustc alone, as under
-# `cargo clippy`). Between them those steps compile every target `make lint` checks: the
-# binaries, libraries and integration tests with the test hooks, the unit tests without them
-# (the hooks gate no test code). A pass of its own type-checked every dependency once more:
-# from empty caches that was 20 minutes of clippy beside the end-to-end tests on 2 cores, and
-# it ended ~5 minutes after them (2026-11-29, README "make test"). `make lint` is unchanged.
-CLIPPY_DRIVER = $(shell $(RUSTC) --print sysroot)/bin/clippy-driver
-test: export RUSTC_WORKSPACE_WRAPPER = $(CLIPPY_DRIVER)
-test: export CLIPPY_ARGS = -D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
+	$(CARGO) clippy --workspace --all-targets $(TEST_FEATURES) -- -D warnings
 
 # Built without the test hooks, so the product's code as released is compiled and tested too
 # (every other test step builds with them).
@@ -309,15 +278,18 @@ deploy-check: $(VENV)/$(PIP_TOOLS_STAMP) docker-lint ## Lint the Helm charts, bu
 	diff -r crds deploy/helm/twc-crds/files --exclude=Cargo.toml --exclude=src --exclude=testdata
 	$(KUBECTL) kustomize deploy/manifests > /dev/null
 
-# The checks that need no server (rustfmt, unit tests, deploy checks; clippy runs in the builds,
-# above) run beside the end-to-end tests at the lowest CPU priority (scripts/beside.sh),
-# in the share of the CPUs the tests leave idle; their lines are prefixed with "[beside]". With
-# warm caches they end before the tests; from empty caches they ran ~2 min past them once and
-# ended before them once (README). The test binary is built before they start, so they never
-# hold cargo's lock while it is needed.
+# The checks that need no server (lint, unit tests, deploy checks: ~7 min on their own from
+# empty caches) run beside the end-to-end tests at the lowest CPU priority (scripts/beside.sh),
+# in the share of the CPUs the tests leave idle (~17 % of 2 cores from empty caches, 2026-11-29);
+# their lines are prefixed with "[beside]". With warm caches they end before the tests; from
+# empty caches they end a few minutes after them (README). The test binary is built before they
+# start, so they never hold cargo's lock while it is needed. Clippy run inside the builds instead
+# (clippy-driver as the workspace wrapper, b740579) saved its type-check of the dependencies but
+# slowed every compile before the tests: no gain in total from empty caches, so it is a pass of
+# its own.
 .PHONY: test
-test: tools-and-builds tools build baseline replay temporal-ops production-temporal e2e-build ## Install what is missing, build, lint, run unit and end-to-end tests
-	@scripts/beside.sh "$(MAKE) --no-print-directory fmt-check unit deploy-check" \
+test: tools build baseline replay temporal-ops production-temporal e2e-build ## Install what is missing, build, lint, run unit and end-to-end tests
+	@scripts/beside.sh "$(MAKE) --no-print-directory lint unit deploy-check" \
 		$(MAKE) --no-print-directory e2e-run
 
 ## ---- sandbox ---------------------------------------------------------------
