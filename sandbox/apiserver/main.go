@@ -1,6 +1,6 @@
 // Command twc-apiserver runs a real kube-apiserver backed by an embedded etcd,
-// plus a kube-controller-manager limited to the garbage collector, namespace
-// and service-account controllers, all in one process bound to 127.0.0.1.
+// plus the garbage collector, namespace and service-account controllers of
+// kube-controller-manager, all in one process bound to 127.0.0.1.
 // It is the Kubernetes control plane of the project's tests and dev sandbox.
 //
 // Callers wait for DIR/kubeconfig to appear: it is written (atomically) only
@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
-	kcmconfig "k8s.io/kubernetes/cmd/kube-controller-manager/app/config"
 )
 
 const (
@@ -38,7 +37,6 @@ type options struct {
 	noControllerManager bool
 	etcdFsync           bool
 	apiserverArgs       stringList
-	kcmArgs             stringList
 }
 
 // stringList is a repeatable string flag.
@@ -52,7 +50,7 @@ func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("twc-apiserver", flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: twc-apiserver --dir DIR [flags]\n\n"+
-			"Runs kube-apiserver + embedded etcd (+ a minimal kube-controller-manager) on 127.0.0.1.\n"+
+			"Runs kube-apiserver + embedded etcd (+ four kube-controller-manager controllers) on 127.0.0.1.\n"+
 			"DIR/kubeconfig and DIR/apiserver.json appear once the API server is ready.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
@@ -61,10 +59,9 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.etcdPort, "etcd-port", 0, "etcd client port on 127.0.0.1 (0 = a free port)")
 	fs.IntVar(&o.etcdPeerPort, "etcd-peer-port", 0, "etcd peer port on 127.0.0.1 (0 = a free port)")
 	fs.IntVar(&o.verbosity, "v", 1, "log verbosity (klog -v)")
-	fs.BoolVar(&o.noControllerManager, "no-controller-manager", false, "do not run the kube-controller-manager")
+	fs.BoolVar(&o.noControllerManager, "no-controller-manager", false, "do not run the controllers")
 	fs.BoolVar(&o.etcdFsync, "etcd-fsync", false, "make etcd fsync its writes (off by default: faster, and only a machine crash can lose data)")
 	fs.Var(&o.apiserverArgs, "apiserver-arg", "extra kube-apiserver flag, e.g. --apiserver-arg=--event-ttl=5m (repeatable; overrides the defaults)")
-	fs.Var(&o.kcmArgs, "controller-manager-arg", "extra kube-controller-manager flag (repeatable; overrides the defaults)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -168,7 +165,7 @@ func run(ctx context.Context, o *options) error {
 		return err
 	}
 	// Configured before anything runs, so that a bad flag fails at once.
-	kcmConfig, err := prepareControllerManager(ctx, o, p, srv.url())
+	kcm, err := prepareControllerManager(o, p, srv.url())
 	if err != nil {
 		srv.listener.Close()
 		return err
@@ -188,7 +185,7 @@ func run(ctx context.Context, o *options) error {
 	}
 	klog.InfoS("kube-apiserver ready", "url", srv.url(), "elapsed", since(started))
 
-	kcmTask, stopKCM := startControllerManager(kcmConfig)
+	kcmTask, stopKCM := startControllerManager(kcm)
 	defer stopTask(kcmTask, stopKCM, kcmStopTimeout)
 
 	if err := publish(dir, p, srv, etcdClientPort); err != nil {
@@ -248,25 +245,24 @@ func lockDir(dir string) (func(), error) {
 
 // prepareControllerManager writes the controller manager's kubeconfig and
 // builds its configuration; nil when it is disabled.
-func prepareControllerManager(ctx context.Context, o *options, p *pki, server string) (*kcmconfig.CompletedConfig, error) {
+func prepareControllerManager(o *options, p *pki, server string) (*controllerManager, error) {
 	if o.noControllerManager {
 		return nil, nil
 	}
 	if err := writeKubeconfig(p.path(kcmKubeconfigFile), server, p.caPEM, kcmUser, p.kcmToken); err != nil {
 		return nil, fmt.Errorf("controller-manager kubeconfig: %w", err)
 	}
-	return newControllerManager(ctx, p, o.kcmArgs)
+	return newControllerManager(p)
 }
 
 // startControllerManager runs the controller manager if it is configured. A
 // disabled one is a nil task, which never finishes.
-func startControllerManager(cfg *kcmconfig.CompletedConfig) (*task, context.CancelFunc) {
-	if cfg == nil {
+func startControllerManager(m *controllerManager) (*task, context.CancelFunc) {
+	if m == nil {
 		return nil, func() {}
 	}
 	kcmCtx, stop := context.WithCancel(context.Background())
-	t := startTask("kube-controller-manager", func() error { return runControllerManager(kcmCtx, cfg) })
-	klog.InfoS("kube-controller-manager started", "controllers", strings.Join(kcmControllers, ","))
+	t := startTask("kube-controller-manager", func() error { return m.run(kcmCtx) })
 	return t, stop
 }
 
