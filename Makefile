@@ -231,8 +231,17 @@ e2e-build: tools build
 # hold while they build. The upgrade test (tests/e2e/baseline_upgrade.rs) runs the last release's
 # controller first: `baseline` builds it before the tests start (a full dependency build into a
 # target dir of its own the first time, nothing once it is cached), and TWC_BASELINE_BIN names it.
+#
+# The tests' Temporal refreshes a draining version's status every E2E_DRAINAGE_REFRESH (the
+# sandbox's own is 1 s, which `make dev` and `make bench` keep): each refresh is a timer, an
+# activity and a continue-as-new of Temporal's version workflow, and at 1 s one draining version
+# wrote 10,600 events in the upgrade test's 5 minutes. A version is seen Drained that much later.
+E2E_DRAINAGE_REFRESH ?= 5s
+E2E_DYNAMIC_CONFIG := matching.wv.VersionDrainageStatusRefreshInterval="$(E2E_DRAINAGE_REFRESH)"
+
 e2e-run:
 	baseline=$$(scripts/build-baseline.sh); \
+	TWC_SANDBOX_TEMPORAL_DYNAMIC_CONFIG='$(E2E_DYNAMIC_CONFIG)'$${TWC_SANDBOX_TEMPORAL_DYNAMIC_CONFIG:+ $$TWC_SANDBOX_TEMPORAL_DYNAMIC_CONFIG} \
 	TWC_BASELINE_BIN=$$baseline $(BIN_DIR)/twc-sandbox exec --state-dir $(TARGET_DIR)/e2e-env -- \
 		$$(cat $(E2E_BIN_FILE)) --test-threads=$${E2E_THREADS:-4} \
 		| tee $(TARGET_DIR)/e2e-results.txt || { \
@@ -247,6 +256,7 @@ chaos: tools build ## Full-size reliability suite: 20 rollouts under controller 
 	$(CARGO) test --workspace --test e2e --no-run $(TEST_FEATURES)
 	CHAOS_ROLLOUTS=$${CHAOS_ROLLOUTS:-20} CHAOS_REPLICA_ROLLOUTS=$${CHAOS_REPLICA_ROLLOUTS:-8} \
 	CHAOS_SEED=$${CHAOS_SEED:-$$(date +%s)} \
+	TWC_SANDBOX_TEMPORAL_DYNAMIC_CONFIG='$(E2E_DYNAMIC_CONFIG)'$${TWC_SANDBOX_TEMPORAL_DYNAMIC_CONFIG:+ $$TWC_SANDBOX_TEMPORAL_DYNAMIC_CONFIG} \
 	$(BIN_DIR)/twc-sandbox exec --state-dir $(TARGET_DIR)/chaos-env -- \
 		$(CARGO) test --workspace --test e2e $(TEST_FEATURES) -- chaos:: --test-threads=$${CHAOS_THREADS:-2}
 

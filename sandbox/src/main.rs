@@ -47,9 +47,9 @@ struct Common {
     #[arg(long)]
     production_temporal: bool,
     /// More dynamic config for the Temporal dev server, `key=value` (repeatable; in the
-    /// environment variable, entries separated by spaces), given after the sandbox's own: e.g.
-    /// `matching.deploymentWorkflowVersion=2` for routing changes that return before they
-    /// reach every task queue.
+    /// environment variable, entries separated by spaces), given after the sandbox's own and
+    /// replacing its entry of the same key: e.g. `matching.deploymentWorkflowVersion=2` for
+    /// routing changes that return before they reach every task queue.
     #[arg(
         long = "temporal-dynamic-config",
         env = "TWC_SANDBOX_TEMPORAL_DYNAMIC_CONFIG",

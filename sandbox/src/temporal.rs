@@ -190,41 +190,8 @@ pub async fn start_on(
     } else {
         command.arg("--headless");
     }
-    if options.fast_drainage {
-        // Drainage refreshed every second, and pollers forgotten 5 s after they stop (instead of
-        // 3 min and 5 min), so sunset and deletion tests finish in seconds.
-        for (key, value) in [
-            (
-                "matching.wv.VersionDrainageStatusVisibilityGracePeriod",
-                "1s",
-            ),
-            ("matching.wv.VersionDrainageStatusRefreshInterval", "1s"),
-            ("matching.PollerHistoryTTL", "5s"),
-        ] {
-            command.args(["--dynamic-config-value", &format!("{key}=\"{value}\"")]);
-        }
-    }
-    // Workflows stuck on failing workflow tasks (non-determinism) get `TemporalReportedProblems`
-    // after two attempts, which the canary analysis' Temporal check counts.
-    command.args([
-        "--dynamic-config-value",
-        "system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute=2",
-    ]);
-    // Matching's metrics without a series per worker deployment version (`worker_version`
-    // reads `__versioned__`): with a few hundred versions in the sandbox the metrics page grew
-    // to 36 MB, and the benchmark's once-a-second read of it cost the dev server and the
-    // benchmark most of a core, which the scenarios then measured as the controller's slowness.
-    // Temporal's own advice for a high version cardinality; nothing here reads those series.
-    command.args(["--dynamic-config-value", "metrics.breakdownByBuildID=false"]);
-    // Activities scheduled by a workflow task come back in the answer to its completion, to
-    // the worker that has a slot for them, instead of through a poll (off by default in the
-    // server): the engine's first activity of a turn starts one round trip sooner.
-    command.args([
-        "--dynamic-config-value",
-        "system.enableActivityEagerExecution=true",
-    ]);
-    for entry in &options.dynamic_config {
-        command.args(["--dynamic-config-value", entry]);
+    for entry in dynamic_config(options) {
+        command.args(["--dynamic-config-value", &entry]);
     }
     for (name, kind) in SEARCH_ATTRIBUTES {
         command.args(["--search-attribute", &format!("{name}={kind}")]);
@@ -253,6 +220,46 @@ pub async fn start_on(
         metrics_url: format!("http://127.0.0.1:{metrics_port}/metrics"),
         process,
     })
+}
+
+/// The dev server's dynamic config: the sandbox's own entries, then `options.dynamic_config`,
+/// each entry replacing those before it of the same key, the sandbox's own among them (the
+/// server's choice between two values of one key is not documented).
+fn dynamic_config(options: &TemporalOptions) -> Vec<String> {
+    let mut own = Vec::new();
+    if options.fast_drainage {
+        // Drainage refreshed every second, and pollers forgotten 5 s after they stop (instead of
+        // 3 min and 5 min), so sunset and deletion tests finish in seconds.
+        own.extend([
+            "matching.wv.VersionDrainageStatusVisibilityGracePeriod=\"1s\"",
+            "matching.wv.VersionDrainageStatusRefreshInterval=\"1s\"",
+            "matching.PollerHistoryTTL=\"5s\"",
+        ]);
+    }
+    // Workflows stuck on failing workflow tasks (non-determinism) get `TemporalReportedProblems`
+    // after two attempts, which the canary analysis' Temporal check counts.
+    own.push("system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute=2");
+    // Matching's metrics without a series per worker deployment version (`worker_version`
+    // reads `__versioned__`): with a few hundred versions in the sandbox the metrics page grew
+    // to 36 MB, and the benchmark's once-a-second read of it cost the dev server and the
+    // benchmark most of a core, which the scenarios then measured as the controller's slowness.
+    // Temporal's own advice for a high version cardinality; nothing here reads those series.
+    own.push("metrics.breakdownByBuildID=false");
+    // Activities scheduled by a workflow task come back in the answer to its completion, to
+    // the worker that has a slot for them, instead of through a poll (off by default in the
+    // server): the engine's first activity of a turn starts one round trip sooner.
+    own.push("system.enableActivityEagerExecution=true");
+    let key = |entry: &str| entry.split_once('=').map_or(entry, |(k, _)| k).to_owned();
+    let mut keys = std::collections::HashSet::new();
+    let mut entries: Vec<String> = own
+        .into_iter()
+        .map(str::to_owned)
+        .chain(options.dynamic_config.iter().cloned())
+        .rev()
+        .filter(|entry| keys.insert(key(entry)))
+        .collect();
+    entries.reverse();
+    entries
 }
 
 async fn wait_healthy(cli: &Path, address: &str, log: &Path) -> Result<(), TemporalError> {
@@ -285,7 +292,54 @@ async fn wait_healthy(cli: &Path, address: &str, log: &Path) -> Result<(), Tempo
 
 #[cfg(test)]
 mod tests {
-    use super::parse_dynamic_config;
+    use super::{TemporalOptions, dynamic_config, parse_dynamic_config};
+
+    #[test]
+    fn given_entries_replace_the_sandboxs_own_of_the_same_key() {
+        let options = |fast_drainage: bool, given: &[&str]| TemporalOptions {
+            cli: "temporal".into(),
+            db_file: "db".into(),
+            log: "log".into(),
+            ui: false,
+            fast_drainage,
+            dynamic_config: given.iter().map(|e| (*e).to_owned()).collect(),
+        };
+        let refresh = "matching.wv.VersionDrainageStatusRefreshInterval";
+        for (fast, given, expected_refresh, expected_len) in [
+            (true, vec![], Some("\"1s\""), 6),
+            (false, vec![], None, 3),
+            (true, vec![format!("{refresh}=\"5s\"")], Some("\"5s\""), 6),
+            (false, vec![format!("{refresh}=\"5s\"")], Some("\"5s\""), 4),
+            (
+                true,
+                vec!["matching.deploymentWorkflowVersion=2".to_owned()],
+                Some("\"1s\""),
+                7,
+            ),
+            (
+                true,
+                vec![format!("{refresh}=\"5s\""), format!("{refresh}=\"2s\"")],
+                Some("\"2s\""),
+                6,
+            ),
+        ] {
+            let given: Vec<&str> = given.iter().map(String::as_str).collect();
+            let entries = dynamic_config(&options(fast, &given));
+            let values: Vec<&str> = entries
+                .iter()
+                .filter_map(|e| e.strip_prefix(&format!("{refresh}=")))
+                .collect();
+            assert_eq!(values.first().copied(), expected_refresh, "{entries:?}");
+            assert!(values.len() <= 1, "one value a key: {entries:?}");
+            assert_eq!(entries.len(), expected_len, "{entries:?}");
+            if let Some(last) = given.last() {
+                assert!(
+                    entries.iter().any(|e| e == last),
+                    "{last} kept: {entries:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn dynamic_config_entries() {

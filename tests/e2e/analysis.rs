@@ -65,12 +65,22 @@ fn temporal_check(name: &str, extra: Value) -> Value {
 /// Starts HelloWorld workflows on `task_queue` of the sandbox's Temporal at [`RATE`] per second
 /// until the returned generator is dropped.
 pub(crate) async fn load(env: &SandboxEnv, task_queue: &str, id_prefix: &str) -> LoadGenerator {
+    load_at(env, task_queue, id_prefix, RATE).await
+}
+
+/// [`load`] at `rate` workflows a second.
+pub(crate) async fn load_at(
+    env: &SandboxEnv,
+    task_queue: &str,
+    id_prefix: &str,
+    rate: u32,
+) -> LoadGenerator {
     let config = LoadConfig {
         namespace: env.temporal_namespace.clone(),
         task_queue: task_queue.to_owned(),
         workflow_type: "HelloWorld".to_owned(),
         id_prefix: id_prefix.to_owned(),
-        ..LoadConfig::new(env.temporal_address.clone(), f64::from(RATE))
+        ..LoadConfig::new(env.temporal_address.clone(), f64::from(rate))
     };
     match LoadGenerator::start(config).await {
         Ok(generator) => generator,
