@@ -138,9 +138,11 @@ async fn progressive_ramps_through_each_step_then_becomes_current() {
     let ns = test_namespace(&client, "progressive").await;
     let deployment_name = format!("{ns}/hello");
     apply(&connection(&ns)).await;
+    // Each step lasts long enough for a poll of the routing to land in it: a poll is a CLI call
+    // and a TWD read, at most a second apart, and with 3 s steps one loaded run saw neither.
     let rollout = json!({ "strategy": "Progressive", "steps": [
-        { "rampPercentage": 30, "pauseDuration": "3s" },
-        { "rampPercentage": 60, "pauseDuration": "3s" }
+        { "rampPercentage": 30, "pauseDuration": "10s" },
+        { "rampPercentage": 60, "pauseDuration": "10s" }
     ] });
     apply(&worker(&ns, "hello", "v1", rollout.clone())).await;
     // No Current yet: the first version becomes Current directly.
@@ -150,17 +152,37 @@ async fn progressive_ramps_through_each_step_then_becomes_current() {
 
     apply(&worker(&ns, "hello", "v2", rollout)).await;
     let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    // Every poll's outcome, for the assertion's message.
+    let polls = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
     let second = wait_for(
         "v2 ramps 30% then 60% then becomes Current",
         ROLLOUT,
         || {
             let seen = seen.clone();
+            let polls = polls.clone();
             let client = &client;
             let ns = &ns;
             let deployment_name = &deployment_name;
             async move {
-                let r = routing(deployment_name).await?;
-                let twd = get_twd(client, ns, "hello").await?;
+                let started = std::time::Instant::now();
+                let polled = async {
+                    let r = routing(deployment_name).await?;
+                    let twd = get_twd(client, ns, "hello").await?;
+                    Ok::<_, String>((r, twd))
+                }
+                .await;
+                polls.borrow_mut().push(match &polled {
+                    Ok((r, twd)) => format!(
+                        "{:?}: ramping {:?} at {}, current {:?}, target {:?}",
+                        started.elapsed(),
+                        r.ramping,
+                        r.percentage,
+                        r.current,
+                        target_build(twd)
+                    ),
+                    Err(e) => format!("{:?}: {e}", started.elapsed()),
+                });
+                let (r, twd) = polled?;
                 let mut seen = seen.borrow_mut();
                 let target = target_build(&twd).unwrap_or_default();
                 if r.ramping.as_deref() == Some(target.as_str()) {
@@ -178,7 +200,12 @@ async fn progressive_ramps_through_each_step_then_becomes_current() {
         },
     )
     .await;
-    assert_eq!(*seen.borrow(), vec![30, 60], "ramp steps observed in order");
+    assert_eq!(
+        *seen.borrow(),
+        vec![30, 60],
+        "ramp steps observed in order; the polls: {:#?}",
+        polls.borrow()
+    );
     let twd = wait_ready(&client, &ns, "hello", ROLLOUT).await;
     assert_eq!(target_build(&twd).as_deref(), Some(second.as_str()));
 }
