@@ -150,9 +150,11 @@ async fn progressive_ramps_through_each_step_then_becomes_current() {
     let first = target_build(&twd).unwrap_or_default();
     current_build(&deployment_name, &first).await;
 
+    let applied = std::time::Instant::now();
     apply(&worker(&ns, "hello", "v2", rollout)).await;
     let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
-    // Every poll's outcome, for the assertion's message.
+    // Every poll's outcome and when it began and ended after v2's apply (whether a poll could
+    // land in a step), for the assertion's message.
     let polls = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
     let second = wait_for(
         "v2 ramps 30% then 60% then becomes Current",
@@ -164,7 +166,7 @@ async fn progressive_ramps_through_each_step_then_becomes_current() {
             let ns = &ns;
             let deployment_name = &deployment_name;
             async move {
-                let started = std::time::Instant::now();
+                let began = applied.elapsed();
                 let polled = async {
                     let r = routing(deployment_name).await?;
                     let twd = get_twd(client, ns, "hello").await?;
@@ -173,14 +175,14 @@ async fn progressive_ramps_through_each_step_then_becomes_current() {
                 .await;
                 polls.borrow_mut().push(match &polled {
                     Ok((r, twd)) => format!(
-                        "{:?}: ramping {:?} at {}, current {:?}, target {:?}",
-                        started.elapsed(),
+                        "{began:?}..{:?}: ramping {:?} at {}, current {:?}, target {:?}",
+                        applied.elapsed(),
                         r.ramping,
                         r.percentage,
                         r.current,
                         target_build(twd)
                     ),
-                    Err(e) => format!("{:?}: {e}", started.elapsed()),
+                    Err(e) => format!("{began:?}..{:?}: {e}", applied.elapsed()),
                 });
                 let (r, twd) = polled?;
                 let mut seen = seen.borrow_mut();
