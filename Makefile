@@ -230,8 +230,7 @@ e2e-build: tools build
 # test`: cargo would wait for the target dir's lock, which the checks `make test` runs beside
 # hold while they build. The upgrade test (tests/e2e/baseline_upgrade.rs) runs the last release's
 # controller first: `baseline` builds it before the tests start (a full dependency build into a
-# target dir of its own the first time, nothing once it is cached; `make test` builds it beside
-# its earlier steps), and TWC_BASELINE_BIN names it.
+# target dir of its own the first time, nothing once it is cached), and TWC_BASELINE_BIN names it.
 #
 # The tests' Temporal refreshes a draining version's status every E2E_DRAINAGE_REFRESH (the
 # sandbox's own is 1 s, which `make dev` and `make bench` keep): each refresh is a timer, an
@@ -292,14 +291,6 @@ deploy-check: $(VENV)/$(PIP_TOOLS_STAMP) docker-lint ## Lint the Helm charts, bu
 	diff -r crds deploy/helm/twc-crds/files --exclude=Cargo.toml --exclude=src --exclude=testdata
 	$(KUBECTL) kustomize deploy/manifests > /dev/null
 
-# The last release's build for the upgrade test (`baseline`: every dependency again, with its own
-# Cargo.lock and profile, into a target dir of its own; 263 s alone from empty caches on
-# 2026-12-02) runs from the start beside the tools, the workspace build and the smaller test
-# steps, at the lowest CPU priority (scripts/beside.sh), in the CPU they leave idle: the
-# downloads, the Go builds' links, the workspace build's serial crates and links, and the smaller
-# test steps (26 % busy; they wait on servers and the disk). The first line waits for it before
-# the end-to-end tests, which need it; from warm caches it only resolves the release's commit.
-#
 # The checks that need no server (lint, unit tests, deploy checks: ~7 min on their own from
 # empty caches) run beside the end-to-end tests at the lowest CPU priority (scripts/beside.sh),
 # in the share of the CPUs the tests leave idle (~17 % of 2 cores from empty caches, 2026-11-29);
@@ -310,9 +301,7 @@ deploy-check: $(VENV)/$(PIP_TOOLS_STAMP) docker-lint ## Lint the Helm charts, bu
 # slowed every compile before the tests: no gain in total from empty caches, so it is a pass of
 # its own.
 .PHONY: test
-test: ## Install what is missing, build, lint, run unit and end-to-end tests
-	@scripts/beside.sh "$(MAKE) --no-print-directory baseline" \
-		$(MAKE) --no-print-directory tools build replay temporal-ops production-temporal e2e-build
+test: tools build baseline replay temporal-ops production-temporal e2e-build ## Install what is missing, build, lint, run unit and end-to-end tests
 	@scripts/beside.sh "$(MAKE) --no-print-directory lint unit deploy-check" \
 		$(MAKE) --no-print-directory e2e-run
 

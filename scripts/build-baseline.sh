@@ -41,11 +41,6 @@ EOF
 fi
 
 binary=$cache/$commit/twc
-# One build at a time: `make test` starts one beside its other steps and the end-to-end step asks
-# again; the later call waits here (flock, util-linux) and then finds the binary built.
-mkdir -p "$cache"
-exec 9>"$cache/.lock"
-flock 9
 if [[ -x "$binary" ]]; then
     echo "$binary"
     exit 0
