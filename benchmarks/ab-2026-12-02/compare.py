@@ -1,11 +1,15 @@
 import json,sys,os
-runs=[r for r in ['old1','new1','old2','new2','old3','new3','old4','new4'] if os.path.exists(f'{os.path.dirname(os.path.abspath(__file__))}/{r}.json')]
+# usage: compare.py [DIR [RUN...]]: DIR/<RUN>.json for each RUN (default: this file's folder, and
+# old1 new1 ... old4 new4, those that exist)
+base=sys.argv[1] if len(sys.argv)>1 else os.path.dirname(os.path.abspath(__file__))
+names=sys.argv[2:] or ['old1','new1','old2','new2','old3','new3','old4','new4']
+runs=[r for r in names if os.path.exists(f'{base}/{r}.json')]
 figs=[('latency','watch_reaction_ms','reaction from the watch event'),('latency','reaction_ms','reaction from the apply'),
 ('latency','promotion_ms','promotion'),('latency','available_to_current_ms','Available → Current'),('latency','apply_to_ready_ms','apply → Ready'),
 ('latency','status_lag_ms','status in step (AllAtOnce)'),('latency','rollout_history_events','events per rollout'),
 ('steps','overshoot_ms','step hold − pause'),('steps','ramp_status_lag_ms','ramp step shown'),('steps','current_status_lag_ms','Progressive Current shown'),
 ('change_burst','last_created_ms','burst of 20: last Deployment'),('change_burst','created_spread_ms','burst of 20: spread'),('change_burst','all_current_ms','burst of 20: every build Current'),('change_burst','all_ready_ms','burst of 20: every TWD Ready')]
-d={r:json.load(open(f'{os.path.dirname(os.path.abspath(__file__))}/{r}.json')) for r in runs}
+d={r:json.load(open(f'{base}/{r}.json')) for r in runs}
 print('| figure (p50 / p95) | '+' | '.join(runs)+' |'); print('|---'*(len(runs)+1)+'|')
 for s,k,n in figs:
     cells=[]
@@ -15,8 +19,8 @@ for s,k,n in figs:
     print(f'| {n} | '+' | '.join(cells)+' |')
 print()
 for s,k,n in figs:
-    o=[d[r][s][k]['median'] for r in runs if r.startswith('old') and d[r].get(s,{}).get(k,{}).get('n')]
-    w=[d[r][s][k]['median'] for r in runs if r.startswith('new') and d[r].get(s,{}).get(k,{}).get('n')]
+    o=[d[r][s][k]['median'] for r in runs if r.startswith('old') and ((d[r].get(s) or {}).get(k) or {}).get('n')]
+    w=[d[r][s][k]['median'] for r in runs if r.startswith('new') and ((d[r].get(s) or {}).get(k) or {}).get('n')]
     if not o or not w: continue
     mo=sorted(o)[len(o)//2] if len(o)%2 else sum(sorted(o)[len(o)//2-1:len(o)//2+1])/2
     mw=sorted(w)[len(w)//2] if len(w)%2 else sum(sorted(w)[len(w)//2-1:len(w)//2+1])/2
