@@ -486,6 +486,10 @@ pub struct Idle {
     pub controller_cpu_pct: Option<Summary>,
     /// Controller resident set over the window, MiB.
     pub controller_rss_mib: Option<Summary>,
+    /// Its anonymous part (heap, stacks), MiB.
+    pub controller_rss_anon_mib: Option<Summary>,
+    /// Its file part (the binary's pages the kernel keeps resident), MiB.
+    pub controller_rss_file_mib: Option<Summary>,
     /// Kubernetes API requests of the controller per TWD per minute, over the whole window.
     pub kube_requests_per_twd_per_min: f64,
     /// What the TWD workflows recorded during the window (every TWD of the sandbox).
@@ -756,13 +760,20 @@ pub async fn idle(
             }
             s
         }),
-        controller_rss_mib: Summary::of(
-            &ticks
-                .iter()
-                .map(|t| t.controller_rss as f64 / MIB)
-                .collect::<Vec<_>>(),
-        ),
+        controller_rss_mib: mib_of(&ticks, |t| t.controller_rss),
+        controller_rss_anon_mib: mib_of(&ticks, |t| t.controller_rss_anon),
+        controller_rss_file_mib: mib_of(&ticks, |t| t.controller_rss_file),
     })
+}
+
+/// The summary of one of the ticks' byte counts, in MiB.
+fn mib_of(ticks: &[Tick], bytes: impl Fn(&Tick) -> u64) -> Option<Summary> {
+    Summary::of(
+        &ticks
+            .iter()
+            .map(|t| bytes(t) as f64 / MIB)
+            .collect::<Vec<_>>(),
+    )
 }
 
 const MIB: f64 = 1024.0 * 1024.0;

@@ -19,6 +19,11 @@ pub struct ProcSample {
     pub rss: u64,
     /// Peak resident set size since the process started, bytes.
     pub peak_rss: u64,
+    /// The part of the resident set that is anonymous memory (heap, stacks), bytes.
+    pub rss_anon: u64,
+    /// The part that is file pages (the binary's code and read-only data, shared libraries),
+    /// bytes.
+    pub rss_file: u64,
 }
 
 /// Reads `pid`; `None` when it is gone.
@@ -29,6 +34,8 @@ pub fn sample(pid: u32) -> Option<ProcSample> {
         cpu: cpu_time(&stat)?,
         rss: status_kib(&status, "VmRSS:")? * 1024,
         peak_rss: status_kib(&status, "VmHWM:")? * 1024,
+        rss_anon: status_kib(&status, "RssAnon:")? * 1024,
+        rss_file: status_kib(&status, "RssFile:")? * 1024,
     })
 }
 
@@ -97,6 +104,7 @@ mod tests {
     fn reads_this_process() {
         let me = sample(std::process::id()).unwrap();
         assert!(me.rss > 0 && me.peak_rss >= me.rss);
+        assert!(me.rss_anon > 0 && me.rss_file > 0 && me.rss_anon + me.rss_file <= me.rss);
     }
 
     #[test]

@@ -221,6 +221,10 @@ pub struct Tick {
     pub controller_cpu_s: f64,
     /// Resident set of the sandbox's own controller, bytes.
     pub controller_rss: u64,
+    /// Its anonymous part (heap, stacks), bytes.
+    pub controller_rss_anon: u64,
+    /// Its file part (the binary's pages), bytes.
+    pub controller_rss_file: u64,
     /// The counters.
     pub counters: Counters,
 }
@@ -304,6 +308,8 @@ impl Sampler {
                     controller_at_s,
                     controller_cpu_s: process.map_or(0.0, |p| p.cpu.as_secs_f64()),
                     controller_rss: process.map_or(0, |p| p.rss),
+                    controller_rss_anon: process.map_or(0, |p| p.rss_anon),
+                    controller_rss_file: process.map_or(0, |p| p.rss_file),
                     counters,
                 });
             }
@@ -425,6 +431,8 @@ mod tests {
             at_s,
             controller_at_s,
             controller_rss: 0,
+            controller_rss_anon: 0,
+            controller_rss_file: 0,
             controller_cpu_s: 0.0,
             counters: Counters {
                 controller_reads,
