@@ -2,7 +2,7 @@
 # Alternated A/B of the controller: old (b2bd055) and new (HEAD), release builds of twc only;
 # the same debug harness (sandbox, bench, sample worker of acad7b2) for both.
 # Runs old3 new3 and old4 new4 were the same loop with those names (run3.sh, run4.sh), right after.
-# compare.py prints results.md from the JSON files beside it.
+# `python3 benchmarks/ab-compare.py benchmarks/ab-2026-12-02` prints results.md from the JSON files.
 set -u
 cd /work/main
 for run in old1 new1 old2 new2; do
