@@ -46,9 +46,9 @@ pub struct EngineConfig {
 /// Default of [`EngineConfig::max_cached_workflows`]: the rollouts in flight and the TWD
 /// workflows that woke recently stay cached; an idle TWD workflow, which wakes every few
 /// minutes, is replayed from its (short) history instead. A cached workflow costs 0.1-0.2 MiB of
-/// the controller's heap; 50 rather than 100 took the idle RSS at 200 TWDs from 74.5 to 65.8 MiB
-/// and the peak of a burst of 100 from 76.3 to 71.4 MiB, with the burst's latency and the idle
-/// CPU level (BENCHMARKS.md, "The engine's workflow cache"): past the cache's size, a fleet's
+/// the controller's heap; 50 rather than 100 took the idle RSS at 200 TWDs from 74.5 to 63-66 MiB
+/// and the peak of a burst of 100 from 76.1 to 71.1 MiB, with the burst's latency and the idle
+/// CPU level (BENCHMARKS.md, "... the engine's workflow cache"): past the cache's size, a fleet's
 /// periodic wakes replay nearly every time either way: least-recently-used eviction of wakes
 /// that come round in turn evicts each workflow before its next wake.
 pub const DEFAULT_MAX_CACHED_WORKFLOWS: usize = 50;
