@@ -47,6 +47,7 @@ FIGURES = [
     ("idle.server_reads_per_min", "idle: reads served a minute", "%.1f"),
     ("idle.kube_requests_per_twd_per_min", "idle: Kubernetes requests per TWD a minute", "%.2f"),
     ("idle.controller_cpu_pct", "idle: controller CPU (%)", "%.2f"),
+    ("idle.controller_cpu_pct.mean", "idle: controller CPU, mean over the window (%)", "%.2f"),
     ("idle.controller_rss_mib", "idle: controller RSS (MiB)", "%.1f"),
     ("idle.twd_workflows.events_per_twd_per_5min", "idle: TWD workflow events per TWD per 5 min", "%.2f"),
 ]
