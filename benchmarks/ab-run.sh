@@ -36,7 +36,7 @@ for run in "$@"; do
   # The benchmark rewrites its Markdown file between its markers: give it a copy.
   cp -f BENCHMARKS.md "$dir/$run.md"
   rm -rf "$dir/env-$run" "$dir/$run.rss.txt"
-  echo "== $run ${BENCH_SCENARIOS:-} $side_env $(date -u +%FT%TZ) $(sha256sum "$bin" | cut -c1-16)"
+  echo "== $run ${BENCH_SCENARIOS:-} $side_env $(date -u +%FT%TZ) $(sha256sum "$bin" 2>/dev/null | cut -c1-16)"
   if [[ ${AB_SAMPLE:-0} == 1 ]]; then sample "$run" & fi
   # shellcheck disable=SC2086 # side_env is a list of NAME=VALUE words
   env $side_env BENCH_JSON="$dir/$run.json" BENCH_MARKDOWN="$dir/$run.md" \
