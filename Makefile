@@ -235,8 +235,9 @@ e2e-build: tools build
 # The test binary runs directly (from the workspace root, as cargo runs it), not through `cargo
 # test`: cargo would wait for the target dir's lock, which the checks `make test` runs beside
 # hold while they build. The upgrade test (tests/e2e/baseline_upgrade.rs) runs the last release's
-# controller first: `baseline` builds it before the tests start (a full dependency build into a
-# target dir of its own the first time, nothing once it is cached), and TWC_BASELINE_BIN names it.
+# controller first: `baseline` builds it before the tests start (in the same target dir, after
+# `build`, so it compiles only the release's own crates and the few dependencies whose features
+# differ; nothing once it is cached), and TWC_BASELINE_BIN names it.
 #
 # The tests' Temporal refreshes a draining version's status every E2E_DRAINAGE_REFRESH (the
 # sandbox's own is 1 s, which `make dev` and `make bench` keep): each refresh is a timer, an
