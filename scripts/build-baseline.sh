@@ -96,7 +96,6 @@ fi
 # The build under test's uplifted binary and its dep-info, put back after the release's build.
 uplifted=$target_dir/debug/twc
 saved=$(mktemp -d "${TMPDIR:-/tmp}/twc-baseline-saved.XXXXXX")
-trap 'rm -rf "$work" "$saved"' EXIT
 for file in "$uplifted" "$uplifted.d"; do
     if [[ -e "$file" ]]; then
         ln "$file" "$saved/" 2>/dev/null || cp -p "$file" "$saved/"
@@ -112,17 +111,15 @@ restore() {
         fi
     done
 }
+# On every exit, the build's failure included (the binary is cached before it).
+trap 'restore; rm -rf "$work" "$saved"' EXIT
 
 started=$SECONDS
-if ! (cd "$work" && CARGO_TARGET_DIR=$target_dir "$cargo" build --locked --workspace \
-    --bin twc "${dev_target[@]}" "${profile_config[@]}") >&2; then
-    restore
-    exit 1
-fi
+(cd "$work" && CARGO_TARGET_DIR=$target_dir "$cargo" build --locked --workspace \
+    --bin twc "${dev_target[@]}" "${profile_config[@]}") >&2
 echo "build-baseline: built in $((SECONDS - started)) s" >&2
 
 mkdir -p "$cache/$commit"
 cp "$uplifted" "$binary.tmp.$$"
 mv -f "$binary.tmp.$$" "$binary"
-restore
 echo "$binary"
