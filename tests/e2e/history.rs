@@ -380,6 +380,67 @@ async fn held_rollouts_continue_as_new_under_signals_and_finish() {
     private.sandbox.stop().await;
 }
 
+#[tokio::test]
+async fn an_idle_twd_workflow_continues_as_new_at_its_event_bound() {
+    // A resync every second: the ~65 idle turns a TWD workflow takes in ~5 h at the default
+    // 5 min fill its run in about a minute.
+    let mut private = Private::start("short-runs").await;
+    private
+        .sandbox
+        .restart_controller_with_env(&[("TWC_RESYNC_INTERVAL", "1s")])
+        .await
+        .unwrap_or_else(|e| panic!("restarting the controller: {e}"));
+    let cluster = &private.cluster;
+    let ns = cluster.namespace("short").await;
+    cluster.apply(&cluster.connection(&ns, "dev")).await;
+    let rollout = json!({ "strategy": "AllAtOnce" });
+    cluster.apply(&worker(&ns, "idle", "v1", rollout)).await;
+    let ready = cluster.wait_ready(&ns, "idle", "v1", ROLLOUT).await;
+    let build = target_build(&ready);
+
+    let twd_id = format!("twd/{ns}/idle");
+    let bound = u64::from(twc_workflows::plan::twd::RUN_EVENT_BOUND);
+    let twd_runs = cluster
+        .wait(
+            &format!("{twd_id} to continue as new twice"),
+            Duration::from_secs(300),
+            || async {
+                let twd_runs = runs(cluster, &twd_id).await?;
+                if twd_runs.len() >= 3 {
+                    Ok(twd_runs)
+                } else {
+                    Err(format!("{twd_runs:?}"))
+                }
+            },
+        )
+        .await;
+    // Each ended run continued at the bound (at most one turn and the signals that came during
+    // it past it), not at the 500 turns (~3,000 events) runs from before `short-runs` take.
+    for (run_id, status, length) in &twd_runs[1..] {
+        assert!(
+            (bound..=bound + TURN_SLACK).contains(length),
+            "{twd_id} run {run_id} ({status}) ended with {length} history events, not at the \
+             bound of {bound} (+{TURN_SLACK}): {twd_runs:?}"
+        );
+    }
+    // Nothing moved: still v1, Ready, its one rollout.
+    let twd = get_twd(&cluster.client, &ns, "idle")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(target_build(&twd), build, "{}", status_text(&twd));
+    assert_eq!(
+        condition(&twd, "Ready")
+            .map(|(status, _, _)| status)
+            .as_deref(),
+        Some("True"),
+        "{}",
+        status_text(&twd)
+    );
+    let rollouts = recent_rollouts(cluster, &ns, "idle").await;
+    assert_eq!(rollouts.len(), 1, "rollouts: {rollouts:?}");
+    private.sandbox.stop().await;
+}
+
 /// Waits until the worker deployment's status was written for its current generation.
 async fn wait_observed(cluster: &Cluster, ns: &str, name: &str) {
     cluster

@@ -25,6 +25,11 @@ pub(crate) const PATCH_KEEP_EARLY_REPORTS: &str = "keep-early-reports";
 /// `CHANGELOG.md`).
 pub(crate) const PATCH_SHOW_STARTING_ROLLOUT: &str = "show-starting-rollout";
 
+/// The `twd` workflow continues as new after [`RUN_EVENT_BOUND`](crate::plan::twd::RUN_EVENT_BOUND)
+/// history events instead of 500 turns, so a cached run holds a short history (since v0.1.0;
+/// see `CHANGELOG.md`).
+pub(crate) const PATCH_SHORT_RUNS: &str = "short-runs";
+
 /// Waits for `future` (a timer or an activity) unless `woken` comes to hold first; then the
 /// future is cancelled when `cancel` says so, and `None` is returned.
 ///

@@ -29,17 +29,15 @@ use crate::contract::{
 use crate::control::ControlEffect;
 use crate::model::{ControlAction, RolloutReport, TwdRef, UnixMillis};
 pub use crate::plan::deletion::CleanupProgress;
-use crate::plan::twd::{self, ReportShown, Shown, TwdDecision, TwdState, Woke};
+use crate::plan::twd::{self, ReportShown, RunLength, Shown, TwdDecision, TwdState, Woke};
 pub use crate::plan::twd::{ActiveRollout, CarriedTwd, SpecSignal};
 use crate::rollout_workflow::RolloutWorkflow;
 use crate::support::{
-    self, PATCH_CANCEL_BEATEN_TIMERS, history_full, now_millis, run_activity, short_options,
+    self, PATCH_CANCEL_BEATEN_TIMERS, PATCH_SHORT_RUNS, now_millis, run_activity, short_options,
 };
 
 /// Default level-triggered resync interval when nothing else is due.
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(300);
-/// Loop turns after which the workflow continues as new.
-const MAX_TURNS_PER_RUN: u32 = 500;
 
 /// Input of the TWD workflow.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -233,12 +231,21 @@ async fn wait(ctx: &WorkflowContext<TwdWorkflow>, next_wake: Duration, seen: u64
     }
 }
 
-/// Continues as new after [`MAX_TURNS_PER_RUN`] turns or once the history is full.
+/// Continues as new once the run is as long as [`RunLength`] allows.
 fn continue_as_new_if_due(
     ctx: &mut WorkflowContext<TwdWorkflow>,
     turns: u32,
 ) -> WorkflowResult<()> {
-    if turns >= MAX_TURNS_PER_RUN || history_full(ctx, ctx.state(|s| s.input.history_event_bound)) {
+    let length = RunLength {
+        turns,
+        history_length: ctx.history_length(),
+        suggested: ctx.continue_as_new_suggested(),
+        bound: ctx
+            .state(|s| s.input.history_event_bound)
+            .unwrap_or(crate::DEFAULT_HISTORY_EVENT_BOUND),
+        short_runs: ctx.patched(PATCH_SHORT_RUNS),
+    };
+    if length.is_over() {
         continue_as_new(ctx)?;
     }
     Ok(())

@@ -42,6 +42,47 @@ pub fn jittered(period: Duration, draw: f64) -> Duration {
     period.mul_f64(0.9 + 0.2 * draw.clamp(0.0, 1.0))
 }
 
+/// Loop turns after which a run from before the `short-runs` patch continues as new (with
+/// an idle turn's 6 events, about 3,000 events: 1.7 days at the default resync).
+pub const MAX_TURNS_PER_RUN: u32 = 500;
+
+/// History events after which a run continues as new (`short-runs`; a lower
+/// `history_event_bound` wins). A cached run keeps the capacity of the last history the SDK
+/// handed it (2,024 bytes an event, temporalio-protos 0.10.2): after a replay from the start,
+/// as every resync of a fleet larger than the worker's workflow cache is, that is the whole run.
+/// 500 turns kept up to ~6 MB a cached run; 400 events keep under 1 MB, and an idle TWD pays
+/// for it with one continue-as-new every ~5 hours (about 65 turns at the default resync).
+pub const RUN_EVENT_BOUND: u32 = 400;
+
+/// How long a run may grow before it continues as new.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunLength {
+    /// Turns this run has taken.
+    pub turns: u32,
+    /// Events in its history so far.
+    pub history_length: u32,
+    /// Temporal suggests continuing as new (the history is large in bytes).
+    pub suggested: bool,
+    /// The controller's history bound (`--history-event-bound`).
+    pub bound: u32,
+    /// The run has the `short-runs` patch (histories from before it keep their turn limit).
+    pub short_runs: bool,
+}
+
+impl RunLength {
+    /// Whether the run continues as new after the turn it has just taken.
+    pub fn is_over(&self) -> bool {
+        if self.suggested {
+            return true;
+        }
+        if self.short_runs {
+            self.history_length >= self.bound.min(RUN_EVENT_BOUND)
+        } else {
+            self.turns >= MAX_TURNS_PER_RUN || self.history_length >= self.bound
+        }
+    }
+}
+
 /// What the watcher sends on every change of the TWD (deduplicated by generation).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpecSignal {

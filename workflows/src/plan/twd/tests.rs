@@ -1521,3 +1521,70 @@ fn a_failing_notification_target_shows_in_the_status_until_it_delivers_and_is_ca
         "nothing carried when every target delivers (the same input as before notifications)"
     );
 }
+
+#[test]
+fn a_run_continues_as_new_at_its_event_bound_or_from_before_the_patch_its_turn_limit() {
+    let run = |turns, history_length, suggested, bound, short_runs| RunLength {
+        turns,
+        history_length,
+        suggested,
+        bound,
+        short_runs,
+    };
+    let default = crate::DEFAULT_HISTORY_EVENT_BOUND;
+    let cases = [
+        (
+            "short: a young run goes on",
+            run(10, 80, false, default, true),
+            false,
+        ),
+        (
+            "short: one event under the bound",
+            run(60, 399, false, default, true),
+            false,
+        ),
+        (
+            "short: at the bound",
+            run(61, 400, false, default, true),
+            true,
+        ),
+        (
+            "short: turns do not count",
+            run(900, 120, false, default, true),
+            false,
+        ),
+        (
+            "short: a lower controller bound wins",
+            run(5, 100, false, 100, true),
+            true,
+        ),
+        (
+            "short: Temporal suggests it",
+            run(1, 20, true, default, true),
+            true,
+        ),
+        (
+            "old: 400 events are not the end",
+            run(66, 400, false, default, false),
+            false,
+        ),
+        (
+            "old: the 500th turn",
+            run(500, 3_000, false, default, false),
+            true,
+        ),
+        (
+            "old: the controller's bound",
+            run(80, 100, false, 100, false),
+            true,
+        ),
+        (
+            "old: Temporal suggests it",
+            run(1, 20, true, default, false),
+            true,
+        ),
+    ];
+    for (case, length, over) in cases {
+        assert_eq!(length.is_over(), over, "{case}");
+    }
+}
