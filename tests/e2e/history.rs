@@ -186,6 +186,21 @@ async fn wait_phase(cluster: &Cluster, ns: &str, name: &str, phase: RolloutPhase
         .await;
 }
 
+/// A private sandbox whose controller runs with `env`, and a fresh namespace (`prefix`) with the
+/// connection `dev`.
+async fn private_with(name: &str, env: &[(&str, &str)], prefix: &str) -> (Private, String) {
+    let mut private = Private::start(name).await;
+    private
+        .sandbox
+        .restart_controller_with_env(env)
+        .await
+        .unwrap_or_else(|e| panic!("restarting the controller: {e}"));
+    let cluster = &private.cluster;
+    let ns = cluster.namespace(prefix).await;
+    cluster.apply(&cluster.connection(&ns, "dev")).await;
+    (private, ns)
+}
+
 fn assert_bounded(workflow_id: &str, runs: &[(String, String, u64)]) {
     for (run_id, status, length) in runs {
         assert!(
@@ -197,15 +212,13 @@ fn assert_bounded(workflow_id: &str, runs: &[(String, String, u64)]) {
 
 #[tokio::test]
 async fn held_rollouts_continue_as_new_under_signals_and_finish() {
-    let mut private = Private::start("history-bound").await;
-    private
-        .sandbox
-        .restart_controller_with_env(&[("TWC_HISTORY_EVENT_BOUND", "100")])
-        .await
-        .unwrap_or_else(|e| panic!("restarting the controller: {e}"));
+    let (private, ns) = private_with(
+        "history-bound",
+        &[("TWC_HISTORY_EVENT_BOUND", "100")],
+        "history",
+    )
+    .await;
     let cluster = &private.cluster;
-    let ns = cluster.namespace("history").await;
-    cluster.apply(&cluster.connection(&ns, "dev")).await;
 
     // A Progressive rollout held at its first step (a pause of a day), paused and resumed by
     // operators over and over.
@@ -384,15 +397,8 @@ async fn held_rollouts_continue_as_new_under_signals_and_finish() {
 async fn an_idle_twd_workflow_continues_as_new_at_its_event_bound() {
     // A resync every second: the ~65 idle turns a TWD workflow takes in ~5 h at the default
     // 5 min fill its run in about a minute.
-    let mut private = Private::start("short-runs").await;
-    private
-        .sandbox
-        .restart_controller_with_env(&[("TWC_RESYNC_INTERVAL", "1s")])
-        .await
-        .unwrap_or_else(|e| panic!("restarting the controller: {e}"));
+    let (private, ns) = private_with("short-runs", &[("TWC_RESYNC_INTERVAL", "1s")], "short").await;
     let cluster = &private.cluster;
-    let ns = cluster.namespace("short").await;
-    cluster.apply(&cluster.connection(&ns, "dev")).await;
     let rollout = json!({ "strategy": "AllAtOnce" });
     cluster.apply(&worker(&ns, "idle", "v1", rollout)).await;
     let ready = cluster.wait_ready(&ns, "idle", "v1", ROLLOUT).await;
@@ -457,15 +463,9 @@ async fn wait_observed(cluster: &Cluster, ns: &str, name: &str) {
 
 #[tokio::test]
 async fn a_spec_change_the_watcher_missed_is_rolled_out_by_the_resync() {
-    let mut private = Private::start("resync").await;
-    private
-        .sandbox
-        .restart_controller_with_env(&[("TWC_RESYNC_INTERVAL", "10s")])
-        .await
-        .unwrap_or_else(|e| panic!("restarting the controller: {e}"));
+    let (mut private, ns) =
+        private_with("resync", &[("TWC_RESYNC_INTERVAL", "10s")], "resync").await;
     let cluster = &private.cluster;
-    let ns = cluster.namespace("resync").await;
-    cluster.apply(&cluster.connection(&ns, "dev")).await;
     let rollout = json!({ "strategy": "AllAtOnce" });
     cluster
         .apply(&worker(&ns, "hello", "v1", rollout.clone()))
