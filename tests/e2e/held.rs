@@ -53,7 +53,7 @@ fn now_ms() -> i64 {
 
 /// An event's type without the `EVENT_TYPE_` prefix, in lower case without underscores
 /// (`timerfired`), however the CLI spells it.
-fn event_type(event: &Value) -> String {
+pub(crate) fn event_type(event: &Value) -> String {
     event["eventType"]
         .as_str()
         .unwrap_or_default()

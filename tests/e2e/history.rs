@@ -11,7 +11,7 @@ use twc_crds::worker_deployment::RolloutPhase;
 
 use crate::chaos::cluster::{Cluster, Private, fresh, status_text};
 use crate::harness::controls::kubectl_twc_in;
-use crate::harness::twd::{condition, get_twd, target_build, worker};
+use crate::harness::twd::{condition, deployments, get_twd, target_build, worker};
 use crate::harness::wait::wait_for;
 
 /// The test controller's history bound (the production default is 10,000 events).
@@ -408,11 +408,11 @@ async fn an_idle_twd_workflow_continues_as_new_at_its_event_bound() {
     let bound = u64::from(twc_workflows::plan::twd::RUN_EVENT_BOUND);
     let twd_runs = cluster
         .wait(
-            &format!("{twd_id} to continue as new twice"),
+            &format!("{twd_id} to continue as new twice at its bound"),
             Duration::from_secs(300),
             || async {
                 let twd_runs = runs(cluster, &twd_id).await?;
-                if twd_runs.len() >= 3 {
+                if twd_runs.len() >= 4 {
                     Ok(twd_runs)
                 } else {
                     Err(format!("{twd_runs:?}"))
@@ -420,9 +420,12 @@ async fn an_idle_twd_workflow_continues_as_new_at_its_event_bound() {
             },
         )
         .await;
-    // Each ended run continued at the bound (at most one turn and the signals that came during
-    // it past it), not at the 500 turns (~3,000 events) runs from before `short-runs` take.
-    for (run_id, status, length) in &twd_runs[1..] {
+    // The first run ended with its rollout (`settled-runs`), far under the bound. Each idle run
+    // since continued at the bound (at most one turn and the signals that came during it past
+    // it), not at the 500 turns (~3,000 events) runs from before `short-runs` take.
+    let (first, idle_runs) = twd_runs[1..].split_last().expect("four runs");
+    assert!(first.2 < bound, "{twd_id}: {twd_runs:?}");
+    for (run_id, status, length) in idle_runs {
         assert!(
             (bound..=bound + TURN_SLACK).contains(length),
             "{twd_id} run {run_id} ({status}) ended with {length} history events, not at the \
@@ -574,4 +577,136 @@ async fn a_restarted_controller_signals_no_twd_whose_workflow_has_its_generation
         );
     }
     private.sandbox.stop().await;
+}
+
+/// The event types of one run ([`crate::held::event_type`]'s spelling).
+async fn run_events(
+    cluster: &Cluster,
+    workflow_id: &str,
+    run_id: &str,
+) -> Result<Vec<String>, String> {
+    let text = cluster
+        .history(&cluster.env.temporal_namespace, workflow_id, run_id)
+        .await?;
+    let history: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
+    Ok(history["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(crate::held::event_type)
+        .collect())
+}
+
+/// Waits until `workflow_id` has `count` runs, every one but the newest continued as new, and
+/// the newest idle in its wait; returns them newest first.
+async fn wait_runs(
+    cluster: &Cluster,
+    workflow_id: &str,
+    count: usize,
+) -> Vec<(String, String, u64)> {
+    cluster
+        .wait(
+            &format!("{workflow_id} to have {count} runs, the newest idle"),
+            Duration::from_secs(120),
+            || async {
+                let twd_runs = runs(cluster, workflow_id).await?;
+                if twd_runs.len() < count {
+                    return Err(format!("{twd_runs:?}"));
+                }
+                idle(cluster, workflow_id).await?;
+                Ok(twd_runs)
+            },
+        )
+        .await
+}
+
+/// Asserts that `run_id`'s first workflow task only started the timer of its first turn (the
+/// resync the previous run was due), and that nothing ran before that timer fired: no turn at
+/// once, no activity, no status write.
+async fn assert_quiet_start(cluster: &Cluster, workflow_id: &str, run_id: &str) {
+    let events = run_events(cluster, workflow_id, run_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let first_task: Vec<&str> = events.iter().take(5).map(String::as_str).collect();
+    assert_eq!(
+        first_task,
+        [
+            "workflowexecutionstarted",
+            "workflowtaskscheduled",
+            "workflowtaskstarted",
+            "workflowtaskcompleted",
+            "timerstarted"
+        ],
+        "{workflow_id} run {run_id}: {events:?}"
+    );
+    let before_it_fired: Vec<&String> = events
+        .iter()
+        .skip(5)
+        .take_while(|t| *t != "timerfired")
+        .collect();
+    assert!(
+        before_it_fired.is_empty(),
+        "{workflow_id} run {run_id} did something before its first timer: {events:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_twd_workflow_continues_as_new_once_its_rollout_has_ended_and_resumes_at_its_resync() {
+    let cluster = Cluster::shared().await;
+    let ns = cluster.namespace("settled").await;
+    cluster.apply(&cluster.connection(&ns, "dev")).await;
+    let rollout = json!({ "strategy": "AllAtOnce" });
+    cluster
+        .apply(&worker(&ns, "settle", "v1", rollout.clone()))
+        .await;
+    let ready = cluster.wait_ready(&ns, "settle", "v1", ROLLOUT).await;
+    let v1 = target_build(&ready);
+    let twd_id = format!("twd/{ns}/settle");
+    let bound = u64::from(twc_workflows::plan::twd::RUN_EVENT_BOUND);
+
+    // The run that rolled v1 out ended with it, far under the event bound; the next one waits
+    // for its resync (5 min in the shared sandbox) with nothing done.
+    let settled = wait_runs(&cluster, &twd_id, 2).await;
+    let (ended_id, ended_status, ended_length) = &settled[1];
+    assert_eq!(ended_status, "CONTINUED_AS_NEW", "{settled:?}");
+    assert!(*ended_length < bound, "{settled:?}");
+    let ended = run_events(&cluster, &twd_id, ended_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        ended.last().map(String::as_str),
+        Some("workflowexecutioncontinuedasnew"),
+        "{ended:?}"
+    );
+    assert_quiet_start(&cluster, &twd_id, &settled[0].0).await;
+    let twd = get_twd(&cluster.client, &ns, "settle")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(target_build(&twd), v1, "{}", status_text(&twd));
+
+    // The next rollout is the new run's work: it ends with it too, and retiring v1 goes on in
+    // the run after (the sunset's memory is carried): v1's Deployment is deleted.
+    cluster.apply(&worker(&ns, "settle", "v2", rollout)).await;
+    let ready = cluster.wait_ready(&ns, "settle", "v2", ROLLOUT).await;
+    let v2 = target_build(&ready).unwrap_or_default();
+    let after = wait_runs(&cluster, &twd_id, 3).await;
+    assert_eq!(after[1].1, "CONTINUED_AS_NEW", "{after:?}");
+    assert_eq!(after[2].0, *ended_id, "{after:?}");
+    cluster
+        .wait(
+            &format!("{ns}/settle: only {v2}'s Deployment"),
+            ROLLOUT,
+            || async {
+                let left = deployments(&cluster.client, &ns, "settle").await;
+                if left.iter().all(|(_, build, _)| *build == v2) && !left.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("{left:?}"))
+                }
+            },
+        )
+        .await;
+    let rollouts = recent_rollouts(&cluster, &ns, "settle").await;
+    assert_eq!(rollouts.len(), 2, "rollouts: {rollouts:?}");
 }

@@ -30,6 +30,11 @@ pub(crate) const PATCH_SHOW_STARTING_ROLLOUT: &str = "show-starting-rollout";
 /// see `CHANGELOG.md`).
 pub(crate) const PATCH_SHORT_RUNS: &str = "short-runs";
 
+/// The `twd` workflow continues as new once the rollout it worked on has ended, and the next
+/// run's first turn waits for the resync the previous run would have taken, so an idle TWD's
+/// cached run holds the few events of its resyncs (since v0.1.0; see `CHANGELOG.md`).
+pub(crate) const PATCH_SETTLED_RUNS: &str = "settled-runs";
+
 /// Waits for `future` (a timer or an activity) unless `woken` comes to hold first; then the
 /// future is cancelled when `cancel` says so, and `None` is returned.
 ///

@@ -33,7 +33,8 @@ use crate::plan::twd::{self, ReportShown, RunLength, Shown, TwdDecision, TwdStat
 pub use crate::plan::twd::{ActiveRollout, CarriedTwd, SpecSignal};
 use crate::rollout_workflow::RolloutWorkflow;
 use crate::support::{
-    self, PATCH_CANCEL_BEATEN_TIMERS, PATCH_SHORT_RUNS, now_millis, run_activity, short_options,
+    self, PATCH_CANCEL_BEATEN_TIMERS, PATCH_SETTLED_RUNS, PATCH_SHORT_RUNS, now_millis,
+    run_activity, short_options,
 };
 
 /// Default level-triggered resync interval when nothing else is due.
@@ -107,7 +108,11 @@ impl TwdWorkflow {
             .map_or(DEFAULT_RESYNC, |seconds| {
                 Duration::from_secs(u64::from(seconds.max(1)))
             });
-        let mut next_wake = Duration::ZERO;
+        // A run continued with nothing pending takes its first turn when the previous run's
+        // next one was due.
+        let started = now_millis(ctx);
+        let mut next_wake =
+            ctx.state(|s| twd::QuietStart::first_wait(s.input.carried.as_ref(), started));
         let mut turns = 0u32;
         // Signals counted before a turn starts are handled by it; one that arrives while the
         // turn runs (a control during an activity) ends the next wait at once.
@@ -135,11 +140,11 @@ impl TwdWorkflow {
                     // The timer the report interrupted keeps its deadline.
                     let left = due_at.saturating_sub(now_millis(ctx)).max(0);
                     next_wake = Duration::from_millis(u64::try_from(left).unwrap_or(0));
-                    continue_as_new_if_due(ctx, turns)?;
+                    continue_as_new_if_due(ctx, turns, next_wake, seen)?;
                 }
                 TwdDecision::Turn(turn) => {
                     next_wake = turn::run(ctx, &twd, turn, resync).await;
-                    continue_as_new_if_due(ctx, turns)?;
+                    continue_as_new_if_due(ctx, turns, next_wake, seen)?;
                 }
             }
         }
@@ -231,11 +236,19 @@ async fn wait(ctx: &WorkflowContext<TwdWorkflow>, next_wake: Duration, seen: u64
     }
 }
 
-/// Continues as new once the run is as long as [`RunLength`] allows.
+/// Continues as new once the run is as long as [`RunLength`] allows, or has settled after a
+/// rollout. `next_wake`: when the next turn would be; `seen`: the signal count the turn started
+/// from (a signal since then makes the next run's first turn follow at once).
 fn continue_as_new_if_due(
     ctx: &mut WorkflowContext<TwdWorkflow>,
     turns: u32,
+    next_wake: Duration,
+    seen: u64,
 ) -> WorkflowResult<()> {
+    let settled = ctx.state_mut(|s| {
+        s.state.turn_ended();
+        s.state.settled_after_work()
+    });
     let length = RunLength {
         turns,
         history_length: ctx.history_length(),
@@ -244,18 +257,27 @@ fn continue_as_new_if_due(
             .state(|s| s.input.history_event_bound)
             .unwrap_or(crate::DEFAULT_HISTORY_EVENT_BOUND),
         short_runs: ctx.patched(PATCH_SHORT_RUNS),
+        // Asked only of a run that settles, so other runs record no marker for it.
+        settled_after_work: settled && ctx.patched(PATCH_SETTLED_RUNS),
     };
     if length.is_over() {
-        continue_as_new(ctx)?;
+        let pending = ctx.state(|s| s.wakeups != seen);
+        let turn_at = (!pending && !next_wake.is_zero())
+            .then(|| now_millis(ctx).saturating_add(millis(next_wake)));
+        continue_as_new(ctx, turn_at)?;
     }
     Ok(())
 }
 
 /// Continues as new, carrying everything the next run needs (signals that arrived during this
-/// turn included: they are handled by the next run's first turn).
-fn continue_as_new(ctx: &mut WorkflowContext<TwdWorkflow>) -> WorkflowResult<()> {
+/// turn included: they are handled by the next run's first turn, at once; with nothing pending
+/// it comes at `turn_at`).
+fn continue_as_new(
+    ctx: &mut WorkflowContext<TwdWorkflow>,
+    turn_at: Option<UnixMillis>,
+) -> WorkflowResult<()> {
     let input = ctx.state(|s| TwdInput {
-        carried: Some(s.state.carried()),
+        carried: Some(s.state.carried(turn_at)),
         ..s.input.clone()
     });
     ctx.continue_as_new(input, Default::default())?;

@@ -67,12 +67,16 @@ pub struct RunLength {
     pub bound: u32,
     /// The run has the `short-runs` patch (histories from before it keep their turn limit).
     pub short_runs: bool,
+    /// The rollout this run worked on has ended and nothing is pending
+    /// ([`TwdState::settled_after_work`]), under the `settled-runs` patch: the run ends there,
+    /// so the idle time that follows is spent in a short history.
+    pub settled_after_work: bool,
 }
 
 impl RunLength {
     /// Whether the run continues as new after the turn it has just taken.
     pub fn is_over(&self) -> bool {
-        if self.suggested {
+        if self.suggested || self.settled_after_work {
             return true;
         }
         if self.short_runs {
@@ -170,6 +174,35 @@ pub struct CarriedTwd {
     /// Webhook targets failing, as the notification workflow last reported.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notification_failures: Vec<TargetFailure>,
+    /// The next run's first turn is a resync at a time the previous run chose, not a turn at
+    /// once (absent: a turn at once, as every run before `settled-runs` started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quiet_start: Option<QuietStart>,
+}
+
+/// What a run that ends with nothing pending hands the next one, so its first turn is the
+/// resync the previous run would have taken: at the same time, re-asserting and writing only
+/// what is due or changed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuietStart {
+    /// When the first turn falls due (workflow time).
+    pub turn_at: UnixMillis,
+    /// When the resources were last re-asserted.
+    pub reasserted_at: Option<UnixMillis>,
+    /// The status last written.
+    pub status: Option<TemporalWorkerDeploymentStatus>,
+}
+
+impl QuietStart {
+    /// The wait before the first turn of a run resumed from `carried` at `now`: none without a
+    /// quiet start (or once its time has passed), else until its time.
+    pub fn first_wait(carried: Option<&CarriedTwd>, now: UnixMillis) -> Duration {
+        carried
+            .and_then(|c| c.quiet_start.as_ref())
+            .map_or(Duration::ZERO, |quiet| {
+                Duration::from_millis(u64::try_from(quiet.turn_at - now).unwrap_or(0))
+            })
+    }
 }
 
 /// What the TWD workflow knows between turns: its memory (carried over a continue-as-new),
@@ -216,6 +249,8 @@ pub struct TwdState {
     pub routing_shown: u64,
     /// The status last written by this run.
     pub last_status: Option<TemporalWorkerDeploymentStatus>,
+    /// This run ended a turn with a rollout under way ([`settled`](Self::settled) false).
+    pub worked: bool,
 }
 
 /// What woke a turn.
@@ -457,13 +492,24 @@ impl TwdState {
             notification_failures: carried.notification_failures,
             controls: carried.controls,
             poked: carried.poked,
+            reasserted_at: carried.quiet_start.as_ref().and_then(|q| q.reasserted_at),
+            last_status: carried.quiet_start.and_then(|q| q.status),
             ..Self::default()
         }
     }
 
-    /// What the next run needs (signals received during this turn included).
-    pub fn carried(&self) -> CarriedTwd {
+    /// What the next run needs (signals received during this turn included). `turn_at`: when
+    /// this run's next turn would have been, if nothing is pending (no signal came during the
+    /// turn): the next run takes it as a [`QuietStart`] when the inbox is empty too.
+    pub fn carried(&self, turn_at: Option<UnixMillis>) -> CarriedTwd {
+        let quiet = self.controls.is_empty() && !self.poked && !self.spec_signalled;
+        let quiet_start = turn_at.filter(|_| quiet).map(|turn_at| QuietStart {
+            turn_at,
+            reasserted_at: self.reasserted_at,
+            status: self.last_status.clone(),
+        });
         CarriedTwd {
+            quiet_start,
             spec: self.spec.clone(),
             active: self.active.clone(),
             last_report: self.last_report.clone(),
@@ -590,6 +636,36 @@ impl TwdState {
         self.last_report
             .as_ref()
             .filter(|r| r.workflow_id == active.workflow_id)
+    }
+
+    /// Nothing is under way: the spec is held and not being deleted, no rollout is being
+    /// started, the one in flight (if any) has reported its end (Complete or Aborted), and no
+    /// control, nudge or spec signal waits. Versions may still be retiring: the sunset's memory
+    /// is carried like the rest.
+    pub fn settled(&self) -> bool {
+        let rollout_ended = self.active.is_none()
+            || self.report_of_active().is_some_and(|r| {
+                matches!(
+                    r.progress,
+                    RolloutProgress::Complete | RolloutProgress::Aborted
+                )
+            });
+        self.spec.as_ref().is_some_and(|s| !s.deleting)
+            && self.launching.is_none()
+            && rollout_ended
+            && self.controls.is_empty()
+            && !self.poked
+            && !self.spec_signalled
+    }
+
+    /// A turn has ended: remembers whether a rollout was under way.
+    pub fn turn_ended(&mut self) {
+        self.worked |= !self.settled();
+    }
+
+    /// This run ended a turn with a rollout under way, and nothing is under way now.
+    pub fn settled_after_work(&self) -> bool {
+        self.worked && self.settled()
     }
 
     /// Whether what woke this turn can only have been a report of the rollout in flight, still

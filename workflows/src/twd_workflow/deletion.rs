@@ -98,7 +98,7 @@ async fn delete_with_backoff(
         let cancel = |ctx: &WorkflowContext<TwdWorkflow>| ctx.patched(PATCH_CANCEL_BEATEN_TIMERS);
         let _ = support::unless(ctx, timer, changed, cancel).await;
         if history_full(ctx, ctx.state(|s| s.input.history_event_bound)) {
-            continue_as_new(ctx)?;
+            continue_as_new(ctx, None)?;
         }
     }
 }

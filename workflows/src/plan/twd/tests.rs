@@ -1470,7 +1470,7 @@ fn a_continued_run_resumes_with_its_memory_and_inbox_and_reads_afresh() {
     state.controls.push(ControlAction::Promote);
     state.poked = true;
     state.aborted.push(OLD.to_owned());
-    let resumed = TwdState::resumed(Some(state.carried()));
+    let resumed = TwdState::resumed(Some(state.carried(None)));
     assert_eq!(
         resumed,
         TwdState {
@@ -1511,12 +1511,12 @@ fn a_failing_notification_target_shows_in_the_status_until_it_delivers_and_is_ca
         delivered(&state.status(&shown, "hello", 900)),
         Some(("False".to_owned(), "NotificationDeliveryFailed".to_owned()))
     );
-    let resumed = TwdState::resumed(Some(state.carried()));
+    let resumed = TwdState::resumed(Some(state.carried(None)));
     assert_eq!(resumed.notification_failures, failing, "carried over");
     assert!(state.receive_notification_health(Vec::new()));
     assert_eq!(delivered(&state.status(&shown, "hello", 900)), None);
     assert!(
-        serde_json::to_value(state.carried())
+        serde_json::to_value(state.carried(None))
             .is_ok_and(|v| v.get("notification_failures").is_none()),
         "nothing carried when every target delivers (the same input as before notifications)"
     );
@@ -1530,6 +1530,17 @@ fn a_run_continues_as_new_at_its_event_bound_or_from_before_the_patch_its_turn_l
         suggested,
         bound,
         short_runs,
+        settled_after_work: false,
+    };
+    let settled = |history_length| RunLength {
+        settled_after_work: true,
+        ..run(
+            3,
+            history_length,
+            false,
+            crate::DEFAULT_HISTORY_EVENT_BOUND,
+            true,
+        )
     };
     let default = crate::DEFAULT_HISTORY_EVENT_BOUND;
     let cases = [
@@ -1583,8 +1594,181 @@ fn a_run_continues_as_new_at_its_event_bound_or_from_before_the_patch_its_turn_l
             run(1, 20, true, default, false),
             true,
         ),
+        (
+            "settled after its rollout: a young run ends too",
+            settled(60),
+            true,
+        ),
     ];
     for (case, length, over) in cases {
         assert_eq!(length.is_over(), over, "{case}");
     }
+}
+
+#[test]
+fn a_run_has_settled_after_work_once_the_rollout_it_worked_on_has_ended_and_nothing_waits() {
+    fn ended(s: &mut TwdState, to: RolloutProgress) {
+        s.worked = true;
+        progress(s, to);
+    }
+    let cases: [(&str, Change, bool); 11] = [
+        ("a rollout waiting for pollers", |_| {}, false),
+        (
+            "its Complete report, and a turn under way before",
+            |s| ended(s, RolloutProgress::Complete),
+            true,
+        ),
+        (
+            "aborted: the rollout has ended, its build retires",
+            |s| ended(s, RolloutProgress::Aborted),
+            true,
+        ),
+        (
+            "blocked: a retry can resume it",
+            |s| ended(s, RolloutProgress::Blocked),
+            false,
+        ),
+        ("paused", |s| ended(s, RolloutProgress::Paused), false),
+        (
+            "complete, but no turn of this run saw it under way (a run continued idle)",
+            |s| progress(s, RolloutProgress::Complete),
+            false,
+        ),
+        (
+            "complete, a control waiting",
+            |s| {
+                ended(s, RolloutProgress::Complete);
+                s.controls.push(ControlAction::Retry);
+            },
+            false,
+        ),
+        (
+            "complete, a spec signal since",
+            |s| {
+                ended(s, RolloutProgress::Complete);
+                s.spec_signalled = true;
+            },
+            false,
+        ),
+        (
+            "complete, a newer build being started",
+            |s| {
+                ended(s, RolloutProgress::Complete);
+                s.launching = Some("r3".to_owned());
+            },
+            false,
+        ),
+        (
+            "complete, the TWD being deleted",
+            |s| {
+                ended(s, RolloutProgress::Complete);
+                if let Some(spec) = s.spec.as_mut() {
+                    spec.deleting = true;
+                }
+            },
+            false,
+        ),
+        (
+            "no rollout ever, after a turn that had one under way",
+            |s| {
+                s.worked = true;
+                s.active = None;
+            },
+            true,
+        ),
+    ];
+    for (case, change, settled) in cases {
+        let mut state = rolling();
+        change(&mut state);
+        assert_eq!(state.settled_after_work(), settled, "{case}");
+    }
+
+    let mut state = rolling();
+    state.turn_ended();
+    assert!(state.worked, "a turn ended with the rollout under way");
+    progress(&mut state, RolloutProgress::Complete);
+    state.turn_ended();
+    assert!(state.settled_after_work(), "then its end");
+    let mut idle = rolling();
+    progress(&mut idle, RolloutProgress::Complete);
+    idle.turn_ended();
+    assert!(
+        !idle.settled_after_work(),
+        "only quiet turns: the run goes on"
+    );
+}
+
+#[test]
+fn a_run_continued_with_nothing_pending_starts_with_the_resync_it_was_due() {
+    let mut state = rolling();
+    progress(&mut state, RolloutProgress::Complete);
+    state.reasserted_at = Some(1_000);
+    let shown = Shown::of(state.last_observation.clone().expect("observed"), 3);
+    state.last_status = Some(state.status(&shown, "hello", 1_000));
+
+    let carried = state.carried(Some(301_000));
+    assert_eq!(
+        carried.quiet_start,
+        Some(QuietStart {
+            turn_at: 301_000,
+            reasserted_at: Some(1_000),
+            status: state.last_status.clone(),
+        })
+    );
+    let resumed = TwdState::resumed(Some(carried.clone()));
+    assert_eq!(resumed.reasserted_at, Some(1_000), "not a first turn");
+    assert!(
+        state
+            .last_status
+            .as_ref()
+            .is_some_and(|status| resumed.shows(status)),
+        "the status written is not written again"
+    );
+    assert_eq!(
+        QuietStart::first_wait(Some(&carried), 2_000),
+        Duration::from_millis(299_000),
+        "the first turn at the time the previous run chose"
+    );
+    assert_eq!(
+        QuietStart::first_wait(Some(&carried), 400_000),
+        Duration::ZERO,
+        "its time passed (the first task came late): at once"
+    );
+    assert_eq!(
+        decide(&resumed, Woke::Timer, 301_000),
+        TwdDecision::Turn(Turn {
+            spec: signal(3, NEW),
+            show_reported_routing: true,
+            reassert_first: false,
+            quiet: true,
+        }),
+        "a quiet resync"
+    );
+
+    let pending: [(&str, Change); 3] = [
+        ("a control", |s| s.controls.push(ControlAction::Pause)),
+        ("a nudge", |s| s.poked = true),
+        ("a spec signal", |s| s.spec_signalled = true),
+    ];
+    for (case, change) in pending {
+        let mut waiting = state.clone();
+        change(&mut waiting);
+        let carried = waiting.carried(Some(301_000));
+        assert_eq!(carried.quiet_start, None, "{case}: the first turn at once");
+        assert_eq!(
+            QuietStart::first_wait(Some(&carried), 2_000),
+            Duration::ZERO
+        );
+    }
+    let at_once = state.carried(None);
+    assert_eq!(at_once.quiet_start, None, "no time given: at once");
+    assert_eq!(
+        QuietStart::first_wait(Some(&at_once), 2_000),
+        Duration::ZERO
+    );
+    assert_eq!(QuietStart::first_wait(None, 2_000), Duration::ZERO);
+    assert!(
+        serde_json::to_value(&at_once).is_ok_and(|v| v.get("quiet_start").is_none()),
+        "nothing carried without it (the same input as before)"
+    );
 }
