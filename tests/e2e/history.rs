@@ -394,7 +394,7 @@ async fn held_rollouts_continue_as_new_under_signals_and_finish() {
 }
 
 #[tokio::test]
-async fn an_idle_twd_workflow_continues_as_new_at_its_event_bound() {
+async fn idle_twd_workflows_and_held_rollouts_continue_as_new_at_their_event_bound() {
     // A resync every second: the ~65 idle turns a TWD workflow takes in ~5 h at the default
     // 5 min fill its run in about a minute.
     let (private, ns) = private_with("short-runs", &[("TWC_RESYNC_INTERVAL", "1s")], "short").await;
@@ -447,6 +447,45 @@ async fn an_idle_twd_workflow_continues_as_new_at_its_event_bound() {
     );
     let rollouts = recent_rollouts(cluster, &ns, "idle").await;
     assert_eq!(rollouts.len(), 1, "rollouts: {rollouts:?}");
+
+    // A rollout held in a step of an hour, woken by the same 1 s resync: its runs continue as
+    // new at the same bound (`short-rollout-runs`), not at Temporal's suggestion (~4,000
+    // events), and it still promotes.
+    let held = json!({ "strategy": "Progressive",
+        "steps": [ { "rampPercentage": 10, "pauseDuration": "1h" } ] });
+    cluster.apply(&worker(&ns, "idle", "v2", held)).await;
+    cluster
+        .wait_reason(&ns, "idle", "Progressing", "Ramping", ROLLOUT)
+        .await;
+    let twd = get_twd(&cluster.client, &ns, "idle")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let v2 = target_build(&twd).unwrap_or_default();
+    let rollout_id = format!("rollout/{ns}/idle/{v2}");
+    let held_runs = cluster
+        .wait(
+            &format!("{rollout_id} to continue as new twice"),
+            Duration::from_secs(300),
+            || async {
+                let held_runs = runs(cluster, &rollout_id).await?;
+                if held_runs.len() >= 3 {
+                    Ok(held_runs)
+                } else {
+                    Err(format!("{held_runs:?}"))
+                }
+            },
+        )
+        .await;
+    for (run_id, status, length) in &held_runs[1..] {
+        assert!(
+            status == "CONTINUED_AS_NEW" && (bound..=bound + TURN_SLACK).contains(length),
+            "{rollout_id} run {run_id} ({status}) ended with {length} history events, not at \
+             the bound of {bound} (+{TURN_SLACK}): {held_runs:?}"
+        );
+    }
+    cluster.signal_control(&rollout_id, "promote").await;
+    let twd = cluster.wait_ready(&ns, "idle", "v2", ROLLOUT).await;
+    assert_eq!(target_build(&twd).as_deref(), Some(v2.as_str()));
     private.sandbox.stop().await;
 }
 

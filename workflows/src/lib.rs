@@ -27,3 +27,13 @@ pub fn waits_task_queue(task_queue: &str) -> String {
 /// (it also does when Temporal suggests it, at about 4,000 events by default). Far below
 /// Temporal's hard limit of 51,200 events, so a rollout can hold a step for weeks.
 pub const DEFAULT_HISTORY_EVENT_BOUND: u32 = 10_000;
+
+/// History events after which a `twd` run (`short-runs`) or a `rollout` run
+/// (`short-rollout-runs`) continues as new; a lower `--history-event-bound` wins. A cached run
+/// keeps the capacity of the last history the SDK handed it (2,024 bytes an event,
+/// temporalio-protos 0.10.2): after a replay from the start, as every resync of a fleet larger
+/// than the worker's workflow cache is, that is the whole run. 500 TWD turns kept up to ~6 MB a
+/// cached run, a rollout held for days up to ~8 MB at Temporal's suggestion (~4,000 events);
+/// 400 events keep under 1 MB. An idle TWD pays for it with one continue-as-new every ~5 hours
+/// (about 65 turns at the default resync), a held rollout about as often (72 events an hour).
+pub const RUN_EVENT_BOUND: u32 = 400;

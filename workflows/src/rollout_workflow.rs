@@ -36,8 +36,8 @@ use crate::plan::rollout::{
     GateState, HeldTime, HoldTransition, RolloutDecision, RolloutMemory, decide,
 };
 use crate::support::{
-    self, activity_failed, history_full, millis, now_millis, replay_options, run_activity,
-    short_options, waiting_options, with_summary,
+    self, PATCH_SHORT_ROLLOUT_RUNS, activity_failed, history_full, millis, now_millis,
+    replay_options, run_activity, short_options, waiting_options, with_summary,
 };
 use crate::twd_workflow::TwdWorkflow;
 
@@ -205,8 +205,9 @@ impl RolloutWorkflow {
         let mut prefetched: Option<Box<Observation>> = None;
         loop {
             turns += 1;
-            let continue_now =
-                turns > 1 && history_full(ctx, ctx.state(|s| s.input.history_event_bound));
+            let continue_now = turns > 1
+                && (history_full(ctx, ctx.state(|s| s.input.history_event_bound))
+                    || past_run_bound(ctx));
             if continue_now {
                 let input = ctx.state(RolloutWorkflow::continued_input);
                 let mut memo = MemoValues::new();
@@ -1515,6 +1516,12 @@ async fn event(
         short_options(),
     )
     .await;
+}
+
+/// Whether the run has reached [`RUN_EVENT_BOUND`](crate::RUN_EVENT_BOUND) events
+/// (`short-rollout-runs`; asked only once it has, so shorter runs record no marker).
+fn past_run_bound(ctx: &WorkflowContext<RolloutWorkflow>) -> bool {
+    ctx.history_length() >= crate::RUN_EVENT_BOUND && ctx.patched(PATCH_SHORT_ROLLOUT_RUNS)
 }
 
 fn set_outcome(ctx: &mut WorkflowContext<RolloutWorkflow>, outcome: &str) {

@@ -25,7 +25,7 @@ pub(crate) const PATCH_KEEP_EARLY_REPORTS: &str = "keep-early-reports";
 /// `CHANGELOG.md`).
 pub(crate) const PATCH_SHOW_STARTING_ROLLOUT: &str = "show-starting-rollout";
 
-/// The `twd` workflow continues as new after [`RUN_EVENT_BOUND`](crate::plan::twd::RUN_EVENT_BOUND)
+/// The `twd` workflow continues as new after [`RUN_EVENT_BOUND`](crate::RUN_EVENT_BOUND)
 /// history events instead of 500 turns, so a cached run holds a short history (since v0.1.0;
 /// see `CHANGELOG.md`).
 pub(crate) const PATCH_SHORT_RUNS: &str = "short-runs";
@@ -34,6 +34,11 @@ pub(crate) const PATCH_SHORT_RUNS: &str = "short-runs";
 /// run's first turn waits for the resync the previous run would have taken, so an idle TWD's
 /// cached run holds the few events of its resyncs (since v0.1.0; see `CHANGELOG.md`).
 pub(crate) const PATCH_SETTLED_RUNS: &str = "settled-runs";
+
+/// The `rollout` workflow continues as new at the same bound as the `twd` workflow's runs
+/// ([`RUN_EVENT_BOUND`](crate::RUN_EVENT_BOUND)), not only at
+/// `--history-event-bound` or Temporal's suggestion (since v0.1.0; see `CHANGELOG.md`).
+pub(crate) const PATCH_SHORT_ROLLOUT_RUNS: &str = "short-rollout-runs";
 
 /// Waits for `future` (a timer or an activity) unless `woken` comes to hold first; then the
 /// future is cancelled when `cancel` says so, and `None` is returned.

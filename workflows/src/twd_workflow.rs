@@ -245,10 +245,7 @@ fn continue_as_new_if_due(
     next_wake: Duration,
     seen: u64,
 ) -> WorkflowResult<()> {
-    let settled = ctx.state_mut(|s| {
-        s.state.turn_ended();
-        s.state.settled_after_work()
-    });
+    let settled = ctx.state(|s| s.state.settled_after_work());
     let length = RunLength {
         turns,
         history_length: ctx.history_length(),

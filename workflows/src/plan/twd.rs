@@ -46,13 +46,7 @@ pub fn jittered(period: Duration, draw: f64) -> Duration {
 /// an idle turn's 6 events, about 3,000 events: 1.7 days at the default resync).
 pub const MAX_TURNS_PER_RUN: u32 = 500;
 
-/// History events after which a run continues as new (`short-runs`; a lower
-/// `history_event_bound` wins). A cached run keeps the capacity of the last history the SDK
-/// handed it (2,024 bytes an event, temporalio-protos 0.10.2): after a replay from the start,
-/// as every resync of a fleet larger than the worker's workflow cache is, that is the whole run.
-/// 500 turns kept up to ~6 MB a cached run; 400 events keep under 1 MB, and an idle TWD pays
-/// for it with one continue-as-new every ~5 hours (about 65 turns at the default resync).
-pub const RUN_EVENT_BOUND: u32 = 400;
+pub use crate::RUN_EVENT_BOUND;
 
 /// How long a run may grow before it continues as new.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,7 +243,8 @@ pub struct TwdState {
     pub routing_shown: u64,
     /// The status last written by this run.
     pub last_status: Option<TemporalWorkerDeploymentStatus>,
-    /// This run ended a turn with a rollout under way ([`settled`](Self::settled) false).
+    /// This run started a rollout ([`launching`](Self::launching)) or took a report of one
+    /// ([`receive_report`](Self::receive_report)).
     pub worked: bool,
 }
 
@@ -569,6 +564,7 @@ impl TwdState {
         }
         self.note_aborted(&report);
         self.last_report = Some(report);
+        self.worked = true;
         true
     }
 
@@ -658,12 +654,7 @@ impl TwdState {
             && !self.spec_signalled
     }
 
-    /// A turn has ended: remembers whether a rollout was under way.
-    pub fn turn_ended(&mut self) {
-        self.worked |= !self.settled();
-    }
-
-    /// This run ended a turn with a rollout under way, and nothing is under way now.
+    /// This run started a rollout or took a report of one, and nothing is under way now.
     pub fn settled_after_work(&self) -> bool {
         self.worked && self.settled()
     }
@@ -872,6 +863,7 @@ impl TwdState {
     pub fn launching(&mut self, workflow_id: &str) {
         self.launching = Some(workflow_id.to_owned());
         self.early_reports.clear();
+        self.worked = true;
     }
 
     /// The rollout of `spec`'s build (workflow `workflow_id`; `run_id` when this start made it,

@@ -1614,7 +1614,7 @@ fn a_run_has_settled_after_work_once_the_rollout_it_worked_on_has_ended_and_noth
     let cases: [(&str, Change, bool); 11] = [
         ("a rollout waiting for pollers", |_| {}, false),
         (
-            "its Complete report, and a turn under way before",
+            "its Complete report, in a run that worked on it",
             |s| ended(s, RolloutProgress::Complete),
             true,
         ),
@@ -1630,7 +1630,7 @@ fn a_run_has_settled_after_work_once_the_rollout_it_worked_on_has_ended_and_noth
         ),
         ("paused", |s| ended(s, RolloutProgress::Paused), false),
         (
-            "complete, but no turn of this run saw it under way (a run continued idle)",
+            "complete, but this run neither started it nor took a report of it (a run continued idle)",
             |s| progress(s, RolloutProgress::Complete),
             false,
         ),
@@ -1669,7 +1669,7 @@ fn a_run_has_settled_after_work_once_the_rollout_it_worked_on_has_ended_and_noth
             false,
         ),
         (
-            "no rollout ever, after a turn that had one under way",
+            "no rollout in flight, in a run that worked",
             |s| {
                 s.worked = true;
                 s.active = None;
@@ -1683,19 +1683,26 @@ fn a_run_has_settled_after_work_once_the_rollout_it_worked_on_has_ended_and_noth
         assert_eq!(state.settled_after_work(), settled, "{case}");
     }
 
-    let mut state = rolling();
-    state.turn_ended();
-    assert!(state.worked, "a turn ended with the rollout under way");
-    progress(&mut state, RolloutProgress::Complete);
-    state.turn_ended();
-    assert!(state.settled_after_work(), "then its end");
-    let mut idle = rolling();
-    progress(&mut idle, RolloutProgress::Complete);
-    idle.turn_ended();
+    // What makes a run one that worked: starting a rollout, or a report of one, even when the
+    // rollout ends before the turn that started it does.
+    let mut quiet = rolling();
+    progress(&mut quiet, RolloutProgress::Complete);
     assert!(
-        !idle.settled_after_work(),
+        !quiet.settled_after_work(),
         "only quiet turns: the run goes on"
     );
+    let mut launched = quiet.clone();
+    launched.launching("r3");
+    assert!(launched.worked && !launched.settled(), "being started");
+    let mut reported = quiet.clone();
+    let mut done = report("r2", NEW, RolloutProgress::Complete);
+    done.sequence = 2;
+    assert!(reported.receive_report(done.clone()));
+    assert!(reported.settled_after_work(), "its Complete report");
+    let mut stale = quiet;
+    done.sequence = 1;
+    assert!(!stale.receive_report(done), "a report already held");
+    assert!(!stale.settled_after_work(), "changes nothing");
 }
 
 #[test]
