@@ -406,20 +406,7 @@ async fn idle_twd_workflows_and_held_rollouts_continue_as_new_at_their_event_bou
 
     let twd_id = format!("twd/{ns}/idle");
     let bound = u64::from(twc_workflows::plan::twd::RUN_EVENT_BOUND);
-    let twd_runs = cluster
-        .wait(
-            &format!("{twd_id} to continue as new twice at its bound"),
-            Duration::from_secs(300),
-            || async {
-                let twd_runs = runs(cluster, &twd_id).await?;
-                if twd_runs.len() >= 4 {
-                    Ok(twd_runs)
-                } else {
-                    Err(format!("{twd_runs:?}"))
-                }
-            },
-        )
-        .await;
+    let twd_runs = continued_runs(cluster, &twd_id, 4).await;
     // The first run ended with its rollout (`settled-runs`), far under the bound. Each idle run
     // since continued at the bound (at most one turn and the signals that came during it past
     // it), not at the 500 turns (~3,000 events) runs from before `short-runs` take.
@@ -462,20 +449,7 @@ async fn idle_twd_workflows_and_held_rollouts_continue_as_new_at_their_event_bou
         .unwrap_or_else(|e| panic!("{e}"));
     let v2 = target_build(&twd).unwrap_or_default();
     let rollout_id = format!("rollout/{ns}/idle/{v2}");
-    let held_runs = cluster
-        .wait(
-            &format!("{rollout_id} to continue as new twice"),
-            Duration::from_secs(300),
-            || async {
-                let held_runs = runs(cluster, &rollout_id).await?;
-                if held_runs.len() >= 3 {
-                    Ok(held_runs)
-                } else {
-                    Err(format!("{held_runs:?}"))
-                }
-            },
-        )
-        .await;
+    let held_runs = continued_runs(cluster, &rollout_id, 3).await;
     for (run_id, status, length) in &held_runs[1..] {
         assert!(
             status == "CONTINUED_AS_NEW" && (bound..=bound + TURN_SLACK).contains(length),
@@ -635,6 +609,28 @@ async fn run_events(
         .flatten()
         .map(crate::held::event_type)
         .collect())
+}
+
+/// Waits up to 300 s until `workflow_id` has `count` runs or more; returns them newest first.
+async fn continued_runs(
+    cluster: &Cluster,
+    workflow_id: &str,
+    count: usize,
+) -> Vec<(String, String, u64)> {
+    cluster
+        .wait(
+            &format!("{workflow_id} to have {count} runs"),
+            Duration::from_secs(300),
+            || async {
+                let runs = runs(cluster, workflow_id).await?;
+                if runs.len() >= count {
+                    Ok(runs)
+                } else {
+                    Err(format!("{runs:?}"))
+                }
+            },
+        )
+        .await
 }
 
 /// Waits until `workflow_id` has `count` runs, every one but the newest continued as new, and
