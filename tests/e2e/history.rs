@@ -419,6 +419,16 @@ async fn idle_twd_workflows_and_held_rollouts_continue_as_new_at_their_event_bou
              bound of {bound} (+{TURN_SLACK}): {twd_runs:?}"
         );
     }
+    // Each idle run was continued by this build with nothing pending: it writes no status the
+    // run before it wrote (the carried status equals the one it projects, though its JSON keeps
+    // whole seconds) and records no `short-runs` marker (its input says it has the bound).
+    for (run_id, _, _) in idle_runs.iter().chain(&twd_runs[..1]) {
+        assert_eq!(
+            writes_and_upserts(cluster, &twd_id, run_id).await,
+            (0, 0),
+            "{twd_id} run {run_id}: (status writes, search-attribute upserts)"
+        );
+    }
     // Nothing moved: still v1, Ready, its one rollout.
     let twd = get_twd(&cluster.client, &ns, "idle")
         .await
@@ -598,17 +608,42 @@ async fn run_events(
     workflow_id: &str,
     run_id: &str,
 ) -> Result<Vec<String>, String> {
+    let events = run_history(cluster, workflow_id, run_id).await?;
+    Ok(events.iter().map(crate::held::event_type).collect())
+}
+
+/// The events of run `run_id` of `workflow_id`, as the server gives them.
+async fn run_history(
+    cluster: &Cluster,
+    workflow_id: &str,
+    run_id: &str,
+) -> Result<Vec<serde_json::Value>, String> {
     let text = cluster
         .history(&cluster.env.temporal_namespace, workflow_id, run_id)
         .await?;
     let history: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
-    Ok(history["events"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(crate::held::event_type)
-        .collect())
+    Ok(history["events"].as_array().cloned().unwrap_or_default())
+}
+
+/// How many status writes a TWD workflow's run scheduled, and how many search-attribute
+/// upserts it made (the SDK makes one beside each patch marker a run records; the TWD workflow
+/// makes none of its own).
+async fn writes_and_upserts(cluster: &Cluster, workflow_id: &str, run_id: &str) -> (usize, usize) {
+    let events = run_history(cluster, workflow_id, run_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let writes = events
+        .iter()
+        .filter(|e| {
+            e["activityTaskScheduledEventAttributes"]["activityType"]["name"] == "write_status"
+        })
+        .count();
+    let upserts = events
+        .iter()
+        .filter(|e| crate::held::event_type(e) == "upsertworkflowsearchattributes")
+        .count();
+    (writes, upserts)
 }
 
 /// Waits up to 300 s until `workflow_id` has `count` runs or more; returns them newest first.

@@ -253,7 +253,9 @@ fn continue_as_new_if_due(
         bound: ctx
             .state(|s| s.input.history_event_bound)
             .unwrap_or(crate::DEFAULT_HISTORY_EVENT_BOUND),
-        short_runs: ctx.patched(PATCH_SHORT_RUNS),
+        // A run this build continued has the bound without asking (no marker in each run).
+        short_runs: ctx.state(|s| s.input.carried.as_ref().is_some_and(|c| c.short_runs))
+            || ctx.patched(PATCH_SHORT_RUNS),
         // Asked only of a run that settles, so other runs record no marker for it.
         settled_after_work: settled && ctx.patched(PATCH_SETTLED_RUNS),
     };

@@ -172,6 +172,11 @@ pub struct CarriedTwd {
     /// once (absent: a turn at once, as every run before `settled-runs` started).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quiet_start: Option<QuietStart>,
+    /// Continued by a build that bounds a run at [`RUN_EVENT_BOUND`] events (`short-runs`):
+    /// the next run takes the bound without asking the patch, whose marker (with the
+    /// search-attribute upsert the SDK adds to it) every run's first turn would record.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub short_runs: bool,
 }
 
 /// What a run that ends with nothing pending hands the next one, so its first turn is the
@@ -505,6 +510,7 @@ impl TwdState {
         });
         CarriedTwd {
             quiet_start,
+            short_runs: true,
             spec: self.spec.clone(),
             active: self.active.clone(),
             last_report: self.last_report.clone(),
@@ -1066,9 +1072,12 @@ impl TwdState {
     }
 }
 
-/// Equal apart from timestamps that move on every projection.
+/// Written alike, apart from timestamps that move on every projection. Compared as Kubernetes
+/// receives them (JSON, times to the second): a status carried over a continue-as-new comes
+/// back from its JSON with the milliseconds of its times dropped, and must still equal the one
+/// the next run projects from the same state.
 fn same_status(a: &TemporalWorkerDeploymentStatus, b: &TemporalWorkerDeploymentStatus) -> bool {
-    let strip = |s: &TemporalWorkerDeploymentStatus| {
+    let written = |s: &TemporalWorkerDeploymentStatus| {
         let mut s = s.clone();
         if let Some(r) = s.rollout.as_mut() {
             r.updated_at = None;
@@ -1077,9 +1086,9 @@ fn same_status(a: &TemporalWorkerDeploymentStatus, b: &TemporalWorkerDeploymentS
             c.last_transition_time =
                 k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default());
         }
-        s
+        serde_json::to_value(s).ok()
     };
-    strip(a) == strip(b)
+    written(a).is_some_and(|a| written(b).is_some_and(|b| a == b))
 }
 
 #[cfg(test)]

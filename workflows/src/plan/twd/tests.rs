@@ -1779,3 +1779,49 @@ fn a_run_continued_with_nothing_pending_starts_with_the_resync_it_was_due() {
         "nothing carried without it (the same input as before)"
     );
 }
+
+#[test]
+fn a_run_continued_with_nothing_pending_does_not_write_the_status_it_carried_again() {
+    // A rollout started between two seconds: its status shows `startedAt` at the second, as
+    // Kubernetes times are written, while the projection holds the millisecond.
+    let mut state = rolling();
+    progress(&mut state, RolloutProgress::Complete);
+    if let Some(report) = state.last_report.as_mut() {
+        report.started_at = 1_796_666_493_247;
+    }
+    let shown = Shown::of(state.last_observation.clone().expect("observed"), 3);
+    let now = 1_796_666_529_144;
+    let status = state.status(&shown, "hello", now);
+    state.last_status = Some(status);
+
+    // The next run's input travels as JSON, as every workflow input does.
+    let carried = state.carried(Some(now + 300_000));
+    let input = serde_json::to_vec(&carried).expect("serializes");
+    let carried: CarriedTwd = serde_json::from_slice(&input).expect("deserializes");
+    let resumed = TwdState::resumed(Some(carried));
+
+    let projected = resumed.status(&shown, "hello", now + 300_000);
+    assert!(
+        resumed.shows(&projected),
+        "the first turn's projection is the status written before the continue-as-new"
+    );
+    let mut moved = projected.clone();
+    moved.observed_generation = Some(4);
+    assert!(!resumed.shows(&moved), "a change is still written");
+}
+
+#[test]
+fn a_run_this_build_continued_has_the_short_runs_bound_without_asking_the_patch() {
+    let carried = rolling().carried(None);
+    assert!(carried.short_runs, "every run this build continues");
+    let mut input = serde_json::to_value(&carried).expect("serializes");
+    assert_eq!(input["short_runs"], true);
+    if let Some(fields) = input.as_object_mut() {
+        fields.remove("short_runs");
+    }
+    let from_before: CarriedTwd = serde_json::from_value(input).expect("deserializes");
+    assert!(
+        !from_before.short_runs,
+        "a run continued by v0.1.0 asks the patch, as before"
+    );
+}
