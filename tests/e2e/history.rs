@@ -406,7 +406,7 @@ async fn idle_twd_workflows_and_held_rollouts_continue_as_new_at_their_event_bou
 
     let twd_id = format!("twd/{ns}/idle");
     let bound = u64::from(twc_workflows::plan::twd::RUN_EVENT_BOUND);
-    let twd_runs = continued_runs(cluster, &twd_id, 4).await;
+    let twd_runs = wait_runs(cluster, &twd_id, 4, Duration::from_secs(300), false).await;
     // The first run ended with its rollout (`settled-runs`), far under the bound. Each idle run
     // since continued at the bound (at most one turn and the signals that came during it past
     // it), not at the 500 turns (~3,000 events) runs from before `short-runs` take.
@@ -459,7 +459,7 @@ async fn idle_twd_workflows_and_held_rollouts_continue_as_new_at_their_event_bou
         .unwrap_or_else(|e| panic!("{e}"));
     let v2 = target_build(&twd).unwrap_or_default();
     let rollout_id = format!("rollout/{ns}/idle/{v2}");
-    let held_runs = continued_runs(cluster, &rollout_id, 3).await;
+    let held_runs = wait_runs(cluster, &rollout_id, 3, Duration::from_secs(300), false).await;
     for (run_id, status, length) in &held_runs[1..] {
         assert!(
             status == "CONTINUED_AS_NEW" && (bound..=bound + TURN_SLACK).contains(length),
@@ -646,46 +646,28 @@ async fn writes_and_upserts(cluster: &Cluster, workflow_id: &str, run_id: &str) 
     (writes, upserts)
 }
 
-/// Waits up to 300 s until `workflow_id` has `count` runs or more; returns them newest first.
-async fn continued_runs(
-    cluster: &Cluster,
-    workflow_id: &str,
-    count: usize,
-) -> Vec<(String, String, u64)> {
-    cluster
-        .wait(
-            &format!("{workflow_id} to have {count} runs"),
-            Duration::from_secs(300),
-            || async {
-                let runs = runs(cluster, workflow_id).await?;
-                if runs.len() >= count {
-                    Ok(runs)
-                } else {
-                    Err(format!("{runs:?}"))
-                }
-            },
-        )
-        .await
-}
-
-/// Waits until `workflow_id` has `count` runs, every one but the newest continued as new, and
-/// the newest idle in its wait; returns them newest first.
+/// Waits up to `within` until `workflow_id` has `count` runs or more (and, when `newest_idle`,
+/// its newest run idle in its wait); returns them newest first.
 async fn wait_runs(
     cluster: &Cluster,
     workflow_id: &str,
     count: usize,
+    within: Duration,
+    newest_idle: bool,
 ) -> Vec<(String, String, u64)> {
     cluster
         .wait(
-            &format!("{workflow_id} to have {count} runs, the newest idle"),
-            Duration::from_secs(120),
+            &format!("{workflow_id} to have {count} runs (the newest idle: {newest_idle})"),
+            within,
             || async {
-                let twd_runs = runs(cluster, workflow_id).await?;
-                if twd_runs.len() < count {
-                    return Err(format!("{twd_runs:?}"));
+                let runs = runs(cluster, workflow_id).await?;
+                if runs.len() < count {
+                    return Err(format!("{runs:?}"));
                 }
-                idle(cluster, workflow_id).await?;
-                Ok(twd_runs)
+                if newest_idle {
+                    idle(cluster, workflow_id).await?;
+                }
+                Ok(runs)
             },
         )
         .await
@@ -737,7 +719,7 @@ async fn a_twd_workflow_continues_as_new_once_its_rollout_has_ended_and_resumes_
 
     // The run that rolled v1 out ended with it, far under the event bound; the next one waits
     // for its resync (5 min in the shared sandbox) with nothing done.
-    let settled = wait_runs(&cluster, &twd_id, 2).await;
+    let settled = wait_runs(&cluster, &twd_id, 2, Duration::from_secs(120), true).await;
     let (ended_id, ended_status, ended_length) = &settled[1];
     assert_eq!(ended_status, "CONTINUED_AS_NEW", "{settled:?}");
     assert!(*ended_length < bound, "{settled:?}");
@@ -760,7 +742,7 @@ async fn a_twd_workflow_continues_as_new_once_its_rollout_has_ended_and_resumes_
     cluster.apply(&worker(&ns, "settle", "v2", rollout)).await;
     let ready = cluster.wait_ready(&ns, "settle", "v2", ROLLOUT).await;
     let v2 = target_build(&ready).unwrap_or_default();
-    let after = wait_runs(&cluster, &twd_id, 3).await;
+    let after = wait_runs(&cluster, &twd_id, 3, Duration::from_secs(120), true).await;
     assert_eq!(after[1].1, "CONTINUED_AS_NEW", "{after:?}");
     assert_eq!(after[2].0, *ended_id, "{after:?}");
     cluster
