@@ -132,8 +132,10 @@ impl Sandbox {
             // started later (`start_prometheus`, or a test's own) finds them all.
             metrics_sd_dir: Some(targets_dir.clone()),
         };
-        let pod_runner = PodRunnerThread::start(apiserver.kubeconfig.clone(), runner_config)
-            .map_err(|e| anyhow::anyhow!("starting the pod runner thread: {e}"))?;
+        let pod_runner_log = logs_dir.join("podrunner.log");
+        let pod_runner =
+            PodRunnerThread::start(apiserver.kubeconfig.clone(), runner_config, &pod_runner_log)
+                .map_err(|e| anyhow::anyhow!("starting the pod runner thread: {e}"))?;
 
         let temporal_pid_file = options.state_dir.join("temporal.pid");
         write_pid_file(&temporal_pid_file, &temporal.process)?;

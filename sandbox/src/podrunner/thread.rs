@@ -2,11 +2,14 @@
 //! whatever the caller's runtime does (a test's single-threaded runtime only runs spawned tasks
 //! while the test awaits), and its end is observable instead of silent.
 
-use std::path::PathBuf;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
+use tracing::Dispatch;
 
 use crate::apiserver;
 use crate::podrunner::{self, PodRunnerConfig};
@@ -24,18 +27,38 @@ pub struct PodRunnerThread {
 }
 
 impl PodRunnerThread {
-    /// Starts the pod runner against the API server of `kubeconfig`.
-    pub fn start(kubeconfig: PathBuf, config: PodRunnerConfig) -> std::io::Result<Self> {
+    /// Starts the pod runner against the API server of `kubeconfig`. When the process has no
+    /// global tracing subscriber (a test binary starting a private sandbox), the pod runner's
+    /// log goes to `log` instead of nowhere.
+    pub fn start(
+        kubeconfig: PathBuf,
+        config: PodRunnerConfig,
+        log: &Path,
+    ) -> std::io::Result<Self> {
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let (done_tx, done_rx) = oneshot::channel();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
+        let dispatch = if tracing::dispatcher::has_been_set() {
+            None
+        } else {
+            Some(file_dispatch(log)?)
+        };
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder
             .worker_threads(RUNTIME_THREADS)
             .thread_name("pod-runner")
-            .enable_all()
-            .build()?;
+            .enable_all();
+        if let Some(dispatch) = dispatch.clone() {
+            // The runtime's threads live as long as the runtime, so the default they set is
+            // never to be restored: the guard is forgotten rather than dropped at once.
+            builder.on_thread_start(move || {
+                std::mem::forget(tracing::dispatcher::set_default(&dispatch));
+            });
+        }
+        let runtime = builder.build()?;
         let thread = std::thread::Builder::new()
             .name("pod-runner-main".into())
             .spawn(move || {
+                let _default = dispatch.as_ref().map(tracing::dispatcher::set_default);
                 let result = runtime.block_on(async move {
                     let client = apiserver::client(&kubeconfig)
                         .await
@@ -93,4 +116,18 @@ impl PodRunnerThread {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
     }
+}
+
+/// A subscriber writing plain lines (no colours) to `path`, appended.
+fn file_dispatch(path: &Path) -> std::io::Result<Dispatch> {
+    let file = File::options().create(true).append(true).open(path)?;
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .with_ansi(false)
+        .with_writer(Arc::new(file))
+        .finish();
+    Ok(Dispatch::new(subscriber))
 }
