@@ -744,7 +744,7 @@ fn task_failures(id: &str, events: &[Value]) -> Vec<String> {
 }
 
 /// The JSON value of the first payload of a `payloads` object (activity input or result).
-fn payload(payloads: &Value) -> Value {
+pub(crate) fn payload(payloads: &Value) -> Value {
     payloads["payloads"][0]["data"]
         .as_str()
         .and_then(|data| base64::engine::general_purpose::STANDARD.decode(data).ok())

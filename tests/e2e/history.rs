@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
-use serde_json::json;
+use serde_json::{Value, json};
 use twc_crds::worker_deployment::RolloutPhase;
 
 use crate::chaos::cluster::{Cluster, Private, fresh, status_text};
@@ -419,14 +419,28 @@ async fn idle_twd_workflows_and_held_rollouts_continue_as_new_at_their_event_bou
              bound of {bound} (+{TURN_SLACK}): {twd_runs:?}"
         );
     }
-    // Each idle run was continued by this build with nothing pending: it writes no status the
-    // run before it wrote (the carried status equals the one it projects, though its JSON keeps
-    // whole seconds) and records no `short-runs` marker (its input says it has the bound).
-    for (run_id, _, _) in idle_runs.iter().chain(&twd_runs[..1]) {
-        assert_eq!(
-            writes_and_upserts(cluster, &twd_id, run_id).await,
-            (0, 0),
-            "{twd_id} run {run_id}: (status writes, search-attribute upserts)"
+    // A run this build continued writes a status only when it differs from the last one
+    // written, by this run or the one before it (a carried status equals the one the next run
+    // projects, though its JSON keeps whole seconds); one continued at once, with a signal
+    // pending, may have something new to show (a `healthySince` the report-only turn before it
+    // did not read). And a continued run records no `short-runs` marker (its input says it has
+    // the bound): no search-attribute upsert, which the SDK makes beside each marker.
+    let mut written: Vec<(String, Value)> = Vec::new();
+    for (run_id, _, _) in twd_runs.iter().rev() {
+        let (writes, upserts) = writes_and_upserts(cluster, &twd_id, run_id).await;
+        if run_id != &twd_runs[twd_runs.len() - 1].0 {
+            assert_eq!(
+                upserts, 0,
+                "{twd_id} run {run_id}: search-attribute upserts"
+            );
+        }
+        written.extend(writes.into_iter().map(|w| (run_id.clone(), w)));
+    }
+    for pair in written.windows(2) {
+        assert_ne!(
+            pair[0].1, pair[1].1,
+            "{twd_id}: run {} wrote the status run {} had written last",
+            pair[1].0, pair[0].0
         );
     }
     // Nothing moved: still v1, Ready, its one rollout.
@@ -626,19 +640,35 @@ async fn run_history(
     Ok(history["events"].as_array().cloned().unwrap_or_default())
 }
 
-/// How many status writes a TWD workflow's run scheduled, and how many search-attribute
+/// The statuses a TWD workflow's run wrote, in order and as compared for a write (without
+/// `rollout.updatedAt` and the conditions' `lastTransitionTime`), and how many search-attribute
 /// upserts it made (the SDK makes one beside each patch marker a run records; the TWD workflow
 /// makes none of its own).
-async fn writes_and_upserts(cluster: &Cluster, workflow_id: &str, run_id: &str) -> (usize, usize) {
+async fn writes_and_upserts(
+    cluster: &Cluster,
+    workflow_id: &str,
+    run_id: &str,
+) -> (Vec<Value>, usize) {
     let events = run_history(cluster, workflow_id, run_id)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let writes = events
         .iter()
-        .filter(|e| {
-            e["activityTaskScheduledEventAttributes"]["activityType"]["name"] == "write_status"
+        .map(|e| &e["activityTaskScheduledEventAttributes"])
+        .filter(|a| a["activityType"]["name"] == "write_status")
+        .map(|a| {
+            let mut status = crate::baseline_upgrade::payload(&a["input"])["status"].take();
+            if let Some(rollout) = status["rollout"].as_object_mut() {
+                rollout.remove("updatedAt");
+            }
+            for condition in status["conditions"].as_array_mut().into_iter().flatten() {
+                if let Some(condition) = condition.as_object_mut() {
+                    condition.remove("lastTransitionTime");
+                }
+            }
+            status
         })
-        .count();
+        .collect();
     let upserts = events
         .iter()
         .filter(|e| crate::held::event_type(e) == "upsertworkflowsearchattributes")
