@@ -641,8 +641,14 @@ async fn ten_image_changes_in_two_seconds_converge_on_the_last_and_retire_the_re
 const RESYNC_SECONDS: u32 = 20;
 
 /// Plays the watcher for one TWD: signal-with-start of its workflow with the spec as the object
-/// stands now (generation and build ID).
-async fn signal_spec(cluster: &Cluster, namespace: &str, name: &str) {
+/// stands now (generation and build ID). `carried`: what a continued run's input carries (a
+/// run started by the watcher carries nothing).
+pub(crate) async fn signal_spec(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+    carried: Option<Value>,
+) {
     let twd = get_twd(&cluster.client, namespace, name)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -665,6 +671,8 @@ async fn signal_spec(cluster: &Cluster, namespace: &str, name: &str) {
         nudge: false,
     };
     let text = |value: serde_json::Result<String>| value.unwrap_or_else(|e| panic!("{e}"));
+    let mut input = serde_json::to_value(&input).unwrap_or_else(|e| panic!("{e}"));
+    input["carried"] = carried.unwrap_or(Value::Null);
     let (input, signal) = (
         text(serde_json::to_string(&input)),
         text(serde_json::to_string(&signal)),
@@ -715,14 +723,14 @@ async fn a_newer_spec_seen_first_by_the_rollout_is_taken_over_instead_of_rerunni
         gated: false,
     };
     cluster.apply(&plan.manifest(&ns, "v1")).await;
-    signal_spec(&cluster, &ns, &plan.name).await;
+    signal_spec(&cluster, &ns, &plan.name, None).await;
     cluster.wait_ready(&ns, &plan.name, "v1", ROLLOUT).await;
 
     // v2 holds its first step for ten minutes.
     let mut v2 = plan.manifest(&ns, "v2");
     v2["spec"]["rollout"] = json!({ "strategy": "Progressive", "steps": [ { "rampPercentage": 10, "pauseDuration": "10m" } ] });
     cluster.apply(&v2).await;
-    signal_spec(&cluster, &ns, &plan.name).await;
+    signal_spec(&cluster, &ns, &plan.name, None).await;
     let deployment_name = format!("{ns}/{}", plan.name);
     cluster
         .wait("v2 ramps", ROLLOUT, || async {

@@ -487,6 +487,51 @@ async fn idle_twd_workflows_and_held_rollouts_continue_as_new_at_their_event_bou
     private.sandbox.stop().await;
 }
 
+#[tokio::test]
+async fn a_spec_change_that_comes_with_a_quiet_runs_first_task_is_rolled_out_at_once() {
+    // The watcher looks elsewhere: the test plays it, so the spec signal reaches the run at its
+    // very start (the watcher's signal-with-start, in the first workflow task).
+    let (private, ns) = private_with(
+        "quiet-signal",
+        &[("TWC_WATCH_NAMESPACES", "nothing-to-watch")],
+        "quiet",
+    )
+    .await;
+    let cluster = &private.cluster;
+    let rollout = json!({ "strategy": "AllAtOnce" });
+    cluster
+        .apply(&worker(&ns, "quiet", "v1", rollout.clone()))
+        .await;
+    crate::chaos::signal_spec(cluster, &ns, "quiet", None).await;
+    cluster.wait_ready(&ns, "quiet", "v1", ROLLOUT).await;
+
+    // The run that rolled v1 out continued as new with nothing pending: its successor waits
+    // for its resync before its first turn.
+    let twd_id = format!("twd/{ns}/quiet");
+    let settled = wait_runs(cluster, &twd_id, 2, Duration::from_secs(120), true).await;
+    let events = run_history(cluster, &twd_id, &settled[0].0)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let started = &events[0]["workflowExecutionStartedEventAttributes"];
+    let mut carried = crate::baseline_upgrade::payload(&started["input"])["carried"].take();
+    assert!(
+        carried["quiet_start"].is_object(),
+        "the idle run starts quietly: {carried}"
+    );
+    // A run that starts like it (its first turn an hour away) with v2's spec signal in its
+    // first workflow task, as when the watcher signals while a run continues as new.
+    let in_an_hour = Timestamp::now().as_millisecond() + 3_600_000;
+    carried["quiet_start"]["turn_at"] = json!(in_an_hour);
+    let out = cluster
+        .temporal(&["workflow", "terminate", "--workflow-id", &twd_id])
+        .await;
+    assert!(out.success, "terminating {twd_id}: {}", out.stderr);
+    cluster.apply(&worker(&ns, "quiet", "v2", rollout)).await;
+    crate::chaos::signal_spec(cluster, &ns, "quiet", Some(carried)).await;
+    cluster.wait_ready(&ns, "quiet", "v2", ROLLOUT).await;
+    private.sandbox.stop().await;
+}
+
 /// Waits until the worker deployment's status was written for its current generation.
 async fn wait_observed(cluster: &Cluster, ns: &str, name: &str) {
     cluster

@@ -81,6 +81,8 @@ pub struct TwdWorkflow {
     /// Spec signals received by this run (a change of the TWD or its connection ends a pause
     /// of the deletion path).
     spec_signals: u64,
+    /// `wakeups` as the run started, before the signals of its first workflow task.
+    started_wakeups: u64,
 }
 
 #[workflow_methods]
@@ -89,12 +91,14 @@ impl TwdWorkflow {
     #[init]
     pub fn new(_ctx: &WorkflowContextView, input: TwdInput) -> Self {
         let state = TwdState::resumed(input.carried.clone());
+        // Carried controls count as signals not yet handled.
+        let wakeups = state.controls.len() as u64;
         Self {
             input,
-            // Carried controls count as signals not yet handled.
-            wakeups: state.controls.len() as u64,
+            wakeups,
             state,
             spec_signals: 0,
+            started_wakeups: wakeups,
         }
     }
 
@@ -109,14 +113,18 @@ impl TwdWorkflow {
                 Duration::from_secs(u64::from(seconds.max(1)))
             });
         // A run continued with nothing pending takes its first turn when the previous run's
-        // next one was due.
+        // next one was due; a signal that came with its first workflow task (the handlers ran
+        // before this) is pending, so that turn comes at once.
         let started = now_millis(ctx);
-        let mut next_wake =
-            ctx.state(|s| twd::QuietStart::first_wait(s.input.carried.as_ref(), started));
+        let mut seen = ctx.state(|s| s.started_wakeups);
+        let mut next_wake = if ctx.state(|s| s.wakeups != seen) {
+            Duration::ZERO
+        } else {
+            ctx.state(|s| twd::QuietStart::first_wait(s.input.carried.as_ref(), started))
+        };
         let mut turns = 0u32;
         // Signals counted before a turn starts are handled by it; one that arrives while the
         // turn runs (a control during an activity) ends the next wait at once.
-        let mut seen = ctx.state(|s| s.wakeups);
         loop {
             // Each resync falls due a little earlier or later than the period (the workflow's
             // deterministic randomness).
