@@ -39,6 +39,9 @@ pub struct Counters {
     /// Kubernetes API requests the controller made (`twc_kubernetes_requests_total`; every
     /// replica's together).
     pub controller_kube_requests: f64,
+    /// Those of the Kubernetes requests above that renew or count the replicas' Leases: a
+    /// heartbeat every 10 s whatever the fleet does, so not a sign of work.
+    pub controller_lease_requests: f64,
     /// Calls the Temporal frontend refused with ResourceExhausted because a worker deployment
     /// was busy applying a change (cause BusyWorkflow: retried, not a budget problem).
     pub server_busy: f64,
@@ -131,6 +134,11 @@ impl Counters {
                 controller,
                 "twc_kubernetes_requests_total",
                 |_| true,
+            ),
+            controller_lease_requests: prom::sum(
+                controller,
+                "twc_kubernetes_requests_total",
+                |s| s.label("resource") == Some("leases"),
             ),
             server_busy: prom::sum(server, "service_errors_resource_exhausted", |s| {
                 s.label("service_name") == Some("frontend")
@@ -334,8 +342,16 @@ pub async fn wait_quiet(
     max: Duration,
 ) -> anyhow::Result<()> {
     // The controllers' pages only: this polls four times a second, and Temporal's counters
-    // say nothing about the controller being quiet.
-    let activity = |(c, _): (Counters, Instant)| (c.controller_kube_requests, c.controller_reads);
+    // say nothing about the controller being quiet. The replicas' Lease heartbeat (every 10 s)
+    // is not work: counted, it kept a controller from ever being quiet for 10 s, and the idle
+    // window then started three minutes later than the old controller's, at another phase of
+    // the TWDs' resyncs.
+    let activity = |(c, _): (Counters, Instant)| {
+        (
+            c.controller_kube_requests - c.controller_lease_requests,
+            c.controller_reads,
+        )
+    };
     let deadline = Instant::now() + max;
     let pages = cluster.metrics_pages();
     let mut last = activity(Counters::read_controllers(&pages).await?);
@@ -539,7 +555,8 @@ mod tests {
              twc_temporal_requests_total{operation=\"DescribeWorkerDeployment\",outcome=\"resource_exhausted\"} 1\n\
              twc_temporal_requests_total{operation=\"SetWorkerDeploymentCurrentVersion\",outcome=\"success\"} 3\n\
              twc_temporal_read_grants_total 10\n\
-             twc_kubernetes_requests_total{verb=\"get\",resource=\"deployments\",outcome=\"success\"} 5\n",
+             twc_kubernetes_requests_total{verb=\"get\",resource=\"deployments\",outcome=\"success\"} 5\n\
+             twc_kubernetes_requests_total{verb=\"update\",resource=\"leases\",outcome=\"success\"} 2\n",
         );
         let server = prom::parse(
             "service_requests{operation=\"DescribeWorkerDeployment\",service_name=\"frontend\"} 9\n\
@@ -556,9 +573,10 @@ mod tests {
                 c.controller_read_grants,
                 c.controller_rate_limited,
                 c.server_reads,
-                c.controller_kube_requests
+                c.controller_kube_requests,
+                c.controller_lease_requests
             ),
-            (8.0, 10.0, 1.0, 9.0, 5.0)
+            (8.0, 10.0, 1.0, 9.0, 7.0, 2.0)
         );
         assert_eq!((c.server_busy, c.server_rate_limited), (6.0, 2.0));
     }
