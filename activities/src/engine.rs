@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use tokio::time::MissedTickBehavior;
 
 use temporalio_macros::activities;
@@ -39,6 +40,7 @@ use twc_workflows::plan::deletion;
 use twc_workflows::plan::spec_view::spec_view;
 
 use crate::k8s::connection::{ClusterAccess, connection_object};
+use crate::k8s::deployment_view::deployment_view;
 use crate::k8s::{self, ResolveError};
 use crate::metrics::{self, Metrics};
 use crate::notify;
@@ -729,17 +731,19 @@ impl EngineActivities {
     async fn observe_now(&self, twd: &TwdRef) -> Result<Observation, ActivityError> {
         let observed_at = now_millis();
         let resource = k8s::get_twd(&self.kube, twd).await.map_err(retryable)?;
-        self.observe_read(twd, observed_at, resource, None).await
+        self.observe_read(twd, observed_at, resource, None, None)
+            .await
     }
 
     /// [`EngineActivities::observe_now`] of the TWD as read at `observed_at` (`None`: gone),
-    /// with its connection when the caller just resolved it.
+    /// with its connection and its versioned Deployments when the caller just read them.
     async fn observe_read(
         &self,
         twd: &TwdRef,
         observed_at: i64,
         resource: Option<WorkerObject>,
         resolved: Option<k8s::ResolvedConnection>,
+        listed: Option<Vec<Deployment>>,
     ) -> Result<Observation, ActivityError> {
         let gone = || Observation {
             spec: None,
@@ -755,6 +759,13 @@ impl EngineActivities {
         let Some(resolved) = self.resolve_read(twd, Some(resource), resolved).await? else {
             return Ok(gone());
         };
+        // The Deployments as the caller listed them, or as listed now.
+        let deployments = async {
+            match listed {
+                Some(listed) => Ok(listed.iter().filter_map(deployment_view).collect()),
+                None => k8s::list_versioned_deployments(&self.kube, twd, &uid).await,
+            }
+        };
         let (spec, temporal, deployments) = match resolved.map_err(Unresolved::into_blocked) {
             Ok(r) => {
                 // Temporal and the Deployments are read at once.
@@ -765,7 +776,7 @@ impl EngineActivities {
                         &r.spec.temporal_namespace,
                         &deployment_name,
                     ),
-                    k8s::list_versioned_deployments(&self.kube, twd, &uid),
+                    deployments,
                 );
                 if state.is_ok() {
                     let reference = &r.resource.spec.worker_options.connection_ref;
@@ -775,9 +786,7 @@ impl EngineActivities {
                 (r.spec, state, deployments.map_err(retryable)?)
             }
             Err(blocked) => {
-                let deployments = k8s::list_versioned_deployments(&self.kube, twd, &uid)
-                    .await
-                    .map_err(retryable)?;
+                let deployments = deployments.await.map_err(retryable)?;
                 (view, Err(blocked), deployments)
             }
         };
@@ -1811,13 +1820,19 @@ impl EngineActivities {
                     k8s::Reasserted::default()
                 }
             };
-            let observation = if reasserted.outcome.changes.is_empty() {
-                self.observe_read(&twd, observed_at, holder, reasserted.resolved)
+            let k8s::Reasserted {
+                outcome: reasserted,
+                resolved,
+                deployments,
+            } = reasserted;
+            // Nothing changed: the claim, connection and Deployments just read are current, and
+            // a quiet turn lists its Deployments once.
+            let observation = if reasserted.changes.is_empty() {
+                self.observe_read(&twd, observed_at, holder, resolved, deployments)
                     .await?
             } else {
                 self.observe_now(&twd).await?
             };
-            let reasserted = reasserted.outcome;
             Ok(RecheckOutcome {
                 reasserted,
                 observation,

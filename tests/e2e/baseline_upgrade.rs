@@ -753,7 +753,7 @@ pub(crate) fn payload(payloads: &Value) -> Value {
 }
 
 /// When an event was recorded.
-fn event_time(event: &Value) -> Timestamp {
+pub(crate) fn event_time(event: &Value) -> Timestamp {
     event["eventTime"]
         .as_str()
         .and_then(|t| t.parse().ok())

@@ -406,7 +406,27 @@ async fn idle_twd_workflows_and_held_rollouts_continue_as_new_at_their_event_bou
 
     let twd_id = format!("twd/{ns}/idle");
     let bound = u64::from(twc_workflows::plan::twd::RUN_EVENT_BOUND);
+    let since = Timestamp::now();
+    let before = lists_and_reads(&private).await;
     let twd_runs = wait_runs(cluster, &twd_id, 4, Duration::from_secs(300), false).await;
+    // Every idle turn observes (a list of the TWD's Deployments and a worker-deployment read);
+    // one every 30 s re-asserts first (`recheck`), and with nothing re-asserted its one list
+    // serves both halves. So the lists are the reads, not one more per recheck.
+    let rechecks = cluster
+        .wait("two rechecks in the idle turns", ROLLOUT, || async {
+            match rechecks_since(cluster, &twd_id, since).await? {
+                n if n >= 2 => Ok(n),
+                n => Err(format!("{n} rechecks")),
+            }
+        })
+        .await;
+    let after = lists_and_reads(&private).await;
+    let (lists, reads) = (after.0 - before.0, after.1 - before.1);
+    assert!(
+        lists - reads < rechecks as f64,
+        "{lists} lists of Deployments, {reads} worker-deployment reads and {rechecks} rechecks \
+         in the idle turns: a recheck lists the Deployments twice"
+    );
     // The first run ended with its rollout (`settled-runs`), far under the bound. Each idle run
     // since continued at the bound (at most one turn and the signals that came during it past
     // it), not at the 500 turns (~3,000 events) runs from before `short-runs` take.
@@ -719,6 +739,59 @@ async fn writes_and_upserts(
         .filter(|e| crate::held::event_type(e) == "upsertworkflowsearchattributes")
         .count();
     (writes, upserts)
+}
+
+/// The private controller's lists of Deployments and worker-deployment reads so far (its
+/// `twc_kubernetes_requests_total` and `twc_temporal_requests_total`).
+async fn lists_and_reads(private: &Private) -> (f64, f64) {
+    let Some(url) = private.sandbox.env.controller_metrics_url.as_deref() else {
+        panic!("the private sandbox names no controller metrics URL");
+    };
+    let page = match twc_sandbox::http::get(url).await {
+        Ok(response) if response.status == 200 => response.body,
+        Ok(response) => panic!("{url}: {}\n{}", response.head, response.body),
+        Err(e) => panic!("{url}: {e}"),
+    };
+    let sum = |name: &str, labels: &[&str]| -> f64 {
+        page.lines()
+            .filter(|l| l.split('{').next() == Some(name) && labels.iter().all(|x| l.contains(x)))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    };
+    (
+        sum(
+            "twc_kubernetes_requests_total",
+            &[r#"verb="list""#, r#"resource="deployments""#],
+        ),
+        sum(
+            "twc_temporal_requests_total",
+            &[r#"operation="DescribeWorkerDeployment""#],
+        ),
+    )
+}
+
+/// The `recheck` activities (local or not) the runs of `workflow_id` recorded since `since`.
+async fn rechecks_since(
+    cluster: &Cluster,
+    workflow_id: &str,
+    since: Timestamp,
+) -> Result<usize, String> {
+    let mut count = 0;
+    for (run_id, _, _) in runs(cluster, workflow_id).await? {
+        for event in run_history(cluster, workflow_id, &run_id).await? {
+            if crate::baseline_upgrade::event_time(&event) < since {
+                continue;
+            }
+            let local = crate::baseline_upgrade::payload(
+                &event["markerRecordedEventAttributes"]["details"]["data"],
+            );
+            let scheduled = &event["activityTaskScheduledEventAttributes"]["activityType"];
+            if local["activity_type"] == "recheck" || scheduled["name"] == "recheck" {
+                count += 1;
+            }
+        }
+    }
+    Ok(count)
 }
 
 /// Waits up to `within` until `workflow_id` has `count` runs or more (and, when `newest_idle`,

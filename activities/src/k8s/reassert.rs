@@ -91,6 +91,10 @@ pub struct Reasserted {
     /// The TWD's connection and the config to reach Temporal with, when both were read and
     /// usable.
     pub resolved: Option<ResolvedConnection>,
+    /// The TWD's versioned Deployments as listed for the re-assertion (with the stamps it
+    /// added), when it got that far: what an observation right after reads, when nothing was
+    /// changed.
+    pub deployments: Option<Vec<Deployment>>,
 }
 
 /// [`reassert_resources`] of the claim just read (`None`: no object of either kind has the
@@ -113,6 +117,7 @@ pub async fn reassert_claimed(
         return Ok(Reasserted {
             outcome: ReassertOutcome { changes },
             resolved: None,
+            deployments: None,
         });
     }
     let view = spec_view(&resource);
@@ -144,6 +149,7 @@ pub async fn reassert_claimed(
             return Ok(Reasserted {
                 outcome: ReassertOutcome { changes },
                 resolved: None,
+                deployments: None,
             });
         }
         Err(ResolveError::Transient(error)) => return Err(*error),
@@ -155,15 +161,16 @@ pub async fn reassert_claimed(
         ca,
         in_place: in_place_build(&resource, &view),
     };
-    for mut deployment in list_owned_deployments(client, twd, &view.uid).await? {
+    let mut listed = list_owned_deployments(client, twd, &view.uid).await?;
+    for deployment in &mut listed {
         if deployment.metadata.deletion_timestamp.is_some() {
             continue;
         }
         // A Deployment another controller made whose pods already run what this one would
         // write is stamped as such, not rewritten (which would restart its pods).
-        let stamps = adoption_stamps(client, &deployment, &desired).await?;
+        let stamps = adoption_stamps(client, deployment, &desired).await?;
         if !stamps.is_empty() {
-            stamp_deployment(client, &deployment, &stamps).await?;
+            stamp_deployment(client, deployment, &stamps).await?;
             deployment
                 .metadata
                 .annotations
@@ -191,6 +198,7 @@ pub async fn reassert_claimed(
     Ok(Reasserted {
         outcome: ReassertOutcome { changes },
         resolved: Some(resolved),
+        deployments: Some(listed),
     })
 }
 
