@@ -747,23 +747,15 @@ async fn lists_and_reads(private: &Private) -> (f64, f64) {
     let Some(url) = private.sandbox.env.controller_metrics_url.as_deref() else {
         panic!("the private sandbox names no controller metrics URL");
     };
-    let page = match twc_sandbox::http::get(url).await {
-        Ok(response) if response.status == 200 => response.body,
-        Ok(response) => panic!("{url}: {}\n{}", response.head, response.body),
-        Err(e) => panic!("{url}: {e}"),
-    };
-    let sum = |name: &str, labels: &[&str]| -> f64 {
-        page.lines()
-            .filter(|l| l.split('{').next() == Some(name) && labels.iter().all(|x| l.contains(x)))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum()
-    };
+    let scrape = crate::metrics::Scrape::take_from(url)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     (
-        sum(
+        scrape.sum(
             "twc_kubernetes_requests_total",
             &[r#"verb="list""#, r#"resource="deployments""#],
         ),
-        sum(
+        scrape.sum(
             "twc_temporal_requests_total",
             &[r#"operation="DescribeWorkerDeployment""#],
         ),

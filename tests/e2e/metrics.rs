@@ -44,12 +44,16 @@ fn health_url(path: &str) -> String {
 
 /// One scrape: every sample line, `name{labels}` to value.
 #[derive(Debug, Clone, Default)]
-struct Scrape(HashMap<String, f64>);
+pub(crate) struct Scrape(HashMap<String, f64>);
 
 impl Scrape {
     async fn take() -> Result<Self, String> {
-        let url = metrics_url();
-        let (status, head, body) = get(&url).await?;
+        Self::take_from(&metrics_url()).await
+    }
+
+    /// A scrape of the metrics page at `url` (a private sandbox's controller, say).
+    pub(crate) async fn take_from(url: &str) -> Result<Self, String> {
+        let (status, head, body) = get(url).await?;
         if status != 200 {
             return Err(format!("{url}: {head}\n{body}"));
         }
@@ -78,7 +82,7 @@ impl Scrape {
     }
 
     /// Sum of the samples of a family whose labels contain every `label="value"` given.
-    fn sum(&self, name: &str, labels: &[&str]) -> f64 {
+    pub(crate) fn sum(&self, name: &str, labels: &[&str]) -> f64 {
         self.0
             .iter()
             .filter(|(series, _)| {
